@@ -1,0 +1,748 @@
+"""One topic/channel subscription over many nsqd: flow control, backoff, drain.
+
+The consumer owns the connections to every nsqd that has the topic (given directly or
+found through nsqlookupd), spreads max_in_flight over them as RDY windows (see
+:mod:`nsqworker.rdy`), runs the callback for each message and turns its outcome into
+FIN or REQ. It knows nothing about tasks: the layer above hands it a callback.
+
+Hot path: a message frame goes from the connection's read callback straight into the
+callback. A coroutine callback is started eagerly in its own contextvars Context; if
+it finishes without suspending (a handler that does not await), its FIN is written in
+the same read burst and no Task is ever made. Only coroutines that suspend become
+Tasks, and only those (plus futures from thread pools) are tracked for TOUCH and drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import types
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from nsqworker import protocol
+from nsqworker.backoff import BackoffPhase, BackoffState, reconnect_delay, requeue_delay
+from nsqworker.connection import Connection, ConnectionConfig
+from nsqworker.errors import ConfigurationError, NSQDError
+from nsqworker.lookupd import LookupdPoller
+from nsqworker.message import FINISH, Finish, GiveUp, Message, Outcome, Requeue
+from nsqworker.rdy import Mode, Slot, plan
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+
+__all__ = ["Callback", "ConnectionStats", "Consumer", "ConsumerStats", "GiveUpHook"]
+
+log = logging.getLogger("nsqworker.consumer")
+
+Callback = Callable[[Message], "Outcome | Awaitable[Outcome | None] | None"]
+GiveUpHook = Callable[[Message, str], "Awaitable[None] | None"]
+
+TICK = 0.05
+MAX_ATTEMPTS_REASON = "max attempts exceeded"
+_FAILED = Requeue(None, backoff=True)
+_DRAIN_REQUEUE = Requeue(0.0, backoff=False)
+_CoroutineType = types.CoroutineType
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
+    """Carry on a coroutine that already ran its first step and suspended on ``yielded``.
+
+    Re-yielding the same object hands the wait to the Task, exactly as if the Task had
+    run the first step itself (the future keeps its ``_asyncio_future_blocking`` flag).
+    """
+    while True:
+        try:
+            value = yield yielded
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                yielded = coro.send(value)
+            except StopIteration as stop:
+                return stop.value
+
+
+async def _continue(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
+    return await _resume(coro, yielded)
+
+
+@dataclass
+class ConnectionStats:
+    """Counters of one nsqd address, over all its reconnects."""
+
+    address: str
+    connected: bool
+    rdy: int
+    in_flight: int
+    received: int
+    finished: int
+    requeued: int
+    given_up: int
+    connects: int
+
+
+@dataclass
+class ConsumerStats:
+    """A snapshot of one consumer."""
+
+    topic: str
+    channel: str
+    max_in_flight: int
+    in_flight: int
+    running: int
+    received: int
+    finished: int
+    requeued: int
+    given_up: int
+    backoff_level: int
+    backoff_phase: str
+    rdy: int
+    connected: int
+    connections: list[ConnectionStats] = field(default_factory=list)
+
+
+class _Link:
+    """One nsqd address the consumer wants: counters and the live session, if any."""
+
+    __slots__ = (
+        "address",
+        "connects",
+        "direct",
+        "finished",
+        "given_up",
+        "listed",
+        "received",
+        "requeued",
+        "session",
+        "task",
+    )
+
+    def __init__(self, address: str, direct: bool) -> None:
+        self.address = address
+        self.direct = direct
+        self.listed = False
+        self.session: _Session | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.received = self.finished = self.requeued = self.given_up = self.connects = 0
+
+    @property
+    def wanted(self) -> bool:
+        return self.direct or self.listed
+
+
+class _Session:
+    """One connection's life: the Connection, its RDY slot, its negotiated limits."""
+
+    __slots__ = ("conn", "link", "max_msg_timeout", "open", "slot", "touch_interval")
+
+    def __init__(self, link: _Link) -> None:
+        self.link = link
+        self.conn: Connection
+        self.open = False
+        self.slot = Slot(key=self)
+        self.touch_interval = 30.0
+        self.max_msg_timeout = 900.0
+
+    def __str__(self) -> str:
+        return self.link.address
+
+
+class Consumer:
+    """Consumes one topic/channel from every nsqd that has it.
+
+    ``callback(msg)`` returns an :data:`~nsqworker.message.Outcome`, None when it
+    answered the message itself, or an awaitable of either. ``on_give_up(msg, reason)``
+    runs for messages past ``max_attempts`` and for ``GiveUp`` outcomes, before the FIN;
+    if it raises, the message is requeued instead, never lost.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        callback: Callback,
+        settings: Settings,
+        *,
+        max_in_flight: int | None = None,
+        max_attempts: int | None = None,
+        requeue_delay: float | None = None,
+        on_give_up: GiveUpHook | None = None,
+        connection_config: ConnectionConfig | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.topic = protocol.check_topic(topic)
+        self.channel = protocol.check_channel(channel)
+        self.name = name or f"{topic}/{channel}"
+        self._callback = callback
+        self._settings = settings
+        self.max_in_flight = max_in_flight or settings.max_in_flight
+        self.max_attempts = max_attempts or settings.max_attempts
+        self._requeue_delay = settings.requeue_delay if requeue_delay is None else requeue_delay
+        self._on_give_up = on_give_up
+        self._config = connection_config or ConnectionConfig.from_settings(settings)
+        if not settings.nsqd_tcp_addresses and not settings.lookupd_http_addresses:
+            raise ConfigurationError(
+                "no nsqd to consume from: set nsqd_tcp_addresses (NSQWORKER_NSQD_TCP_ADDRESSES)"
+                " or lookupd_http_addresses (NSQWORKER_LOOKUPD_HTTP_ADDRESSES)"
+            )
+        self._backoff = BackoffState(settings.backoff_multiplier, settings.max_backoff_duration)
+        self._links: dict[str, _Link] = {}
+        self._sessions: list[_Session] = []
+        self._tasks: dict[Message, asyncio.Future[Any]] = {}
+        self._backlog: deque[Message] = deque()
+        self._in_flight = 0
+        self._running = 0
+        self._retired = ConnectionStats("retired", False, 0, 0, 0, 0, 0, 0, 0)
+        self._unsatisfied = False
+        self._plan_scheduled = False
+        self._stopping = False
+        self._started = False
+        self._drained = asyncio.Event()
+        self._poller: LookupdPoller | None = None
+        self._background: list[asyncio.Task[Any]] = []
+        self._ticker: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Future[None]] = set()
+        self._first_attempts: list[asyncio.Future[Any]] | None = []
+        self._stop_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._time: Callable[[], float] = lambda: 0.0
+        self._next_touch_sweep = 0.0
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect to the direct nsqd and poll lookupd once; returns after those first
+        attempts (failed ones keep retrying in the background)."""
+        if self._started:
+            return
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        self._time = self._loop.time
+        settings = self._settings
+        for address in settings.nsqd_tcp_addresses:
+            link = self._links.setdefault(address, _Link(address, direct=True))
+            link.direct = True
+        for link in list(self._links.values()):
+            self._maintain(link)
+        if settings.lookupd_http_addresses:
+            self._poller = LookupdPoller(
+                settings.lookupd_http_addresses,
+                self.topic,
+                self._on_producers,
+                interval=settings.lookupd_poll_interval,
+                jitter=settings.lookupd_poll_jitter,
+            )
+            await self._poller.poll()
+            self._background.append(asyncio.create_task(self._poller.run(poll_first=False)))
+        self._ticker = asyncio.create_task(self._tick())
+        first, self._first_attempts = self._first_attempts or [], None
+        if first:
+            await asyncio.wait(first, timeout=self._config.dial_timeout + 1.0)
+
+    async def stop(self, drain_timeout: float | None = None) -> None:
+        """Drain and close: RDY 0 everywhere, let running handlers finish (TOUCHing them)
+        for up to ``drain_timeout`` seconds, REQ what did not finish, CLS, close."""
+        if self._stop_task is None:
+            timeout = self._settings.drain_timeout if drain_timeout is None else drain_timeout
+            self._stop_task = asyncio.ensure_future(self._stop(timeout))
+        await asyncio.shield(self._stop_task)
+
+    async def _stop(self, timeout: float) -> None:
+        # 1. Take no more: RDY 0 everywhere, stop discovery and reconnects.
+        self._stopping = True
+        for task in self._background:
+            task.cancel()
+        for link in self._links.values():
+            if link.task is not None and link.session is None:
+                link.task.cancel()
+        self._replan()
+        # 2. Messages waiting for a handler slot have not started: give them back now.
+        while self._backlog:
+            self._settle_now(self._backlog.popleft(), _DRAIN_REQUEUE)
+        # 3. Let running handlers finish; the tick keeps touching them.
+        if self._in_flight > 0 and timeout > 0:
+            self._drained.clear()
+            try:
+                await asyncio.wait_for(self._drained.wait(), timeout)
+            except TimeoutError:
+                pass
+        if self._ticker is not None:
+            self._ticker.cancel()
+        # 4. REQ what did not finish; cancel what can be cancelled and let the
+        # cancellations (and give-up hooks turned into REQ) reach the wire before CLS.
+        unfinished = list(self._tasks.items())
+        for msg, task in unfinished:
+            if not msg._responded:
+                self._settle_now(msg, _DRAIN_REQUEUE)
+            task.cancel()
+        if unfinished:
+            await asyncio.wait([t for _, t in unfinished], timeout=1.0)
+        if self._in_flight:
+            log.warning("%s: %d messages still in flight at close", self.name, self._in_flight)
+        # 5. CLS and close every connection.
+        sessions = [s for s in self._sessions if s.open]
+        await asyncio.gather(*(s.conn.close() for s in sessions), return_exceptions=True)
+        for link in self._links.values():
+            if link.task is not None:
+                link.task.cancel()
+        if self._poller is not None:
+            await self._poller.close()
+
+    @property
+    def subscribed(self) -> bool:
+        """True while at least one nsqd connection is subscribed."""
+        return any(s.open for s in self._sessions)
+
+    # --- connections -----------------------------------------------------------
+
+    def _maintain(self, link: _Link) -> asyncio.Future[Any]:
+        """Start (or find) the task keeping ``link`` connected; a future for its first try."""
+        first: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if link.task is None or link.task.done():
+            link.task = asyncio.create_task(self._connect_loop(link, first))
+        else:
+            first.set_result(None)
+        if self._first_attempts is not None:
+            self._first_attempts.append(first)
+        return first
+
+    async def _connect_loop(self, link: _Link, first: asyncio.Future[Any]) -> None:
+        settings = self._settings
+        failures = 0
+        try:
+            while link.wanted and not self._stopping:
+                if failures:
+                    delay = reconnect_delay(
+                        failures, settings.reconnect_delay, settings.max_reconnect_delay
+                    )
+                    await asyncio.sleep(delay)
+                    if not link.wanted or self._stopping:
+                        break
+                session = await self._open(link)
+                if not first.done():
+                    first.set_result(None)
+                if session is None:
+                    failures += 1
+                    continue
+                failures = 0
+                await session.conn.wait_closed()
+                self._on_session_closed(session)
+                failures = 1
+        finally:
+            if not first.done():
+                first.set_result(None)
+
+    async def _open(self, link: _Link) -> _Session | None:
+        session = _Session(link)
+        conn = Connection(
+            link.address,
+            self._config,
+            on_message=partial(self._on_message, session),
+            on_error=self._on_nsqd_error,
+        )
+        session.conn = conn
+        try:
+            info = await conn.connect()
+            await conn.subscribe(self.topic, self.channel)
+        except Exception as exc:  # every failure means "try again later"
+            conn.abort()
+            log.warning("%s: cannot subscribe on %s: %s", self.name, link.address, exc)
+            if self._poller is not None:
+                self._poller.poll_soon()
+            return None
+        session.open = True
+        session.slot.max_rdy = info.max_rdy_count
+        session.touch_interval = max(info.msg_timeout / 2.0, 0.5)
+        session.max_msg_timeout = info.max_msg_timeout
+        link.session = session
+        link.connects += 1
+        self._sessions.append(session)
+        log.info("%s: subscribed on %s", self.name, link.address)
+        self._replan()
+        return session
+
+    def _on_session_closed(self, session: _Session) -> None:
+        session.open = False
+        link = session.link
+        if link.session is session:
+            link.session = None
+        if session in self._sessions:
+            self._sessions.remove(session)
+        if self._stopping:
+            return
+        if link.wanted and not session.slot.retiring:
+            log.warning("%s: connection to %s lost; reconnecting", self.name, link.address)
+            if self._poller is not None:
+                self._poller.poll_soon()
+        self._replan()
+
+    def _on_producers(self, addresses: set[str]) -> None:
+        if self._stopping:
+            return
+        for address in addresses:
+            link = self._links.get(address)
+            if link is None:
+                link = self._links[address] = _Link(address, direct=False)
+            if not link.listed:
+                link.listed = True
+                if self._started and (link.task is None or link.task.done()):
+                    self._maintain(link)
+        for address, link in list(self._links.items()):
+            if link.listed and address not in addresses and not link.direct:
+                link.listed = False
+                self._retire(link)
+
+    def _retire(self, link: _Link) -> None:
+        """Drop an nsqd that vanished from lookupd, once its messages are done."""
+        log.info("%s: %s left lookupd; closing it when idle", self.name, link.address)
+        session = link.session
+        if session is None:
+            if link.task is not None:
+                link.task.cancel()
+            self._forget(link)
+            return
+        session.slot.retiring = True
+        self._replan()
+        if session.slot.in_flight == 0:
+            self._close_retired(session)
+
+    def _close_retired(self, session: _Session) -> None:
+        link = session.link
+        if link.wanted:  # listed again meanwhile
+            session.slot.retiring = False
+            self._replan()
+            return
+        self._forget(link)
+        closing = asyncio.ensure_future(session.conn.close())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+
+    def _forget(self, link: _Link) -> None:
+        if self._links.get(link.address) is link:
+            del self._links[link.address]
+            r = self._retired
+            r.received += link.received
+            r.finished += link.finished
+            r.requeued += link.requeued
+            r.given_up += link.given_up
+            r.connects += link.connects
+
+    def _on_nsqd_error(self, conn: Connection, error: NSQDError) -> None:
+        log.warning("%s: nsqd %s: %s", self.name, conn.address, error)
+
+    # --- RDY -------------------------------------------------------------------
+
+    def _mode(self) -> Mode:
+        if self._stopping:
+            return Mode.PAUSED
+        phase = self._backoff.phase
+        if phase is BackoffPhase.PAUSED:
+            return Mode.PAUSED
+        if phase is BackoffPhase.PROBING:
+            return Mode.PROBING
+        return Mode.NORMAL
+
+    def _replan(self) -> None:
+        self._plan_scheduled = False
+        now = self._time()
+        self._backoff.tick(now)
+        sessions = [s for s in self._sessions if s.open]
+        slots = [s.slot for s in sessions]
+        changes = plan(slots, self.max_in_flight, now, self._mode())
+        for slot, count in changes:
+            session: _Session = slot.key  # type: ignore[assignment]
+            session.conn.rdy(count)
+        wanted = self.max_in_flight if self._mode() is Mode.NORMAL else 1
+        total = sum(s.rdy for s in slots)
+        self._unsatisfied = (
+            bool(slots) and total < min(wanted, len(slots) * 2500) and not (self._stopping)
+        )
+
+    def _schedule_plan(self) -> None:
+        if not self._plan_scheduled and self._loop is not None:
+            self._plan_scheduled = True
+            self._loop.call_soon(self._replan)
+
+    async def _tick(self) -> None:
+        """Rotation turns, backoff timers, held windows and TOUCH, every TICK seconds."""
+        while True:
+            await asyncio.sleep(TICK)
+            now = self._time()
+            if (
+                self._unsatisfied
+                or self._backoff.phase is BackoffPhase.PAUSED
+                or len(self._sessions) > self.max_in_flight
+            ):
+                self._replan()
+            if now >= self._next_touch_sweep:
+                self._touch_sweep(now)
+                self._next_touch_sweep = now + 0.25
+
+    def _touch_sweep(self, now: float) -> None:
+        for msg in [*self._tasks, *self._backlog]:
+            if msg._responded:
+                continue
+            session: _Session = msg._conn
+            if not session.open:
+                continue
+            interval = session.touch_interval
+            if now >= msg.received_at + interval * (msg.touch_count + 1):
+                if now - msg.received_at >= session.max_msg_timeout:
+                    continue  # nsqd ignores TOUCH past --max-msg-timeout
+                session.conn.touch(msg.id_bytes)
+                msg.touch_count += 1
+
+    # --- messages (hot path) ---------------------------------------------------
+
+    def _on_message(
+        self, session: _Session, conn: Connection, frame: protocol.MessageFrame
+    ) -> None:
+        now = self._time()
+        msg = Message(
+            frame.id,
+            frame.body,
+            frame.timestamp,
+            frame.attempts,
+            self.topic,
+            self.channel,
+            session.link.address,
+            self,
+            session,
+            now,
+        )
+        slot = session.slot
+        slot.in_flight += 1
+        slot.last_message = now
+        self._in_flight += 1
+        session.link.received += 1
+        if self._stopping:
+            self._settle_now(msg, _DRAIN_REQUEUE)
+        elif frame.attempts > self.max_attempts:
+            msg._responded = True
+            self._give_up(msg, MAX_ATTEMPTS_REASON)
+        elif self._running >= self.max_in_flight:
+            self._backlog.append(msg)
+        else:
+            self._run(msg)
+
+    def _run(self, msg: Message) -> None:
+        self._running += 1
+        try:
+            result: Any = self._callback(msg)
+            if result.__class__ is _CoroutineType:
+                context = contextvars.copy_context()
+                try:
+                    yielded = context.run(result.send, None)
+                except StopIteration as stop:
+                    result = stop.value
+                else:
+                    assert self._loop is not None
+                    task = self._loop.create_task(_continue(result, yielded), context=context)
+                    self._track(msg, task)
+                    return
+            elif result is not None and not isinstance(result, Finish | Requeue | GiveUp):
+                self._track(msg, asyncio.ensure_future(result))
+                return
+        except Exception:
+            log.exception("%s: callback failed for message %s", self.name, msg.id)
+            result = _FAILED
+        self._ran(msg, result)
+
+    def _track(self, msg: Message, future: asyncio.Future[Any]) -> None:
+        self._tasks[msg] = future
+        future.add_done_callback(partial(self._future_done, msg))
+
+    def _future_done(self, msg: Message, future: asyncio.Future[Any]) -> None:
+        del self._tasks[msg]
+        if future.cancelled():
+            result: Any = _DRAIN_REQUEUE
+        elif (exc := future.exception()) is not None:
+            log.error("%s: callback failed for message %s", self.name, msg.id, exc_info=exc)
+            result = _FAILED
+        else:
+            result = future.result()
+        self._ran(msg, result)
+
+    def _ran(self, msg: Message, result: Any) -> None:
+        self._running -= 1
+        if not msg._responded:
+            if result is None:
+                log.warning(
+                    "%s: callback returned None without answering message %s; requeueing",
+                    self.name,
+                    msg.id,
+                )
+                result = _FAILED
+            msg._responded = True
+            self.settle(msg, result)
+        backlog = self._backlog
+        while backlog and self._running < self.max_in_flight:
+            self._run(backlog.popleft())
+
+    def _settle_now(self, msg: Message, outcome: Outcome) -> None:
+        msg._responded = True
+        self.settle(msg, outcome)
+
+    def settle(self, msg: Message, outcome: Outcome) -> None:
+        """Send the outcome of ``msg`` to nsqd (the Message calls this; so does the
+        consumer for callbacks that return an outcome)."""
+        session: _Session = msg._conn
+        kind = outcome.__class__
+        if kind is Finish:
+            if session.open:
+                session.conn.fin(msg.id_bytes)
+            session.link.finished += 1
+            if self._backoff.phase is BackoffPhase.PROBING:
+                self._backoff_signal(msg, success=True)
+        elif kind is Requeue:
+            assert isinstance(outcome, Requeue)
+            delay = outcome.delay
+            if delay is None:
+                delay = requeue_delay(
+                    msg.attempts,
+                    self._requeue_delay,
+                    self._settings.requeue_multiplier,
+                    self._settings.max_requeue_delay,
+                )
+            if session.open:
+                ms = min(max(int(delay * 1000), 0), protocol.DEFAULT_MAX_REQ_TIMEOUT_MS)
+                session.conn.req(msg.id_bytes, ms)
+            session.link.requeued += 1
+            if outcome.backoff:
+                self._backoff_signal(msg, success=False)
+        else:
+            assert isinstance(outcome, GiveUp)
+            self._give_up(msg, outcome.reason)
+            return
+        self._release(msg)
+
+    def touch(self, msg: Message) -> None:
+        """TOUCH ``msg`` now (for handlers that answer themselves)."""
+        session: _Session = msg._conn
+        if session.open:
+            session.conn.touch(msg.id_bytes)
+        msg.touch_count += 1
+
+    def _release(self, msg: Message) -> None:
+        session: _Session = msg._conn
+        slot = session.slot
+        slot.in_flight -= 1
+        self._in_flight -= 1
+        if self._unsatisfied:
+            self._schedule_plan()
+        if slot.retiring and slot.in_flight == 0:
+            self._close_retired(session)
+        if self._stopping and self._in_flight == 0:
+            self._drained.set()
+
+    def _backoff_signal(self, msg: Message, success: bool) -> None:
+        now = self._time()
+        backoff = self._backoff
+        changed = (
+            backoff.on_success(msg.received_at, now)
+            if success
+            else backoff.on_failure(msg.received_at, now)
+        )
+        if changed:
+            if backoff.phase is BackoffPhase.PAUSED:
+                log.warning(
+                    "%s: backing off for %.1fs (level %d) after a failure",
+                    self.name,
+                    backoff.resume_at - now,
+                    backoff.level,
+                )
+            else:
+                log.info("%s: backoff over, resuming full flow", self.name)
+            self._replan()
+
+    def _give_up(self, msg: Message, reason: str) -> None:
+        hook = self._on_give_up
+        try:
+            result = hook(msg, reason) if hook is not None else None
+        except Exception:
+            log.exception("%s: give-up hook failed for %s; requeueing", self.name, msg.id)
+            self._after_give_up(msg, failed=True)
+            return
+        if result is None:
+            if hook is None:
+                log.warning("%s: giving up on message %s: %s", self.name, msg.id, reason)
+            self._after_give_up(msg, failed=False)
+            return
+        future = asyncio.ensure_future(result)
+        self._tasks[msg] = future
+        future.add_done_callback(partial(self._give_up_done, msg))
+
+    def _give_up_done(self, msg: Message, future: asyncio.Future[Any]) -> None:
+        del self._tasks[msg]
+        failed = future.cancelled() or future.exception() is not None
+        if failed and not future.cancelled():
+            log.error(
+                "%s: give-up hook failed for %s; requeueing",
+                self.name,
+                msg.id,
+                exc_info=future.exception(),
+            )
+        self._after_give_up(msg, failed)
+
+    def _after_give_up(self, msg: Message, failed: bool) -> None:
+        session: _Session = msg._conn
+        if failed:
+            self.settle(msg, Requeue(None if not self._stopping else 0.0, backoff=False))
+            return
+        if session.open:
+            session.conn.fin(msg.id_bytes)
+        session.link.given_up += 1
+        self._release(msg)
+
+    # --- stats -----------------------------------------------------------------
+
+    def stats(self) -> ConsumerStats:
+        """Counters and gauges for this consumer and each nsqd it knows."""
+        conns = []
+        for link in self._links.values():
+            session = link.session
+            conns.append(
+                ConnectionStats(
+                    link.address,
+                    session is not None and session.open,
+                    session.slot.rdy if session else 0,
+                    session.slot.in_flight if session else 0,
+                    link.received,
+                    link.finished,
+                    link.requeued,
+                    link.given_up,
+                    link.connects,
+                )
+            )
+        r = self._retired
+        return ConsumerStats(
+            topic=self.topic,
+            channel=self.channel,
+            max_in_flight=self.max_in_flight,
+            in_flight=self._in_flight,
+            running=self._running,
+            received=r.received + sum(c.received for c in conns),
+            finished=r.finished + sum(c.finished for c in conns),
+            requeued=r.requeued + sum(c.requeued for c in conns),
+            given_up=r.given_up + sum(c.given_up for c in conns),
+            backoff_level=self._backoff.level,
+            backoff_phase=self._backoff.phase.value,
+            rdy=sum(c.rdy for c in conns),
+            connected=sum(c.connected for c in conns),
+            connections=conns,
+        )
+
+
+__all__ += ["FINISH"]

@@ -1,0 +1,136 @@
+"""Discovery: poll every nsqlookupd for a topic's producers, with jitter.
+
+nsqlookupd instances do not coordinate (each nsqd registers with all of them), so the
+producers of every answer are unioned. A lookupd that fails is logged and skipped; if
+every one fails, the last known set is kept rather than dropping live connections
+because discovery had a bad minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import httpx
+
+__all__ = ["LookupdPoller", "format_address", "parse_producers"]
+
+log = logging.getLogger("nsqworker.lookupd")
+
+
+def format_address(host: str, port: int) -> str:
+    """``host:port``, with IPv6 hosts in brackets."""
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+def parse_producers(payload: Any) -> set[str]:
+    """The ``broadcast_address:tcp_port`` of each producer in a /lookup answer.
+
+    Accepts nsqlookupd v1 answers (``{"producers": [...]}``) and the older wrapped form
+    (``{"status_code": 200, "data": {"producers": [...]}}``).
+    """
+    if not isinstance(payload, dict):
+        raise ValueError(f"lookupd answer is not a JSON object: {payload!r:.200}")
+    data = payload.get("data", payload)
+    if not isinstance(data, dict):
+        raise ValueError(f"lookupd answer has no producers: {payload!r:.200}")
+    found = set()
+    for producer in data.get("producers") or []:
+        host = producer.get("broadcast_address") or producer.get("address")
+        port = producer.get("tcp_port")
+        if host and isinstance(port, int):
+            found.add(format_address(host, port))
+    return found
+
+
+class LookupdPoller:
+    """Polls nsqlookupd ``/lookup?topic=`` and reports the union of producers.
+
+    ``on_update(addresses)`` is called after every round in which at least one lookupd
+    answered. ``run()`` polls at once, then every ``interval`` seconds with up to
+    ``jitter x interval`` of random spread; ``poll_soon()`` cuts the wait short (used
+    when a connection drops).
+    """
+
+    def __init__(
+        self,
+        addresses: Iterable[str],
+        topic: str,
+        on_update: Callable[[set[str]], None],
+        *,
+        interval: float = 60.0,
+        jitter: float = 0.3,
+        timeout: float = 5.0,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.addresses = [a if "://" in a else f"http://{a}" for a in addresses]
+        self.topic = topic
+        self.on_update = on_update
+        self.interval = interval
+        self.jitter = jitter
+        self.timeout = timeout
+        self._rand = rand
+        self._wake = asyncio.Event()
+        self._client: httpx.AsyncClient | None = None
+        self.last_producers: set[str] = set()
+        self.polls = 0
+
+    def next_wait(self) -> float:
+        """Seconds until the next regular poll: interval, spread by the jitter fraction."""
+        return self.interval * (1.0 - self.jitter / 2.0 + self.jitter * self._rand())
+
+    async def poll(self) -> set[str] | None:
+        """Query every lookupd once; the union of producers, or None if none answered."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=self.timeout, headers={"Accept": "application/vnd.nsq; version=1.0"}
+            )
+        results = await asyncio.gather(*(self._query(a) for a in self.addresses))
+        self.polls += 1
+        answered = [r for r in results if r is not None]
+        if not answered:
+            return None
+        union: set[str] = set().union(*answered)
+        self.last_producers = union
+        self.on_update(union)
+        return union
+
+    async def _query(self, base: str) -> set[str] | None:
+        assert self._client is not None
+        url = f"{base.rstrip('/')}/lookup"
+        try:
+            response = await self._client.get(url, params={"topic": self.topic})
+            if response.status_code == 404:
+                return set()  # TOPIC_NOT_FOUND: nobody has published it yet
+            response.raise_for_status()
+            return parse_producers(response.json())
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("lookupd %s failed for topic %s: %s", base, self.topic, exc)
+            return None
+
+    def poll_soon(self) -> None:
+        """Poll now instead of waiting for the next interval."""
+        self._wake.set()
+
+    async def run(self, poll_first: bool = True) -> None:
+        """Poll forever (cancel to stop); ``poll_first=False`` waits before the first."""
+        while True:
+            if poll_first:
+                await self.poll()
+            poll_first = True
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.next_wait())
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def close(self) -> None:
+        """Release the HTTP client."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
