@@ -1,0 +1,513 @@
+"""Settings: every tunable declared once, with its default, bounds and meaning.
+
+Values come from, highest precedence first: keyword overrides (``Settings.load(**kw)`` or
+``Settings(**kw)``), ``NSQWORKER_*`` environment variables, a config file (TOML, JSON or
+dotenv), then the defaults below. Durations are float seconds. List fields take a JSON
+list or a comma-separated string in the environment. Anything unknown or invalid raises
+``SettingsError``, one line per problem, each naming the environment variable and field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import ipaddress
+import json
+import os
+import re
+import socket
+import tomllib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import annotated_types
+from pydantic import (
+    AfterValidator,
+    Field,
+    FilePath,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+from nsqworker.errors import ConfigurationError
+
+__all__ = ["ENV_PREFIX", "RESERVED_ENV_VARS", "Settings", "SettingsError"]
+
+ENV_PREFIX = "NSQWORKER_"
+#: ``NSQWORKER_*`` variables that are not settings: ``NSQWORKER_CONFIG`` names the
+#: config file ``Settings.load()`` reads when it is given none.
+RESERVED_ENV_VARS = frozenset({"NSQWORKER_CONFIG"})
+MASK = "********"
+_SECRET_FIELDS = frozenset({"auth_secret"})
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+# Field names found in the config file being loaded; read by _FileSource.
+_FILE_VALUES: ContextVar[Mapping[str, Any] | None] = ContextVar("nsqw_file", default=None)
+
+Seconds = float
+_ORDERED = (("requeue_delay", "max_requeue_delay"), ("reconnect_delay", "max_reconnect_delay"))
+_CERT_KEY = ("tls_cert_file", "tls_key_file")
+_TLS_ONLY = ("tls_ca_file", "tls_cert_file", "tls_key_file", "tls_server_name")
+
+
+class SettingsError(ConfigurationError):
+    """Raised when settings are unknown or invalid; ``str()`` has one line per problem."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems: tuple[str, ...] = tuple(problems)
+        super().__init__("\n".join(self.problems))
+
+    @classmethod
+    def from_validation_error(cls, exc: ValidationError) -> SettingsError:
+        """Turn pydantic's errors into ``NSQWORKER_X (x): <problem>; got <value>`` lines."""
+        lines: list[str] = []
+        for err in exc.errors():
+            ctx = err.get("ctx") or {}
+            if err["type"] == "settings_conflict":
+                lines += [_problem(f, msg, v) for f, msg, v in ctx["problems"]]
+                continue
+            loc = [str(p) for p in err["loc"]]
+            field = loc[0] if loc else "?"
+            where = field + "".join(f"[{p}]" for p in loc[1:])
+            value = MASK if field in _SECRET_FIELDS else err.get("input")
+            lines.append(_problem(field, _message(err["type"], err["msg"], field), value, where))
+        return cls(lines)
+
+
+def _problem(field: str, message: str, value: Any, where: str | None = None) -> str:
+    shown = value if value == MASK else _shorten(repr(value))
+    return f"{ENV_PREFIX}{field.upper()} ({where or field}): {message}; got {shown}"
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _message(kind: str, msg: str, field: str) -> str:
+    if kind == "extra_forbidden":
+        return "is not a setting" + _did_you_mean(field, Settings.model_fields)
+    bounds = _bounds(field) if kind in ("greater_than_equal", "less_than_equal") else None
+    if bounds is not None:
+        return f"must be from {_number(bounds[0])} to {_number(bounds[1])}"
+    msg = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    return msg.replace("Input should be", "must be")
+
+
+def _bounds(field: str) -> tuple[float, float] | None:
+    """A field's ``(ge, le)`` bounds as declared in its ``Field``, or None."""
+    info = Settings.model_fields.get(field)
+    metadata = info.metadata if info is not None else []
+    low: list[Any] = [m.ge for m in metadata if isinstance(m, annotated_types.Ge)]
+    high: list[Any] = [m.le for m in metadata if isinstance(m, annotated_types.Le)]
+    return (float(low[0]), float(high[0])) if low and high else None
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _did_you_mean(name: str, choices: Iterable[str]) -> str:
+    by_lower = {c.lower(): c for c in choices}
+    match = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
+    return f"; did you mean {by_lower[match[0]]}?" if match else ""
+
+
+@cache
+def _fqdn() -> str:
+    return socket.getfqdn() or "localhost"
+
+
+def _short_hostname() -> str:
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+def _check_host(host: str) -> None:
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"{host} is not an IPv6 address") from None
+    elif ":" in host:
+        raise ValueError("write IPv6 addresses in brackets, like [::1]:4150")
+    elif not _HOSTNAME.match(host):
+        raise ValueError(f"{host!r} is not a host name or IP address")
+
+
+def _check_port(port: str) -> int:
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("the port must be a number from 1 to 65535")
+    return int(port)
+
+
+def _nsqd_address(text: str) -> str:
+    """Check a ``host:port`` nsqd TCP address (``[::1]:4150`` for IPv6)."""
+    text = text.strip()
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError("must be host:port, like 127.0.0.1:4150")
+    _check_host(host)
+    _check_port(port)
+    return text
+
+
+def _lookupd_address(text: str) -> str:
+    """Check an nsqlookupd HTTP URL; a bare ``host:port`` gets ``http://``."""
+    text = text.strip()
+    has_scheme = "://" in text
+    url = urlsplit(text if has_scheme else f"http://{text}")
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError("must be http(s)://host:port, like http://127.0.0.1:4161")
+    if url.query or url.fragment or url.username:
+        raise ValueError("leave out the query, fragment and user of the URL")
+    host = url.netloc.rpartition("@")[2]
+    name, sep, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+    if not has_scheme and not sep:
+        raise ValueError(f"give a port, like {text}:4161")
+    _check_host(name if sep else host)
+    if sep:
+        _check_port(port)
+    return f"{url.scheme}://{host}{url.path.rstrip('/')}"
+
+
+def _split_list(value: Any) -> Any:
+    """Read a list from a JSON list or a comma-separated string; other values pass."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not a valid JSON list ({exc.msg})") from None
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _bounded(default: float, ge: float, le: float, doc: str) -> Any:
+    """A numeric field with its default, bounds and doc; the bounds end the doc."""
+    return Field(default, ge=ge, le=le, description=f"{doc} [{_number(ge)}..{_number(le)}]")
+
+
+NsqdAddresses = Annotated[list[Annotated[str, AfterValidator(_nsqd_address)]], NoDecode]
+LookupdAddresses = Annotated[list[Annotated[str, AfterValidator(_lookupd_address)]], NoDecode]
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """The values of the config file ``Settings.load()`` is reading, below the environment."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return (_FILE_VALUES.get() or {}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_VALUES.get() or {})
+
+
+class Settings(BaseSettings):
+    """nsqworker's settings; see the module docstring for where values come from."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True
+    )
+    _sources: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    # -- where the brokers are
+    nsqd_tcp_addresses: NsqdAddresses = Field(
+        default_factory=list, description="nsqd TCP addresses to connect to directly (host:port)."
+    )
+    lookupd_http_addresses: LookupdAddresses = Field(
+        default_factory=list, description="nsqlookupd http(s)://host:port addresses to poll."
+    )
+    lookupd_poll_interval: Seconds = _bounded(60.0, 0.05, 3600, "Seconds between lookupd polls.")
+    lookupd_poll_jitter: float = _bounded(0.3, 0, 1, "Poll jitter, a fraction of the interval.")
+    reconnect_delay: Seconds = _bounded(
+        1.0, 0.01, 3600, "Seconds before reconnecting to a direct nsqd; doubles per failure."
+    )
+    max_reconnect_delay: Seconds = _bounded(60.0, 0.01, 3600, "Cap on the reconnect delay.")
+    dial_timeout: Seconds = _bounded(5.0, 0.01, 300, "Seconds to connect and IDENTIFY.")
+    # -- processes and flow control
+    workers: int = _bounded(1, 1, 256, "Worker processes under `nsqworker run`.")
+    max_in_flight: int = _bounded(
+        100, 1, 1_000_000, "Default messages in flight per task, spread over its connections."
+    )
+    max_attempts: int = _bounded(
+        5, 1, 65535, "Default deliveries before a message goes to the dead-letter hooks."
+    )
+    # -- retries and consumer backoff
+    requeue_delay: Seconds = _bounded(5.0, 0, 3600, "Seconds of the first REQ after a failure.")
+    requeue_multiplier: float = _bounded(
+        2.0, 1, 100, "Growth of the REQ delay per attempt: requeue_delay * m**(attempts - 1)."
+    )
+    max_requeue_delay: Seconds = _bounded(
+        900.0, 0, 3600, "Cap on the REQ delay; nsqd allows at most one hour."
+    )
+    backoff_multiplier: Seconds = _bounded(
+        1.0, 0, 3600, "Seconds of the first consumer backoff pause, doubled per level; 0 = off."
+    )
+    max_backoff_duration: Seconds = _bounded(120.0, 0, 3600, "Cap on the backoff pause.")
+    # -- asked of nsqd in IDENTIFY
+    msg_timeout: Seconds = _bounded(
+        60.0, 1, 900, "Seconds before nsqd redelivers; capped by nsqd --max-msg-timeout."
+    )
+    heartbeat_interval: Seconds = _bounded(30.0, 1, 60, "Seconds between nsqd heartbeats.")
+    output_buffer_size: int = _bounded(
+        16384, -1, 65536, "Bytes nsqd buffers before writing; -1 = off, else at least 64."
+    )
+    output_buffer_timeout: Seconds = _bounded(
+        0.25, 0.025, 30, "Seconds nsqd may hold buffered data; lower = less latency, more CPU."
+    )
+    sample_rate: int = _bounded(0, 0, 99, "Percent of messages nsqd sends us; 0 sends all.")
+    compression: Literal["none", "deflate", "snappy"] = Field(
+        "none", description="Wire compression: none, deflate or snappy (needs python-snappy)."
+    )
+    deflate_level: int = _bounded(6, 1, 9, "Deflate level when compression is deflate.")
+    client_id: str = Field(
+        default_factory=_short_hostname, min_length=1, description="IDENTIFY client_id."
+    )
+    hostname: str = Field(default_factory=_fqdn, min_length=1, description="IDENTIFY hostname.")
+    # -- TLS and AUTH
+    tls_v1: bool = Field(False, description="Upgrade connections to TLS.")
+    tls_ca_file: FilePath | None = Field(None, description="CA bundle; system CAs if unset.")
+    tls_cert_file: FilePath | None = Field(None, description="Client certificate (with key).")
+    tls_key_file: FilePath | None = Field(None, description="Client private key (with cert).")
+    tls_server_name: str | None = Field(None, description="Name in nsqd's cert; host if unset.")
+    tls_verify: bool = Field(True, description="Verify nsqd's certificate; off only in tests.")
+    auth_secret: SecretStr | None = Field(None, description="AUTH secret; never printed.")
+    # -- stopping, health, logs, tracing
+    drain_timeout: Seconds = _bounded(
+        30.0, 0, 86400, "Seconds a stop waits for running handlers before REQing them."
+    )
+    health_port: int = _bounded(8080, 0, 65535, "Port of /livez /readyz /metrics; 0 = off.")
+    health_host: str = Field("0.0.0.0", min_length=1, description="Address health binds.")
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
+        "info", description="Lowest level logged: debug, info, warning, error or critical."
+    )
+    log_format: Literal["auto", "console", "json"] = Field(
+        "auto", description="console or json; auto is console on a terminal, else json."
+    )
+    tracing_envelope: bool = Field(
+        False, description="Producers wrap bodies in an envelope carrying trace context."
+    )
+    trace_parent_mode: Literal["link", "parent"] = Field(
+        "link", description="Consumer span links to the producer's, or is its child (parent)."
+    )
+
+    def __init__(self, **values: Any) -> None:
+        """Build settings from ``values``, the environment and defaults; see ``load``."""
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise SettingsError.from_validation_error(exc) from exc
+        env = {key.upper() for key in os.environ}
+        file_values = _FILE_VALUES.get() or {}
+        for name in type(self).model_fields:
+            source = "default"
+            if name in values:
+                source = "override"
+            elif self.env_name(name) in env:
+                source = "env"
+            elif name in file_values:
+                source = "file"
+            self._sources[name] = source
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Overrides, then the environment, then the config file being loaded."""
+        return init_settings, env_settings, _FileSource(settings_cls)
+
+    @field_validator("nsqd_tcp_addresses", "lookupd_http_addresses", mode="before")
+    @classmethod
+    def _parse_list(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("nsqd_tcp_addresses", "lookupd_http_addresses")
+    @classmethod
+    def _dedupe(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(value))
+
+    @field_validator("log_level", "log_format", "compression", "trace_parent_mode", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip().lower()
+            return "warning" if value == "warn" else value
+        return value
+
+    @field_validator(*_TLS_ONLY, "auth_secret", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("output_buffer_size")
+    @classmethod
+    def _check_buffer(cls, value: int) -> int:
+        if 0 <= value < 64:
+            raise ValueError("must be -1 (no buffering) or from 64 to 65536")
+        return value
+
+    @model_validator(mode="after")
+    def _check_together(self) -> Settings:
+        problems = tuple(self._conflicts())
+        if problems:
+            summary = "; ".join(f"{field} {message}" for field, message, _ in problems)
+            ctx = {"summary": summary, "problems": problems}
+            raise PydanticCustomError("settings_conflict", "{summary}", ctx)
+        return self
+
+    def _conflicts(self) -> Iterator[tuple[str, str, Any]]:
+        """``(field, what to change, value)`` for each pair of settings that disagree."""
+        for low, high in _ORDERED:
+            if getattr(self, low) > getattr(self, high):
+                limit, env = _number(getattr(self, high)), self.env_name(high)
+                yield (
+                    low,
+                    f"is more than {high} ({limit}); lower it or raise {env}",
+                    getattr(self, low),
+                )
+        for given, needed in (_CERT_KEY, _CERT_KEY[::-1]):
+            if getattr(self, given) is not None and getattr(self, needed) is None:
+                yield (
+                    given,
+                    f"needs {needed} too; set {self.env_name(needed)}",
+                    str(getattr(self, given)),
+                )
+        for name in _TLS_ONLY if not self.tls_v1 else ():
+            if (value := getattr(self, name)) is not None:
+                yield name, "needs tls_v1; set NSQWORKER_TLS_V1=true or unset this one", str(value)
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        """The environment variable of ``field``: ``max_in_flight`` -> ``NSQWORKER_MAX_IN_FLIGHT``."""
+        if field not in cls.model_fields:
+            raise ValueError(f"{field} is not a setting" + _did_you_mean(field, cls.model_fields))
+        return ENV_PREFIX + field.upper()
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> Settings:
+        """Read settings: ``overrides`` > ``NSQWORKER_*`` environment > ``config_file`` > defaults.
+
+        ``config_file`` is a ``.toml`` file (top-level keys, or a ``[nsqworker]`` or
+        ``[tool.nsqworker]`` table), a ``.json`` file (an object, or one under
+        ``"nsqworker"``), or a dotenv file (``.env``, ``*.env``; ``NSQWORKER_*`` keys only,
+        others ignored). When it is None, ``NSQWORKER_CONFIG`` may name one. Overrides
+        that are None count as not given, so CLI options can be passed straight through.
+        Raises ``SettingsError`` naming every unknown or invalid value, including
+        ``NSQWORKER_*`` environment variables that are not settings.
+        """
+        problems = _unknown_env_vars(os.environ, cls.model_fields)
+        if config_file is None and os.environ.get("NSQWORKER_CONFIG"):
+            config_file = os.environ["NSQWORKER_CONFIG"]
+        file_values: dict[str, Any] = {}
+        if config_file is not None:
+            file_values, file_problems = _read_config_file(Path(config_file), cls.model_fields)
+            problems += file_problems
+        token = _FILE_VALUES.set({k: v for k, v in file_values.items() if k in cls.model_fields})
+        try:
+            settings = cls(**{k: v for k, v in overrides.items() if v is not None})
+        except SettingsError as exc:
+            problems += exc.problems
+        finally:
+            _FILE_VALUES.reset(token)
+        if problems:
+            raise SettingsError(problems)
+        return settings
+
+    def source(self, field: str) -> str:
+        """Where ``field``'s value came from: default, env, file or override."""
+        return self._sources.get(field, "default")
+
+    def describe(self) -> list[tuple[str, str, str, str]]:
+        """``(name, value, source, description)`` per field, secrets shown as ``********``."""
+        return [
+            (name, self.display(name), self.source(name), info.description or "")
+            for name, info in type(self).model_fields.items()
+        ]
+
+    def display(self, field: str) -> str:
+        """``field``'s value as text: lists comma-joined, unset as ``-``, secrets masked."""
+        value = getattr(self, field)
+        if value is None or value == []:
+            return "-"
+        if isinstance(value, SecretStr):
+            return MASK
+        if isinstance(value, bool):
+            return str(value).lower()
+        if isinstance(value, float):
+            return _number(value)
+        if isinstance(value, list):
+            return ",".join(value)
+        return str(value)
+
+
+def _unknown_env_vars(environ: Mapping[str, str], fields: Iterable[str]) -> list[str]:
+    known = {ENV_PREFIX + f.upper() for f in fields} | RESERVED_ENV_VARS
+    return [
+        f"{key} is not a setting" + _did_you_mean(key, sorted(known - RESERVED_ENV_VARS))
+        for key in sorted(environ)
+        if key.upper().startswith(ENV_PREFIX) and key.upper() not in known
+    ]
+
+
+def _read_config_file(path: Path, fields: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The settings in ``path`` by field name, and the problems found reading it."""
+    name, dotenv = path.name.lower(), False
+    try:
+        text = path.read_text(encoding="utf-8")
+        if name.endswith(".toml"):
+            data = _section(tomllib.loads(text))
+        elif name.endswith(".json"):
+            data = _section(json.loads(text))
+        elif dotenv := name.endswith(".env") or name.startswith(".env"):
+            data = _dotenv_settings(text)
+        else:
+            return {}, [f"config file {path}: use a .toml, .json or .env file"]
+    except OSError as exc:
+        return {}, [f"config file {path}: cannot be read ({exc.strerror or exc})"]
+    except (ValueError, UnicodeDecodeError) as exc:  # TOMLDecodeError, JSONDecodeError
+        return {}, [f"config file {path}: not valid {path.suffix[1:].upper()} ({exc})"]
+    if not isinstance(data, dict):
+        return {}, [f"config file {path}: must hold a table/object of settings"]
+    shown = {f: ENV_PREFIX + f.upper() if dotenv else f for f in [*fields, *data]}
+    unknown = [
+        f"config file {path}: {shown[key]} is not a setting"
+        + _did_you_mean(shown[key], [shown[f] for f in fields])
+        for key in data
+        if key not in fields
+    ]
+    return data, unknown
+
+
+def _section(data: Any) -> Any:
+    """The ``nsqworker`` or ``tool.nsqworker`` table of a document, else the document."""
+    for path in (("nsqworker",), ("tool", "nsqworker")):
+        table = data
+        for key in path:
+            table = table.get(key) if isinstance(table, dict) else None
+        if isinstance(table, dict):
+            return table
+    return data
+
+
+def _dotenv_settings(text: str) -> dict[str, Any]:
+    """``NSQWORKER_*`` keys of a dotenv file as field names; other keys are ignored."""
+    from dotenv import dotenv_values  # installed with pydantic-settings
+
+    return {
+        key[len(ENV_PREFIX) :].lower(): value or ""
+        for key, value in dotenv_values(stream=io.StringIO(text)).items()
+        if key.upper().startswith(ENV_PREFIX) and key.upper() not in RESERVED_ENV_VARS
+    }
