@@ -1,0 +1,64 @@
+# nsqworker developer entry points. `make test` and `make run` need only
+# python3 >= 3.11 and Go 1.21+ (or nsqd/nsqlookupd v1.3.0 on PATH).
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := test
+
+UV_VERSION := 0.13.9
+UV := .tools/uv/bin/uv
+UV_STAMP := .tools/uv/.uv-$(UV_VERSION)
+VENV_STAMP := .venv/.synced
+EXTRAS := --extra dev --extra snappy --extra uvloop
+PYTEST_ARGS ?=
+RUN_ARGS ?=
+
+# uv uses the local python3 and never downloads an interpreter.
+export UV_PYTHON := python3
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(CURDIR)/.venv
+unexport VIRTUAL_ENV
+
+# The NSQ binaries built by `make tools` come first for every recipe.
+export PATH := $(CURDIR)/.tools/bin:$(PATH)
+LINT_DIRS := $(wildcard nsqworker tests bench examples)
+
+.PHONY: venv tools test lint bench run clean lock
+
+$(UV_STAMP): scripts/bootstrap-uv
+	@scripts/bootstrap-uv $(UV_VERSION)
+	@touch $@
+
+# Re-syncs when uv.lock or pyproject.toml change, and after .venv was deleted.
+$(VENV_STAMP): pyproject.toml uv.lock $(UV_STAMP)
+	$(UV) sync --frozen $(EXTRAS)
+	@touch $@
+
+venv: $(VENV_STAMP)
+
+# Re-resolve uv.lock after editing dependencies in pyproject.toml.
+lock: $(UV_STAMP)
+	$(UV) lock
+
+tools:
+	@scripts/install-tools
+
+test: venv tools
+	.venv/bin/pytest $(PYTEST_ARGS)
+
+lint: venv
+	.venv/bin/ruff check $(LINT_DIRS)
+	.venv/bin/ruff format --check $(LINT_DIRS)
+	.venv/bin/mypy nsqworker
+
+bench: venv tools
+	@if [[ -d bench ]]; then \
+		.venv/bin/python -m bench; \
+	else \
+		echo "bench/ does not exist yet"; \
+	fi
+
+run: venv tools
+	.venv/bin/python scripts/run-local $(RUN_ARGS)
+
+clean:
+	rm -rf .run

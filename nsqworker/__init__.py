@@ -1,0 +1,3 @@
+"""nsqworker: run Python task handlers on NSQ topics."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,833 @@
+"""Real nsqd and nsqlookupd processes for tests, as a pytest plugin and as plain helpers.
+
+Enable the fixtures in a test suite with either of::
+
+    # conftest.py
+    pytest_plugins = ["nsqworker.testing"]
+
+    $ pytest -p nsqworker.testing
+
+Fixtures (function scope; every process they start is stopped at teardown, also when
+the test fails):
+
+``nsqlookupd``
+    one running :class:`NsqlookupdProcess`.
+``nsqd``
+    one running :class:`NsqdProcess`, standalone (not registered with a lookupd).
+``nsqd_factory``
+    ``nsqd_factory(lookupd=None, extra_args=())`` starts another :class:`NsqdProcess`.
+``nsqlookupd_factory``
+    ``nsqlookupd_factory(extra_args=())`` starts another :class:`NsqlookupdProcess`.
+``nsq_cluster``
+    an :class:`NsqCluster`: one nsqlookupd and two nsqd registered with it.
+
+Binaries are found by :func:`find_binary` (``--nsqd-bin-dir``, ``$NSQWORKER_TOOLS_BIN``,
+``PATH``, then ``.tools/bin`` of the enclosing checkout). When they are missing the
+tests that need them are skipped, except under ``CI=true`` (or ``CI=1``), where they fail.
+
+Outside pytest the classes work as context managers::
+
+    with NsqlookupdProcess() as lookupd, NsqdProcess(lookupd=[lookupd]) as nsqd:
+        nsqd.publish("clicks", b'{"id": 1}')
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, ClassVar, Protocol, Self, TypeVar
+
+import httpx
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - the helpers work without pytest installed
+    _HAVE_PYTEST = False
+else:
+    _HAVE_PYTEST = True
+
+__all__ = [
+    "NsqBinaries",
+    "NsqCluster",
+    "NsqHttpError",
+    "NsqProcessError",
+    "NsqdFactory",
+    "NsqdProcess",
+    "NsqlookupdFactory",
+    "NsqlookupdProcess",
+    "find_binary",
+    "free_port",
+    "free_ports",
+    "port_is_free",
+    "wait_for",
+]
+
+TOOLS_BIN_ENV = "NSQWORKER_TOOLS_BIN"
+"""Environment variable naming a directory that holds nsqd and nsqlookupd."""
+
+LOOPBACK = "127.0.0.1"
+READY_TIMEOUT = 10.0
+"""Seconds a process gets to answer ``GET /ping`` after it was started."""
+STOP_TIMEOUT = 5.0
+"""Seconds :meth:`stop` waits after SIGTERM before it sends SIGKILL."""
+PORT_ATTEMPTS = 5
+"""How many times :meth:`start` picks new ports when the chosen ones were taken."""
+
+_INSTALL_HINT = "run `make tools` (scripts/install-tools) to build NSQ v1.3.0 into .tools/bin"
+_ADDRESS_IN_USE = "address already in use"
+
+T = TypeVar("T")
+
+
+class NsqProcessError(RuntimeError):
+    """Raised when an nsqd or nsqlookupd process cannot be started or stopped."""
+
+
+class NsqHttpError(RuntimeError):
+    """Raised when nsqd or nsqlookupd answers an HTTP request with an error status."""
+
+    def __init__(self, method: str, url: str, status_code: int, text: str) -> None:
+        super().__init__(f"{method} {url} -> {status_code} {text.strip()}")
+        self.status_code = status_code
+        self.text = text
+
+
+class _PortInUse(NsqProcessError):
+    """Raised internally when a process exits because one of its ports was taken."""
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def find_binary(name: str, bin_dir: str | os.PathLike[str] | None = None) -> str:
+    """Return the path of the NSQ executable ``name`` (``"nsqd"``, ``"nsqlookupd"``...).
+
+    Looks, in order, in ``bin_dir`` (if given), in the directory named by
+    ``$NSQWORKER_TOOLS_BIN``, on ``PATH``, and in ``.tools/bin`` of the current
+    directory or of the nearest parent directory that has one (a checkout after
+    ``make tools``).
+
+    Raises:
+        FileNotFoundError: nowhere to be found; the message says how to install it.
+    """
+    candidates: list[Path] = []
+    if bin_dir is not None:
+        candidates.append(Path(bin_dir) / name)
+    env_dir = os.environ.get(TOOLS_BIN_ENV)
+    if env_dir:
+        candidates.append(Path(env_dir) / name)
+    for path in candidates:
+        if _is_executable(path):
+            return str(path)
+    on_path = shutil.which(name)
+    if on_path:
+        return on_path
+    cwd = Path.cwd().resolve()
+    for directory in (cwd, *cwd.parents):
+        path = directory / ".tools" / "bin" / name
+        if _is_executable(path):
+            return str(path)
+    searched = ", ".join([*(str(p.parent) for p in candidates), "PATH", f".tools/bin above {cwd}"])
+    raise FileNotFoundError(f"{name} not found (searched {searched}); {_INSTALL_HINT}")
+
+
+def _is_executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """Return a TCP port on ``host`` that was free a moment ago.
+
+    Another process may still take it before it is used; :meth:`NsqdProcess.start`
+    therefore retries with new ports when nsqd reports the address in use.
+    """
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """Return ``count`` distinct TCP ports on ``host`` that were free a moment ago."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
+
+
+def port_is_free(port: int, host: str = LOOPBACK) -> bool:
+    """Return True when a TCP listener could bind ``host:port`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    interval: float = 0.05,
+    message: str | Callable[[], str] = "condition not met",
+) -> T:
+    """Call ``predicate`` until it returns something truthy, and return that.
+
+    Args:
+        predicate: called every ``interval`` seconds; exceptions propagate.
+        timeout: seconds before giving up.
+        interval: seconds between calls.
+        message: text of the error, or a callable that builds it at timeout (to show
+            the last observed state).
+
+    Raises:
+        AssertionError: ``predicate`` stayed falsy for ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            raise AssertionError(f"{text} (waited {timeout:g}s)")
+        time.sleep(interval)
+
+
+def _unwrap(body: Any) -> Any:
+    """Strip the ``{"status_code", "data"}`` envelope of NSQ < 1.0 if present."""
+    if isinstance(body, dict) and "data" in body and "status_code" in body:
+        return body["data"]
+    return body
+
+
+# ---------------------------------------------------------------------------- processes
+
+_LIVE: set[_NsqProcess] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """Never leave nsqd processes behind when the interpreter exits."""
+    for proc in list(_LIVE):
+        with contextlib.suppress(Exception):
+            proc.kill()
+
+
+class _NsqProcess:
+    """Shared lifecycle of one nsqd or nsqlookupd child process on loopback."""
+
+    name: ClassVar[str]
+
+    def __init__(
+        self,
+        *,
+        extra_args: Sequence[str] = (),
+        data_path: str | os.PathLike[str] | None = None,
+        tcp_port: int | None = None,
+        http_port: int | None = None,
+        binary: str | None = None,
+        ready_timeout: float = READY_TIMEOUT,
+    ) -> None:
+        self.extra_args = list(extra_args)
+        self.ready_timeout = ready_timeout
+        self._binary = binary
+        self._fixed_ports = tcp_port is not None or http_port is not None
+        self._tcp_port = tcp_port
+        self._http_port = http_port
+        self._owns_data = data_path is None
+        self._data_path = Path(data_path) if data_path is not None else None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._log_offset = 0
+        self._client: httpx.Client | None = None
+
+    # -- properties ------------------------------------------------------------------
+
+    @property
+    def tcp_port(self) -> int:
+        """TCP port the process listens on."""
+        return self._require(self._tcp_port, "tcp_port")
+
+    @property
+    def http_port(self) -> int:
+        """HTTP port the process listens on."""
+        return self._require(self._http_port, "http_port")
+
+    @property
+    def tcp_address(self) -> str:
+        """``"127.0.0.1:PORT"`` of the TCP listener."""
+        return f"{LOOPBACK}:{self.tcp_port}"
+
+    @property
+    def http_address(self) -> str:
+        """``"http://127.0.0.1:PORT"`` of the HTTP listener."""
+        return f"http://{LOOPBACK}:{self.http_port}"
+
+    @property
+    def pid(self) -> int:
+        """Process id of the running (or last) process."""
+        if self._proc is None:
+            raise NsqProcessError(f"{self.name} was never started")
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status of the last process, None while it runs or before the first start."""
+        return None if self._proc is None else self._proc.poll()
+
+    @property
+    def running(self) -> bool:
+        """True while the process is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def data_path(self) -> Path:
+        """Working directory of the process: its log file, and nsqd's message files."""
+        if self._data_path is None:
+            self._data_path = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
+        return self._data_path
+
+    @property
+    def log_path(self) -> Path:
+        """File that receives the process's stdout and stderr (appended across restarts)."""
+        return self.data_path / f"{self.name}.log"
+
+    @property
+    def binary(self) -> str:
+        """Path of the executable (found with :func:`find_binary` unless given)."""
+        if self._binary is None:
+            self._binary = find_binary(self.name)
+        return self._binary
+
+    @property
+    def _http(self) -> httpx.Client:
+        if self._client is None or self._client.is_closed:
+            self._client = httpx.Client(
+                trust_env=False,  # loopback only: never through a proxy from the environment
+                timeout=5.0,
+                limits=httpx.Limits(max_keepalive_connections=0),  # survives kill/restart
+            )
+        return self._client
+
+    def _require(self, port: int | None, what: str) -> int:
+        if port is None:
+            raise NsqProcessError(f"{self.name} has no {what} before start()")
+        return port
+
+    def _args(self) -> list[str]:
+        """Command line without the binary, for the current ports and data path."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        ports = f"tcp={self._tcp_port} http={self._http_port}"
+        return f"<{type(self).__name__} {ports} {state}>"
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> Self:
+        """Start on free ports (or the ones given) and wait until ``/ping`` answers.
+
+        Raises:
+            NsqProcessError: it exited or did not answer within ``ready_timeout``; the
+                message carries the end of its log.
+        """
+        if self.running:
+            raise NsqProcessError(f"{self.name} is already running (pid {self.pid})")
+        attempts = 1 if self._fixed_ports else PORT_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            if not self._fixed_ports:
+                self._tcp_port, self._http_port = free_ports(2)
+            try:
+                self._spawn_and_wait()
+                return self
+            except _PortInUse:
+                if attempt == attempts:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def restart(self) -> Self:
+        """Start again on the same ports and data path (stopping first if it still runs).
+
+        Retries for up to ``ready_timeout`` while the old ports are still held.
+        """
+        if self._tcp_port is None or self._http_port is None:
+            raise NsqProcessError(f"{self.name} was never started; call start()")
+        if self.running:
+            self.stop()
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            try:
+                self._spawn_and_wait()
+                return self
+            except _PortInUse:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int | None:
+        """SIGTERM and wait (SIGKILL after ``timeout`` seconds); return the exit status."""
+        return self._terminate(signal.SIGTERM, timeout)
+
+    def kill(self) -> int | None:
+        """SIGKILL and wait, like a crash: nsqd loses what it held only in memory."""
+        return self._terminate(signal.SIGKILL, STOP_TIMEOUT)
+
+    def close(self) -> None:
+        """Stop the process and remove its data path if this object created it."""
+        try:
+            self.stop()
+        finally:
+            if self._client is not None:
+                self._client.close()
+            if self._owns_data and self._data_path is not None:
+                shutil.rmtree(self._data_path, ignore_errors=True)
+                self._data_path = None
+
+    def __enter__(self) -> Self:
+        if not self.running:
+            self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def log_tail(self, lines: int = 20, since_start: bool = False) -> str:
+        """Last ``lines`` lines of the log file (of the latest start if ``since_start``)."""
+        try:
+            with self.log_path.open("rb") as log:
+                if since_start:
+                    log.seek(self._log_offset)
+                text = log.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _spawn_and_wait(self) -> None:
+        self.data_path.mkdir(parents=True, exist_ok=True)
+        argv = [self.binary, *self._args()]
+        self._log = self.log_path.open("ab")
+        self._log.write(f"--- {' '.join(argv)}\n".encode())
+        self._log.flush()
+        self._log_offset = self._log.tell()
+        self._proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=self.data_path,
+            start_new_session=True,  # a terminal's Ctrl-C reaches only our caller
+        )
+        _LIVE.add(self)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+
+    def _wait_ready(self) -> None:
+        proc = self._proc
+        assert proc is not None
+        deadline = time.monotonic() + self.ready_timeout
+        url = f"{self.http_address}/ping"
+        while True:
+            if proc.poll() is not None:
+                self._raise_start_failure(f"exited with status {proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if self._http.get(url, timeout=0.5).status_code == 200 and proc.poll() is None:
+                    return
+            if time.monotonic() >= deadline:
+                self._raise_start_failure(f"did not answer {url} within {self.ready_timeout:g}s")
+            time.sleep(0.02)
+
+    def _raise_start_failure(self, what: str) -> None:
+        tail = self.log_tail(since_start=True)
+        error = _PortInUse if _ADDRESS_IN_USE in tail else NsqProcessError
+        raise error(
+            f"{self.name} (tcp {self._tcp_port}, http {self._http_port}) {what}; "
+            f"log {self.log_path}:\n{tail}"
+        )
+
+    def _terminate(self, sig: signal.Signals, timeout: float) -> int | None:
+        proc = self._proc
+        try:
+            if proc is None:
+                return None
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(sig)
+                try:
+                    proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout)
+            return proc.returncode
+        finally:
+            _LIVE.discard(self)
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+    # -- HTTP ------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        url = f"{self.http_address}{path}"
+        response = self._http.request(method, url, **kwargs)
+        if response.status_code >= 400:
+            raise NsqHttpError(method, str(response.url), response.status_code, response.text)
+        return response
+
+    def _get_json(self, path: str, **params: str) -> Any:
+        return _unwrap(self._request("GET", path, params=params).json())
+
+
+class NsqlookupdProcess(_NsqProcess):
+    """An nsqlookupd on 127.0.0.1 with free TCP and HTTP ports.
+
+    Args:
+        extra_args: further command-line flags, e.g. ``["--inactive-producer-timeout=5s"]``.
+        data_path: working directory for the log file; a temporary one by default
+            (removed by :meth:`close`).
+        tcp_port, http_port: fixed ports instead of free ones (no retry when taken).
+        binary: path of the nsqlookupd executable; found with :func:`find_binary` by default.
+        ready_timeout: seconds to wait for ``GET /ping`` at start.
+    """
+
+    name = "nsqlookupd"
+
+    def _args(self) -> list[str]:
+        return [
+            f"--tcp-address={LOOPBACK}:{self.tcp_port}",
+            f"--http-address={LOOPBACK}:{self.http_port}",
+            f"--broadcast-address={LOOPBACK}",
+            *self.extra_args,
+        ]
+
+    def lookup(self, topic: str) -> list[dict[str, Any]]:
+        """Producers (nsqd nodes) of ``topic`` from ``GET /lookup``; empty when unknown."""
+        try:
+            body = self._get_json("/lookup", topic=topic)
+        except NsqHttpError as exc:
+            if exc.status_code == 404:
+                return []
+            raise
+        return list(body.get("producers") or [])
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every nsqd registered with this nsqlookupd (``GET /nodes``)."""
+        return list(self._get_json("/nodes").get("producers") or [])
+
+    def topics(self) -> list[str]:
+        """Topic names known to this nsqlookupd (``GET /topics``)."""
+        return list(self._get_json("/topics").get("topics") or [])
+
+
+class NsqdProcess(_NsqProcess):
+    """An nsqd on 127.0.0.1 with free TCP and HTTP ports and its own data path.
+
+    Args:
+        lookupd: nsqlookupd instances (or their ``host:port`` TCP addresses) to
+            register with; none by default (standalone).
+        extra_args: further command-line flags, e.g. ``["--msg-timeout=2s"]``, or
+            ``["--mem-queue-size=0", "--sync-every=1"]`` so that every message is on
+            disk and survives :meth:`kill`.
+        data_path: directory for messages and the log file; a temporary one by default
+            (removed by :meth:`close`). Kept across :meth:`restart`.
+        tcp_port, http_port: fixed ports instead of free ones (no retry when taken).
+        binary: path of the nsqd executable; found with :func:`find_binary` by default.
+        ready_timeout: seconds to wait for ``GET /ping`` at start.
+    """
+
+    name = "nsqd"
+
+    def __init__(
+        self,
+        lookupd: Iterable[NsqlookupdProcess | str] = (),
+        *,
+        extra_args: Sequence[str] = (),
+        data_path: str | os.PathLike[str] | None = None,
+        tcp_port: int | None = None,
+        http_port: int | None = None,
+        binary: str | None = None,
+        ready_timeout: float = READY_TIMEOUT,
+    ) -> None:
+        super().__init__(
+            extra_args=extra_args,
+            data_path=data_path,
+            tcp_port=tcp_port,
+            http_port=http_port,
+            binary=binary,
+            ready_timeout=ready_timeout,
+        )
+        self.lookupd = list(lookupd)
+
+    @property
+    def lookupd_tcp_addresses(self) -> list[str]:
+        """``host:port`` of each nsqlookupd this nsqd registers with."""
+        return [x.tcp_address if isinstance(x, NsqlookupdProcess) else x for x in self.lookupd]
+
+    def _args(self) -> list[str]:
+        return [
+            f"--tcp-address={LOOPBACK}:{self.tcp_port}",
+            f"--http-address={LOOPBACK}:{self.http_port}",
+            f"--data-path={self.data_path}",
+            f"--broadcast-address={LOOPBACK}",
+            *(f"--lookupd-tcp-address={addr}" for addr in self.lookupd_tcp_addresses),
+            *self.extra_args,
+        ]
+
+    def create_topic(self, topic: str) -> None:
+        """Create ``topic`` (``POST /topic/create``); no error if it exists."""
+        self._request("POST", "/topic/create", params={"topic": topic})
+
+    def create_channel(self, topic: str, channel: str) -> None:
+        """Create ``topic`` and its ``channel``, so messages published later are kept."""
+        self.create_topic(topic)
+        self._request("POST", "/channel/create", params={"topic": topic, "channel": channel})
+
+    def publish(self, topic: str, body: bytes | str, defer_ms: int | None = None) -> None:
+        """Publish one message over HTTP (``POST /pub``), deferred by ``defer_ms`` if given."""
+        params: dict[str, str] = {"topic": topic}
+        if defer_ms is not None:
+            params["defer"] = str(defer_ms)
+        self._request("POST", "/pub", params=params, content=_as_bytes(body))
+
+    def mpublish(self, topic: str, bodies: Iterable[bytes | str], binary: bool = False) -> None:
+        """Publish several messages in one ``POST /mpub``.
+
+        The default text mode separates messages with newlines, so a body must not
+        contain one; ``binary=True`` sends length-prefixed bodies that may hold any byte.
+        """
+        messages = [_as_bytes(b) for b in bodies]
+        params = {"topic": topic}
+        if binary:
+            params["binary"] = "true"
+            content = struct.pack(">I", len(messages)) + b"".join(
+                struct.pack(">I", len(m)) + m for m in messages
+            )
+        else:
+            if any(b"\n" in m for m in messages):
+                raise ValueError("a message contains a newline; use mpublish(..., binary=True)")
+            content = b"\n".join(messages)
+        self._request("POST", "/mpub", params=params, content=content)
+
+    def stats(self, topic: str | None = None, channel: str | None = None) -> dict[str, Any]:
+        """``GET /stats?format=json``, optionally filtered by topic and channel.
+
+        nsqd 1.x returns the stats object at the top level, older versions inside
+        ``"data"``; either way the stats object is returned (``"topics"`` is a list).
+        """
+        params = {"format": "json"}
+        if topic is not None:
+            params["topic"] = topic
+        if channel is not None:
+            params["channel"] = channel
+        body = self._get_json("/stats", **params)
+        if body.get("topics") is None:
+            body["topics"] = []
+        return dict(body)
+
+    def topic_stats(self, topic: str) -> dict[str, Any] | None:
+        """Stats of ``topic`` (with its ``"channels"`` list), None if it does not exist."""
+        for item in self.stats(topic=topic)["topics"]:
+            if item.get("topic_name") == topic:
+                return dict(item)
+        return None
+
+    def channel_stats(self, topic: str, channel: str) -> dict[str, Any] | None:
+        """Stats of one channel (``depth``, ``in_flight_count``...), None if it does not exist."""
+        stats = self.topic_stats(topic)
+        for item in (stats or {}).get("channels") or []:
+            if item.get("channel_name") == channel:
+                return dict(item)
+        return None
+
+    def depth(self, topic: str, channel: str) -> int:
+        """Messages waiting in ``channel`` (memory + disk, not in flight or deferred); 0 if absent."""
+        stats = self.channel_stats(topic, channel)
+        return 0 if stats is None else int(stats["depth"])
+
+    def in_flight(self, topic: str, channel: str) -> int:
+        """Messages of ``channel`` delivered to a client and not yet answered; 0 if absent."""
+        stats = self.channel_stats(topic, channel)
+        return 0 if stats is None else int(stats["in_flight_count"])
+
+    def info(self) -> dict[str, Any]:
+        """``GET /info``: version, ports and broadcast address as nsqd sees them."""
+        return dict(self._get_json("/info"))
+
+
+def _as_bytes(body: bytes | str) -> bytes:
+    return body.encode() if isinstance(body, str) else body
+
+
+@dataclass(frozen=True)
+class NsqCluster:
+    """One nsqlookupd and the nsqd processes registered with it."""
+
+    lookupd: NsqlookupdProcess
+    nsqds: list[NsqdProcess]
+
+    @property
+    def lookupd_http_addresses(self) -> list[str]:
+        """Value for ``Settings.lookupd_http_addresses``."""
+        return [self.lookupd.http_address]
+
+    @property
+    def nsqd_tcp_addresses(self) -> list[str]:
+        """Value for ``Settings.nsqd_tcp_addresses``."""
+        return [n.tcp_address for n in self.nsqds]
+
+
+class NsqdFactory(Protocol):
+    """Type of the ``nsqd_factory`` fixture."""
+
+    def __call__(
+        self,
+        lookupd: NsqlookupdProcess | Iterable[NsqlookupdProcess | str] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> NsqdProcess:
+        """Start an nsqd, registered with ``lookupd`` if given."""
+        ...
+
+
+class NsqlookupdFactory(Protocol):
+    """Type of the ``nsqlookupd_factory`` fixture."""
+
+    def __call__(self, extra_args: Sequence[str] = ()) -> NsqlookupdProcess:
+        """Start an nsqlookupd."""
+        ...
+
+
+@dataclass(frozen=True)
+class NsqBinaries:
+    """Paths of the nsqd and nsqlookupd executables the fixtures run."""
+
+    nsqd: str
+    nsqlookupd: str
+
+
+def _stop_all(processes: Iterable[_NsqProcess]) -> None:
+    """Stop every process, newest first, even if stopping one of them fails."""
+    errors: list[BaseException] = []
+    for proc in reversed(list(processes)):
+        try:
+            proc.close()
+        except Exception as exc:  # keep stopping the others
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"true", "1"}
+
+
+# ---------------------------------------------------------------------------- pytest plugin
+
+if _HAVE_PYTEST:
+
+    def pytest_addoption(parser: pytest.Parser) -> None:
+        """Add ``--nsqd-bin-dir``."""
+        group = parser.getgroup("nsqworker", "nsqworker test processes")
+        group.addoption(
+            "--nsqd-bin-dir",
+            default=None,
+            metavar="DIR",
+            help=(
+                "directory with nsqd and nsqlookupd, searched before "
+                f"${TOOLS_BIN_ENV}, PATH and .tools/bin"
+            ),
+        )
+
+    @pytest.fixture(scope="session")
+    def nsq_binaries(pytestconfig: pytest.Config) -> NsqBinaries:
+        """The nsqd and nsqlookupd executables; skips (fails under CI) when missing."""
+        bin_dir = pytestconfig.getoption("nsqd_bin_dir")
+        try:
+            return NsqBinaries(
+                nsqd=find_binary("nsqd", bin_dir), nsqlookupd=find_binary("nsqlookupd", bin_dir)
+            )
+        except FileNotFoundError as exc:
+            if _in_ci():
+                pytest.fail(f"CI=true and NSQ binaries are missing: {exc}", pytrace=False)
+            pytest.skip(str(exc))
+
+    @pytest.fixture
+    def nsqlookupd_factory(
+        nsq_binaries: NsqBinaries, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[NsqlookupdFactory]:
+        """Start nsqlookupd processes on demand; all are stopped at teardown."""
+        started: list[NsqlookupdProcess] = []
+
+        def factory(extra_args: Sequence[str] = ()) -> NsqlookupdProcess:
+            proc = NsqlookupdProcess(
+                extra_args=extra_args,
+                data_path=tmp_path_factory.mktemp("nsqlookupd"),
+                binary=nsq_binaries.nsqlookupd,
+            )
+            started.append(proc)
+            return proc.start()
+
+        try:
+            yield factory
+        finally:
+            _stop_all(started)
+
+    @pytest.fixture
+    def nsqd_factory(
+        nsq_binaries: NsqBinaries, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[NsqdFactory]:
+        """Start nsqd processes on demand; all are stopped at teardown."""
+        started: list[NsqdProcess] = []
+
+        def factory(
+            lookupd: NsqlookupdProcess | Iterable[NsqlookupdProcess | str] | None = None,
+            extra_args: Sequence[str] = (),
+        ) -> NsqdProcess:
+            if lookupd is None:
+                lookupd = []
+            elif isinstance(lookupd, NsqlookupdProcess):
+                lookupd = [lookupd]
+            proc = NsqdProcess(
+                lookupd,
+                extra_args=extra_args,
+                data_path=tmp_path_factory.mktemp("nsqd"),
+                binary=nsq_binaries.nsqd,
+            )
+            started.append(proc)
+            return proc.start()
+
+        try:
+            yield factory
+        finally:
+            _stop_all(started)
+
+    @pytest.fixture
+    def nsqlookupd(nsqlookupd_factory: NsqlookupdFactory) -> NsqlookupdProcess:
+        """One running nsqlookupd."""
+        return nsqlookupd_factory()
+
+    @pytest.fixture
+    def nsqd(nsqd_factory: NsqdFactory) -> NsqdProcess:
+        """One running standalone nsqd (not registered with any nsqlookupd)."""
+        return nsqd_factory()
+
+    @pytest.fixture
+    def nsq_cluster(nsqlookupd_factory: NsqlookupdFactory, nsqd_factory: NsqdFactory) -> NsqCluster:
+        """One nsqlookupd and two nsqd registered with it."""
+        lookupd = nsqlookupd_factory()
+        return NsqCluster(lookupd, [nsqd_factory(lookupd), nsqd_factory(lookupd)])

@@ -1,0 +1,109 @@
+"""nsqworker.testing helpers that need no NSQ process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from nsqworker.testing import (
+    NsqdProcess,
+    NsqProcessError,
+    find_binary,
+    free_port,
+    free_ports,
+    port_is_free,
+    wait_for,
+)
+
+
+def _fake_binary(directory: Path, name: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text("#!/bin/sh\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+@pytest.fixture
+def no_binaries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """An empty PATH, no NSQWORKER_TOOLS_BIN, and a cwd with no .tools above it."""
+    monkeypatch.delenv("NSQWORKER_TOOLS_BIN", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    work = tmp_path / "work" / "sub"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    return work
+
+
+def test_find_binary_reports_how_to_install(no_binaries: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nsqd not found .*make tools"):
+        find_binary("nsqd")
+
+
+def test_find_binary_order(no_binaries: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = no_binaries.parent  # .../work
+    in_tree = _fake_binary(root / ".tools" / "bin", "nsqd")
+    assert find_binary("nsqd") == str(in_tree)
+
+    on_path = _fake_binary(root / "path", "nsqd")
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    assert find_binary("nsqd") == str(on_path)
+
+    from_env = _fake_binary(root / "env", "nsqd")
+    monkeypatch.setenv("NSQWORKER_TOOLS_BIN", str(from_env.parent))
+    assert find_binary("nsqd") == str(from_env)
+
+    explicit = _fake_binary(root / "explicit", "nsqd")
+    assert find_binary("nsqd", explicit.parent) == str(explicit)
+
+
+def test_find_binary_ignores_non_executables(no_binaries: Path) -> None:
+    tools = no_binaries / ".tools" / "bin"
+    tools.mkdir(parents=True)
+    (tools / "nsqd").write_text("not executable")
+    with pytest.raises(FileNotFoundError):
+        find_binary("nsqd")
+
+
+def test_free_ports_are_distinct_and_bindable() -> None:
+    ports = free_ports(3)
+    assert len(set(ports)) == 3
+    assert all(port_is_free(p) for p in ports)
+    assert 0 < free_port() < 65536
+
+
+def test_port_is_free_sees_a_listener() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        assert not port_is_free(sock.getsockname()[1])
+
+
+def test_wait_for_returns_the_truthy_value() -> None:
+    calls = iter([0, None, "", "done"])
+    assert wait_for(lambda: next(calls), timeout=2, interval=0) == "done"
+
+
+def test_wait_for_raises_with_message() -> None:
+    with pytest.raises(AssertionError, match=r"never ready \(waited 0.1s\)"):
+        wait_for(lambda: False, timeout=0.1, message="never ready")
+    with pytest.raises(AssertionError, match="depth was 3"):
+        wait_for(lambda: False, timeout=0, message=lambda: "depth was 3")
+
+
+def test_process_properties_before_start(tmp_path: Path) -> None:
+    proc = NsqdProcess(["127.0.0.1:4160"], data_path=tmp_path, binary="/bin/false")
+    assert not proc.running and proc.returncode is None
+    assert proc.lookupd_tcp_addresses == ["127.0.0.1:4160"]
+    assert proc.data_path == tmp_path
+    with pytest.raises(NsqProcessError, match="before start"):
+        _ = proc.tcp_address
+    with pytest.raises(NsqProcessError, match="never started"):
+        proc.restart()
+    assert proc.stop() is None and proc.kill() is None
+    assert "stopped" in repr(proc)
+    assert os.path.basename(proc.log_path) == "nsqd.log"
