@@ -283,12 +283,12 @@ class Consumer:
         # 4. REQ what did not finish; cancel what can be cancelled and let the
         # cancellations (and give-up hooks turned into REQ) reach the wire before CLS.
         unfinished = list(self._tasks.items())
-        for msg, task in unfinished:
+        for msg, future in unfinished:
             if not msg._responded:
                 self._settle_now(msg, _DRAIN_REQUEUE)
-            task.cancel()
+            future.cancel()
         if unfinished:
-            await asyncio.wait([t for _, t in unfinished], timeout=1.0)
+            await asyncio.wait([f for _, f in unfinished], timeout=1.0)
         if self._in_flight:
             log.warning("%s: %d messages still in flight at close", self.name, self._in_flight)
         # 5. CLS and close every connection.
@@ -322,13 +322,13 @@ class Consumer:
         settings = self._settings
         failures = 0
         try:
-            while link.wanted and not self._stopping:
+            while self._wants(link):
                 if failures:
                     delay = reconnect_delay(
                         failures, settings.reconnect_delay, settings.max_reconnect_delay
                     )
                     await asyncio.sleep(delay)
-                    if not link.wanted or self._stopping:
+                    if not self._wants(link):
                         break
                 session = await self._open(link)
                 if not first.done():
@@ -344,6 +344,9 @@ class Consumer:
             if not first.done():
                 first.set_result(None)
 
+    def _wants(self, link: _Link) -> bool:
+        return link.wanted and not self._stopping
+
     async def _open(self, link: _Link) -> _Session | None:
         session = _Session(link)
         conn = Connection(
@@ -351,6 +354,7 @@ class Consumer:
             self._config,
             on_message=partial(self._on_message, session),
             on_error=self._on_nsqd_error,
+            on_close=partial(self._on_conn_lost, session),
         )
         session.conn = conn
         try:
@@ -372,6 +376,10 @@ class Consumer:
         log.info("%s: subscribed on %s", self.name, link.address)
         self._replan()
         return session
+
+    def _on_conn_lost(self, session: _Session, conn: Connection, reason: Exception) -> None:
+        # Runs inside connection_lost, before anything else can try to write to it.
+        session.open = False
 
     def _on_session_closed(self, session: _Session) -> None:
         session.open = False

@@ -173,17 +173,19 @@ async def test_consumption_resumes_after_kill_and_restart(nsqd_factory: NsqdFact
 
 async def test_backoff_pauses_then_probes_with_rdy_one(nsqd: NsqdProcess) -> None:
     nsqd.create_channel(TOPIC, CHANNEL)
-    nsqd.mpublish(TOPIC, [f"m{i}" for i in range(40)])
+    nsqd.mpublish(TOPIC, [f"m{i}" for i in range(30)])
     failures = 2
     calls = 0
 
     async def handle(msg: Message) -> Outcome:
         nonlocal failures, calls
         calls += 1
-        await asyncio.sleep(0.01)
         if failures > 0:
             failures -= 1
+            await asyncio.sleep(0.01)
             return Requeue(0.0, backoff=True)
+        # Slow enough that the RDY 1 probe stays visible in /stats for a while.
+        await asyncio.sleep(0.25)
         return FINISH
 
     settings = fast_settings(
@@ -193,7 +195,7 @@ async def test_backoff_pauses_then_probes_with_rdy_one(nsqd: NsqdProcess) -> Non
     await consumer.start()
     observed: list[int] = []
     deadline = time.monotonic() + 6.0
-    while time.monotonic() < deadline and consumer.stats().finished < 40:
+    while time.monotonic() < deadline and consumer.stats().finished < 30:
         clients = (await asyncio.to_thread(channel, nsqd)).get("clients") or []
         if clients:
             rdy = clients[0]["ready_count"]
@@ -201,7 +203,7 @@ async def test_backoff_pauses_then_probes_with_rdy_one(nsqd: NsqdProcess) -> Non
                 observed.append(rdy)
         await asyncio.sleep(0.02)
     await consumer.stop()
-    assert consumer.stats().finished == 40
+    assert consumer.stats().finished == 30
     # Full window, paused at 0, one probe at 1, then the full window again.
     assert 0 in observed and 1 in observed, observed
     assert observed.index(0) < observed.index(1)
