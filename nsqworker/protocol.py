@@ -52,6 +52,7 @@ _MAX_NAME_LENGTH: Final = 64
 _SIZE: Final = struct.Struct(">I")
 _HEADER: Final = struct.Struct(">iI")
 _MESSAGE: Final = struct.Struct(">qH16s")
+_MESSAGE_FRAME: Final = struct.Struct(">iIqH16s")
 _TWO_SIZES: Final = struct.Struct(">II")
 
 
@@ -288,30 +289,34 @@ class Decoder:
         end = len(data)
         pos = 0
         frames: list[Frame] = []
+        append = frames.append
         header = _HEADER.unpack_from
-        message = _MESSAGE.unpack_from
+        message = _MESSAGE_FRAME.unpack_from
+        new = tuple.__new__  # skips NamedTuple's Python-level __new__ on the hot path
         max_size = self._max_frame_size
         while end - pos >= 8 and limit != 0:
             size, frame_type = header(data, pos)
-            if size < 4 or size > max_size:
+            stop = pos + 4 + size
+            if frame_type == FRAME_MESSAGE and 30 <= size <= max_size:
+                if stop > end:
+                    break
+                _, _, timestamp, attempts, message_id = message(data, pos)
+                append(new(MessageFrame, (timestamp, attempts, message_id, data[pos + 34 : stop])))
+            elif size < 4 or size > max_size:
                 self._buffer = b""
                 raise RemoteProtocolError(
                     f"frame size {size} is outside 4..{max_size}; the peer is not nsqd "
                     "or the stream is corrupt"
                 )
-            stop = pos + 4 + size
-            if stop > end:
+            elif stop > end:
                 break
-            if frame_type == FRAME_MESSAGE:
-                if size < 4 + MESSAGE_HEADER_LENGTH:
-                    self._buffer = b""
-                    raise RemoteProtocolError(f"message frame of {size} bytes is too short")
-                timestamp, attempts, message_id = message(data, pos + 8)
-                frames.append(MessageFrame(timestamp, attempts, message_id, data[pos + 34 : stop]))
             elif frame_type == FRAME_RESPONSE:
-                frames.append(Response(data[pos + 8 : stop]))
+                append(Response(data[pos + 8 : stop]))
             elif frame_type == FRAME_ERROR:
-                frames.append(ErrorFrame(data[pos + 8 : stop]))
+                append(ErrorFrame(data[pos + 8 : stop]))
+            elif frame_type == FRAME_MESSAGE:
+                self._buffer = b""
+                raise RemoteProtocolError(f"message frame of {size} bytes is too short")
             else:
                 self._buffer = b""
                 raise RemoteProtocolError(f"unknown frame type {frame_type}")
