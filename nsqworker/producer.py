@@ -1,0 +1,710 @@
+"""Publish to nsqd: PUB, MPUB and DPUB, each acknowledged, with failover; async and sync.
+
+:class:`Producer` keeps one connection per nsqd address. Publishes are pipelined: any
+number of concurrent calls share a connection, and the connection matches nsqd's
+answers to them in order, so no lock is held across a round trip. Each call goes to
+the next healthy connection in turn (round-robin); dead ones are redialled in the
+background with exponential backoff and jitter.
+
+Delivery is at least once. A publish whose connection dies before nsqd answered is
+sent once more, on another nsqd when one is up; nsqd may have stored the first copy,
+so a consumer can see the message twice. An error nsqd gives about the message itself
+(``E_BAD_MESSAGE``, ``E_BAD_TOPIC``...) would be the same everywhere: it is raised as
+:class:`~nsqworker.errors.PublishError` and not retried. nsqd closes the connection
+after such an error; the producer redials it, so the next publish works.
+
+nsqd's size limits (``--max-msg-size``, ``--max-body-size``) are not told in IDENTIFY.
+They are unknown until given to the producer or learned from nsqd's first "too big"
+answer; from then on an oversized body raises
+:class:`~nsqworker.errors.MessageTooLarge` before anything is sent.
+
+Telemetry seam: when :mod:`nsqworker.telemetry` offers
+``producer_instrumentation(envelope: bool) -> Instrumentation | None``, every public
+publish call runs inside ``instrumentation(PublishCall(...))``, a context manager that
+may start a ``send <topic>`` span and replace ``call.bodies`` (the trace envelope).
+None (tracing off) costs one attribute test per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import importlib
+import json
+import logging
+import math
+import os
+import re
+import threading
+from collections.abc import Callable, Coroutine, Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, cast
+
+from nsqworker import protocol
+from nsqworker.backoff import reconnect_delay
+from nsqworker.connection import Connection, ConnectionConfig
+from nsqworker.errors import (
+    ConfigurationError,
+    ConnectionClosed,
+    LocalProtocolError,
+    NoConnection,
+    NSQDError,
+    PublishError,
+    RemoteProtocolError,
+)
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+
+__all__ = ["Instrumentation", "Producer", "PublishCall", "SyncProducer"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Body = bytes | bytearray | memoryview | str
+Operation = Literal["PUB", "MPUB", "DPUB"]
+
+MAX_DELAY: Final = 3600.0
+"""Longest DPUB delay in seconds (nsqd's default ``--max-req-timeout``)."""
+RECONNECT_DELAY: Final = 0.1
+MAX_RECONNECT_DELAY: Final = 30.0
+_STABLE_AFTER: Final = 1.0  # a connection that lived this long resets the backoff
+
+# nsqd 1.3.0: "PUB message too big 1048577 > 1048576" (also DPUB, MPUB: E_BAD_MESSAGE)
+# and "MPUB body too big 5242881 > 5242880" (E_BAD_BODY).
+_TOO_BIG: Final = re.compile(r"\b(message|body) too big (\d+) > (\d+)")
+# nsqd failed to store the message (exiting, disk); nothing was kept, another nsqd may take it.
+_RETRYABLE: Final = frozenset({"E_PUB_FAILED", "E_MPUB_FAILED", "E_DPUB_FAILED"})
+
+
+# --- pure helpers -------------------------------------------------------------------
+
+
+def to_bytes(body: object) -> bytes:
+    """A message body as bytes: bytes-like as is, str encoded as UTF-8.
+
+    Raises:
+        TypeError: anything else (name the type; encode it, or use ``publish_json``).
+    """
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, bytearray | memoryview):
+        return bytes(body)
+    raise TypeError(
+        f"message body must be bytes or str, got {type(body).__name__}; "
+        "encode it first or use publish_json()"
+    )
+
+
+def delay_to_ms(delay: float) -> int:
+    """A DPUB delay in seconds as whole milliseconds, checked against 0..3600 s."""
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or math.isnan(delay):
+        raise LocalProtocolError(f"delay must be a number of seconds, got {delay!r}")
+    if not 0 <= delay <= MAX_DELAY:
+        raise LocalProtocolError(
+            f"delay must be within 0..{MAX_DELAY:g} seconds (nsqd --max-req-timeout), got {delay:g}"
+        )
+    return round(delay * 1000)
+
+
+def split_batches(bodies: list[bytes], max_body_size: int) -> list[list[bytes]]:
+    """Split ``bodies`` into consecutive MPUB batches that each fit ``max_body_size``.
+
+    Order is kept and batches are filled greedily. A body too large to fit even alone
+    gets a batch of its own (the encoder or nsqd refuses it). Staying within the body
+    size also keeps the count within nsqd's ``(max_body_size - 4) / 5``.
+    """
+    batches: list[list[bytes]] = []
+    current: list[bytes] = []
+    size = 4
+    for body in bodies:
+        cost = 4 + len(body)
+        if current and size + cost > max_body_size:
+            batches.append(current)
+            current, size = [], 4
+        current.append(body)
+        size += cost
+    if current:
+        batches.append(current)
+    return batches
+
+
+def parse_size_limit(message: str) -> tuple[Literal["message", "body"], int] | None:
+    """Read nsqd's limit from a "too big" error text: ``("message", 1048576)``, or None."""
+    match = _TOO_BIG.search(message)
+    if match is None:
+        return None
+    kind = cast(Literal["message", "body"], match.group(1))
+    return kind, int(match.group(3))
+
+
+def _addresses(given: list[str] | str | None, settings: Settings | None) -> list[str]:
+    if given is None:
+        given = [] if settings is None else list(settings.nsqd_tcp_addresses)
+    items = given.split(",") if isinstance(given, str) else list(given)
+    addresses = list(dict.fromkeys(a.strip() for a in items if a.strip()))
+    if not addresses:
+        raise ConfigurationError(
+            "no nsqd address: pass Producer(['127.0.0.1:4150']) or set NSQWORKER_NSQD_TCP_ADDRESSES"
+        )
+    for address in addresses:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigurationError(f"nsqd address {address!r} must be host:port")
+    return addresses
+
+
+# --- telemetry seam ---------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PublishCall:
+    """One public publish call, as the telemetry hook sees it.
+
+    The hook may replace ``bodies`` (e.g. wrap them in the trace envelope) when it is
+    entered; the producer fills ``nsqd_address`` with the nsqd that acknowledged the
+    last command and ``published`` with how many messages were acknowledged.
+    """
+
+    topic: str
+    bodies: list[bytes]
+    operation: Operation
+    delay_ms: int | None = None
+    envelope: bool = False
+    nsqd_address: str | None = None
+    published: int = 0
+
+
+Instrumentation = Callable[[PublishCall], AbstractContextManager[object]]
+
+
+def _load_instrumentation(envelope: bool) -> Instrumentation | None:
+    try:
+        module = importlib.import_module("nsqworker.telemetry")
+    except ImportError:
+        return None
+    factory = getattr(module, "producer_instrumentation", None)
+    if factory is None:
+        return None
+    return cast("Instrumentation | None", factory(envelope=envelope))
+
+
+# --- the async producer -------------------------------------------------------------
+
+
+class _Node:
+    """One nsqd address: its live connection (if any) and the task that keeps it up."""
+
+    __slots__ = ("address", "conn", "last_error", "task")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.conn: Connection | None = None
+        self.last_error: BaseException | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.conn is not None and self.conn.connected and not self.conn.closed
+
+
+class Producer:
+    """Publishes to one or more nsqd over TCP; every call returns once nsqd said OK.
+
+    ``async with Producer(["127.0.0.1:4150"]) as p: await p.publish("clicks", b"...")``.
+    Addresses default to ``settings.nsqd_tcp_addresses``. ``timeout`` (seconds) bounds
+    each call, including waiting for a connection and one retry. Calls may also be
+    made without ``connect()``: the first one starts the connections.
+
+    Publishing is at least once: a message whose connection died before nsqd's answer
+    is sent once more (on another nsqd when there is one) and may arrive twice. A
+    publish that fails never breaks the producer for the next one.
+    """
+
+    def __init__(
+        self,
+        nsqd_tcp_addresses: list[str] | str | None = None,
+        *,
+        settings: Settings | None = None,
+        connection_config: ConnectionConfig | None = None,
+        timeout: float = 5.0,
+        envelope: bool | None = None,
+        max_message_size: int | None = None,
+        max_body_size: int | None = None,
+    ) -> None:
+        if not timeout > 0:
+            raise ConfigurationError(f"timeout must be positive seconds, got {timeout!r}")
+        if nsqd_tcp_addresses is None and settings is None:
+            from nsqworker.settings import Settings as _Settings
+
+            settings = _Settings()  # from the environment and .env
+        self.addresses = _addresses(nsqd_tcp_addresses, settings)
+        if connection_config is None:
+            connection_config = (
+                ConnectionConfig() if settings is None else ConnectionConfig.from_settings(settings)
+            )
+        self._config = connection_config
+        self.timeout = timeout
+        self.max_message_size = max_message_size
+        """nsqd's ``--max-msg-size`` when known (given or learned), else None."""
+        self.max_body_size = max_body_size
+        """nsqd's ``--max-body-size`` when known (given or learned), else None."""
+        self._reconnect_base = float(getattr(settings, "reconnect_delay", RECONNECT_DELAY))
+        self._reconnect_cap = float(getattr(settings, "max_reconnect_delay", MAX_RECONNECT_DELAY))
+        if envelope is None:
+            envelope = bool(getattr(settings, "tracing_envelope", False))
+        self.envelope = envelope
+        self._instrument = _load_instrumentation(envelope)
+        self._nodes = [_Node(a) for a in self.addresses]
+        self._next = 0
+        self._started = False
+        self._closed = False
+        self._changed: asyncio.Event | None = None
+        self._inflight = 0
+        self._idle: asyncio.Event | None = None
+
+    def __repr__(self) -> str:
+        up = sum(n.healthy for n in self._nodes)
+        return f"<Producer {','.join(self.addresses)} connected={up}/{len(self._nodes)}>"
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.connect()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def connected(self) -> list[str]:
+        """Addresses of the nsqd with a live connection right now."""
+        return [n.address for n in self._nodes if n.healthy]
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def _start(self) -> None:
+        """Start a keeper task per address (needs the running loop); returns at once."""
+        if self._closed:
+            raise ConnectionClosed("the producer is closed")
+        if self._started:
+            return
+        self._started = True
+        self._changed = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        for node in self._nodes:
+            node.task = asyncio.create_task(self._keep(node), name=f"nsq-producer {node.address}")
+
+    async def connect(self, timeout: float | None = None) -> None:
+        """Start connecting to every nsqd; return once one is connected.
+
+        Raises:
+            NoConnection: none connected within ``timeout`` (default: the producer's);
+                the producer keeps redialling in the background until closed.
+        """
+        self._start()
+        timeout = timeout or self.timeout
+        await self._pick(asyncio.get_running_loop().time() + timeout, None, timeout)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Wait up to ``timeout`` for publishes in flight, then close every connection."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._started:
+            return
+        assert self._idle is not None
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            pass
+        tasks = [n.task for n in self._nodes if n.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        conns = [n.conn for n in self._nodes if n.conn is not None]
+        await asyncio.gather(*(c.close(timeout) for c in conns), return_exceptions=True)
+        self._notify()
+
+    def _notify(self) -> None:
+        """Wake every call waiting for a connection to come up."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    async def _keep(self, node: _Node) -> None:
+        """Keep ``node`` connected: dial, wait for the close, redial with backoff."""
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while not self._closed:
+            if attempt:
+                await asyncio.sleep(
+                    reconnect_delay(attempt, self._reconnect_base, self._reconnect_cap)
+                )
+            conn = await self._dial(node, attempt)
+            if conn is None:
+                attempt += 1
+                continue
+            node.conn = conn
+            self._notify()
+            since = loop.time()
+            await conn.wait_closed()
+            if node.conn is conn:
+                node.conn = None
+            if not self._closed:
+                log.warning(
+                    "producer lost nsqd at %s (%s); redialling", node.address, node.last_error
+                )
+            attempt = 0 if loop.time() - since >= _STABLE_AFTER else attempt + 1
+
+    async def _dial(self, node: _Node, attempt: int) -> Connection | None:
+        """A connected Connection to ``node``, or None (the error kept in ``last_error``)."""
+        conn: Connection | None = None
+        try:
+            conn = Connection(node.address, self._config, on_close=self._on_close(node))
+            await conn.connect()
+        except BaseException as exc:
+            if conn is not None:
+                conn.abort()
+            if not isinstance(exc, Exception):
+                raise
+            node.last_error = exc
+            log.log(
+                logging.WARNING if attempt == 0 else logging.DEBUG,
+                "producer cannot reach nsqd at %s (attempt %d): %s",
+                node.address,
+                attempt + 1,
+                exc,
+            )
+            return None
+        if attempt:
+            log.info("producer reconnected to nsqd at %s", node.address)
+        return conn
+
+    def _on_close(self, node: _Node) -> Callable[[Connection, ConnectionClosed], None]:
+        def on_close(conn: Connection, exc: ConnectionClosed) -> None:
+            if node.conn is conn:
+                node.conn = None
+                node.last_error = exc
+
+        return on_close
+
+    async def _pick(
+        self, deadline: float, avoid: _Node | None, timeout: float
+    ) -> tuple[_Node, Connection]:
+        """The next healthy connection (round-robin), preferring one not ``avoid``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            healthy = [n for n in self._nodes if n.healthy]
+            if healthy:
+                choices = [n for n in healthy if n is not avoid] or healthy
+                self._next += 1
+                node = choices[self._next % len(choices)]
+                assert node.conn is not None
+                return node, node.conn
+            remaining = deadline - loop.time()
+            changed = self._changed
+            if self._closed or remaining <= 0 or changed is None:
+                raise self._no_connection(timeout)
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
+                raise self._no_connection(timeout) from None
+
+    def _no_connection(self, timeout: float) -> NoConnection:
+        if self._closed:
+            return NoConnection("the producer is closed")
+        tried = "; ".join(
+            f"{n.address}: {n.last_error or 'not connected yet'}" for n in self._nodes
+        )
+        return NoConnection(f"no nsqd reachable within {timeout:g} s (tried {tried})")
+
+    # -- publishing --------------------------------------------------------------------
+
+    async def publish(
+        self, topic: str, body: Body, delay: float | None = None, timeout: float | None = None
+    ) -> None:
+        """Publish one message (PUB), or hold it back ``delay`` seconds first (DPUB).
+
+        Raises:
+            TypeError: ``body`` is neither bytes nor str.
+            InvalidName, MessageTooLarge, LocalProtocolError: refused before sending.
+            PublishError: nsqd refused it (``.code`` says why).
+            NoConnection: no nsqd reachable within the timeout.
+            TimeoutError: no answer within the timeout (it may still have been stored).
+        """
+        protocol.check_topic(topic)
+        delay_ms = None if delay is None else delay_to_ms(delay)
+        call = PublishCall(
+            topic, [to_bytes(body)], "PUB" if delay_ms is None else "DPUB", delay_ms, self.envelope
+        )
+        await self._run(call, timeout)
+
+    async def publish_json(
+        self, topic: str, obj: Any, delay: float | None = None, timeout: float | None = None
+    ) -> None:
+        """Publish ``obj`` serialised as compact UTF-8 JSON; see :meth:`publish`."""
+        body = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+        await self.publish(topic, body, delay=delay, timeout=timeout)
+
+    async def publish_many(
+        self, topic: str, bodies: Iterable[Body], timeout: float | None = None
+    ) -> None:
+        """Publish several messages with MPUB; one MPUB is atomic on its nsqd.
+
+        A batch larger than nsqd's ``--max-body-size`` (5 MiB unless known otherwise)
+        is split into several MPUBs sent in order, possibly to different nsqd. **A
+        split batch is not atomic**: if a later part fails, earlier parts stay
+        published (the error's notes say how many). ``timeout`` bounds each MPUB.
+        """
+        protocol.check_topic(topic)
+        items = [to_bytes(b) for b in bodies]
+        if not items:
+            raise LocalProtocolError("publish_many needs at least one message")
+        await self._run(PublishCall(topic, items, "MPUB", None, self.envelope), timeout)
+
+    async def _run(self, call: PublishCall, timeout: float | None) -> None:
+        """Send ``call`` inside the telemetry hook (if any), counting it as in flight."""
+        self._start()
+        assert self._idle is not None
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            if self._instrument is None:
+                await self._send(call, timeout or self.timeout)
+            else:
+                with self._instrument(call):
+                    await self._send(call, timeout or self.timeout)
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
+
+    async def _send(self, call: PublishCall, timeout: float) -> None:
+        """Encode every command first (so local errors send nothing), then send them."""
+        topic, max_size = call.topic, self.max_message_size
+        if call.operation == "PUB":
+            commands = [(protocol.pub(topic, call.bodies[0], max_size), 1)]
+        elif call.operation == "DPUB":
+            assert call.delay_ms is not None
+            commands = [(protocol.dpub(topic, call.delay_ms, call.bodies[0], max_size), 1)]
+        else:
+            limit = self.max_body_size or protocol.DEFAULT_MAX_BODY_SIZE
+            commands = [
+                (protocol.mpub(topic, batch, max_size, self.max_body_size), len(batch))
+                for batch in split_batches(call.bodies, limit)
+            ]
+        for command, count in commands:
+            try:
+                call.nsqd_address = await self._request(command, call.operation, timeout)
+            except Exception as exc:
+                if call.published:
+                    exc.add_note(
+                        f"{call.published} of {len(call.bodies)} messages were published "
+                        "by earlier MPUBs of this split batch"
+                    )
+                raise
+            call.published += count
+
+    async def _request(self, command: bytes, operation: str, timeout: float) -> str:
+        """Send one command until nsqd says OK; retried once if the connection died.
+
+        Returns the address of the nsqd that acknowledged it.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        avoid: _Node | None = None
+        for attempt in (1, 2):
+            node, conn = await self._pick(deadline, avoid, timeout)
+            try:
+                await conn.drain()
+                answer = await conn.request(command, max(deadline - loop.time(), 0.001))
+            except NSQDError as exc:
+                if exc.code in _RETRYABLE and attempt == 1:
+                    avoid = node
+                    continue
+                raise self._publish_error(exc) from exc
+            except TimeoutError:
+                raise TimeoutError(
+                    f"nsqd {node.address} did not acknowledge {operation} in time; "
+                    "the message may or may not have been stored"
+                ) from None
+            except (ConnectionClosed, OSError) as exc:
+                node.last_error = exc
+                if attempt == 1:
+                    avoid = node
+                    continue
+                raise
+            if answer != protocol.OK:
+                raise RemoteProtocolError(
+                    f"nsqd {node.address} answered {operation} with {answer!r}"
+                )
+            return node.address
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _publish_error(self, exc: NSQDError) -> PublishError:
+        """nsqd's refusal as PublishError; learn its size limit from "too big"."""
+        message = exc.message
+        learned = parse_size_limit(message)
+        if learned is not None:
+            kind, limit = learned
+            if kind == "message":
+                self.max_message_size = min(limit, self.max_message_size or limit)
+                flag = "--max-msg-size"
+            else:
+                self.max_body_size = min(limit, self.max_body_size or limit)
+                flag = "--max-body-size"
+            message += (
+                f" (nsqd {flag} is {limit} bytes; larger ones now raise MessageTooLarge "
+                "before sending)"
+            )
+        return PublishError(exc.code, message)
+
+
+# --- the blocking producer ------------------------------------------------------------
+
+
+class SyncProducer:
+    """A blocking :class:`Producer` for threads: Flask, Django, scripts.
+
+    It runs its own event loop in a daemon thread, started here; the methods hand
+    coroutines to that loop and wait for them, so any number of threads may call them
+    at once (their publishes are pipelined together). ``close()`` stops the loop; it
+    also runs at interpreter exit if forgotten. Same arguments and semantics
+    (at-least-once, failover) as :class:`Producer`. Never call it from its own loop.
+    Under a pre-forking server (gunicorn ``--preload``) create it in each worker: a
+    thread does not survive ``fork()``.
+    """
+
+    def __init__(
+        self,
+        nsqd_tcp_addresses: list[str] | str | None = None,
+        *,
+        settings: Settings | None = None,
+        connection_config: ConnectionConfig | None = None,
+        timeout: float = 5.0,
+        envelope: bool | None = None,
+        max_message_size: int | None = None,
+        max_body_size: int | None = None,
+    ) -> None:
+        self._producer = Producer(
+            nsqd_tcp_addresses,
+            settings=settings,
+            connection_config=connection_config,
+            timeout=timeout,
+            envelope=envelope,
+            max_message_size=max_message_size,
+            max_body_size=max_body_size,
+        )
+        self.timeout = timeout
+        self._pid = os.getpid()
+        self._loop = asyncio.new_event_loop()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="nsqworker-producer", daemon=True
+        )
+        self._thread.start()
+        self._loop.call_soon_threadsafe(self._producer._start)
+        atexit.register(self.close)
+
+    def __repr__(self) -> str:
+        return f"<SyncProducer {self._producer!r}>"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def producer(self) -> Producer:
+        """The async producer underneath (it lives on this object's loop)."""
+        return self._producer
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait; the coroutine enforces the timeouts."""
+        problem = self._unusable()
+        if problem is not None:
+            coro.close()
+            raise problem
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        while not concurrent.futures.wait([future], 1.0)[0]:
+            if not self._thread.is_alive():  # closed meanwhile: the loop is gone
+                future.cancel()
+                raise ConnectionClosed("the producer was closed during the call")
+        return future.result()
+
+    def _unusable(self) -> Exception | None:
+        if self._closed:
+            return ConnectionClosed("the producer is closed")
+        if threading.current_thread() is self._thread:
+            return RuntimeError("SyncProducer called from its own event loop; use Producer")
+        if os.getpid() != self._pid:
+            return RuntimeError(
+                "SyncProducer was created before this process forked and its thread did not "
+                "follow; create it in each process (e.g. after the server's fork)"
+            )
+        return None
+
+    def connect(self, timeout: float | None = None) -> None:
+        """Wait until one nsqd is connected (optional: publishes connect on demand)."""
+        self._call(self._producer.connect(timeout))
+
+    def publish(
+        self, topic: str, body: Body, delay: float | None = None, timeout: float | None = None
+    ) -> None:
+        """Publish one message (DPUB when ``delay`` seconds are given); see Producer."""
+        self._call(self._producer.publish(topic, body, delay, timeout))
+
+    def publish_json(
+        self, topic: str, obj: Any, delay: float | None = None, timeout: float | None = None
+    ) -> None:
+        """Publish ``obj`` as compact JSON; see :meth:`Producer.publish_json`."""
+        self._call(self._producer.publish_json(topic, obj, delay, timeout))
+
+    def publish_many(
+        self, topic: str, bodies: Iterable[Body], timeout: float | None = None
+    ) -> None:
+        """Publish with MPUB, split when too big (then not atomic); see Producer."""
+        self._call(self._producer.publish_many(topic, list(bodies), timeout))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the connections, stop the loop and join its thread. Idempotent."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("SyncProducer.close() called from its own event loop")
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        atexit.unregister(self.close)
+        if os.getpid() != self._pid:  # a forked copy: the loop's thread is not here
+            return
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._producer.close(timeout), self._loop)
+            future.result(timeout + 5)
+        except Exception as exc:
+            log.debug("closing the producer: %s", exc)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+            if not self._thread.is_alive():
+                self._loop.close()
