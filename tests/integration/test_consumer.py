@@ -157,7 +157,9 @@ async def test_consumption_resumes_after_kill_and_restart(nsqd_factory: NsqdFact
         seen.append(msg.body.decode())
         return FINISH
 
-    consumer = Consumer(TOPIC, CHANNEL, handle, fast_settings(nsqd_tcp_addresses=[nsqd.tcp_address]))
+    consumer = Consumer(
+        TOPIC, CHANNEL, handle, fast_settings(nsqd_tcp_addresses=[nsqd.tcp_address])
+    )
     await consumer.start()
     nsqd.publish(TOPIC, "before")
     await wait_until(lambda: seen == ["before"])
