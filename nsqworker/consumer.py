@@ -300,6 +300,10 @@ class Consumer:
         if self._poller is not None:
             await self._poller.close()
 
+    def force_stop(self) -> None:
+        """Cut a running drain short: requeue what is still running and close now."""
+        self._drained.set()
+
     @property
     def subscribed(self) -> bool:
         """True while at least one nsqd connection is subscribed."""

@@ -281,6 +281,9 @@ class Settings(BaseSettings):
     tls_verify: bool = Field(True, description="Verify nsqd's certificate; off only in tests.")
     auth_secret: SecretStr | None = Field(None, description="AUTH secret; never printed.")
     # -- stopping, health, logs, tracing
+    uvloop: bool = Field(
+        True, description="Run workers on uvloop when it is installed (the uvloop extra)."
+    )
     drain_timeout: Seconds = _bounded(
         30.0, 0, 86400, "Seconds a stop waits for running handlers before REQing them."
     )

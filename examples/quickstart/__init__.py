@@ -1,0 +1,1 @@
+"""The quickstart example: one async and one sync task (see README.md)."""

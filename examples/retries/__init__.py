@@ -1,0 +1,1 @@
+"""Retries, rejects and dead letters, one task each (see README.md)."""

@@ -1,0 +1,550 @@
+"""Declaring tasks: ``@task``, ``TaskSpec``, ``Registry``, and what a handler's result means.
+
+A task binds a handler to one NSQ topic and channel::
+
+    from nsqworker import task, Message, Retry, Reject
+
+    @task("clicks", channel="archive", max_in_flight=100, max_attempts=5)
+    async def archive(msg: Message) -> None:
+        await store(msg.json())
+
+Everything is checked when the module is imported: names, bounds, the handler's
+signature, duplicates. The decorator returns the function itself (with ``.spec``
+attached), so tests can still call ``archive(msg)`` directly.
+
+How a handler's outcome becomes an NSQ command (DESIGN.md, "Handler outcome"):
+
+======================================  =================================  ========
+handler does                            sent to nsqd                       backoff
+======================================  =================================  ========
+returns                                 FIN                                success
+raises ``Retry(delay)``                 REQ delay                          failure
+raises any other exception              REQ, exponential delay from        failure
+                                        attempts
+raises ``Reject(reason)``               dead-letter hooks, then FIN        none
+answered itself (``msg.finish()``...)   nothing more                       —
+cancelled while the worker stops        REQ 0                              none
+======================================  =================================  ========
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import importlib
+import inspect
+import math
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, Never, ParamSpec, Protocol, TypeVar, cast
+
+from nsqworker.errors import ConfigurationError, InvalidName
+from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.protocol import check_channel, check_topic
+
+__all__ = [
+    "DeadLetterHook",
+    "Registry",
+    "Reject",
+    "Retry",
+    "TaskDefinitionError",
+    "TaskFunction",
+    "TaskImportError",
+    "TaskSpec",
+    "default_registry",
+    "describe_outcome",
+    "load_registry",
+    "outcome_of_error",
+    "outcome_of_return",
+    "task",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+#: ``on_dead_letter(msg, reason)``: a plain function (run in a thread) or ``async def``.
+DeadLetterHook = Callable[[Message, str], Any]
+
+MAX_IN_FLIGHT = 1_000_000
+MAX_ATTEMPTS = 65535
+MAX_REQUEUE_DELAY = 3600.0  # nsqd's default --max-req-timeout
+OPTIONS = (
+    "channel", "max_in_flight", "max_attempts", "requeue_delay", "on_dead_letter",
+    "dead_letter_topic", "name", "envelope",
+)  # fmt: skip
+
+
+# --- what a handler raises -----------------------------------------------------------
+
+
+class Retry(Exception):
+    """Raise in a handler to requeue the message after ``delay`` seconds.
+
+    ``delay=None`` lets the worker pick the exponential delay from the attempts. A
+    retry counts as a failure: it uses up an attempt and moves the consumer's backoff.
+    """
+
+    def __init__(self, delay: float | None = None, reason: str = "") -> None:
+        if delay is not None and (
+            isinstance(delay, bool)
+            or not isinstance(delay, int | float)
+            or not 0 <= delay <= MAX_REQUEUE_DELAY
+        ):
+            raise ValueError(
+                f"Retry(delay={delay!r}): give seconds from 0 to {MAX_REQUEUE_DELAY:g}, or None"
+            )
+        self.delay = None if delay is None else float(delay)
+        self.reason = reason
+        text = "retry" if delay is None else f"retry in {delay:g}s"
+        super().__init__(f"{text}: {reason}" if reason else text)
+
+    def __reduce__(self) -> tuple[type[Retry], tuple[float | None, str]]:
+        return Retry, (self.delay, self.reason)
+
+
+class Reject(Exception):
+    """Raise in a handler to give up at once: dead-letter hooks with ``reason``, then FIN."""
+
+    def __init__(self, reason: str = "") -> None:
+        self.reason = reason
+        super().__init__(reason or "rejected")
+
+    def __reduce__(self) -> tuple[type[Reject], tuple[str]]:
+        return Reject, (self.reason,)
+
+
+# --- what a handler's result becomes --------------------------------------------------
+
+
+def outcome_of_return(msg: Message) -> Outcome | None:
+    """The outcome of a handler that returned: FIN, or None if it answered itself."""
+    return None if msg.responded else FINISH
+
+
+def outcome_of_error(msg: Message, exc: BaseException) -> Outcome | None:
+    """The outcome of a handler that raised ``exc``; None if it had answered itself.
+
+    ``Retry`` -> REQ its delay (a failure); ``Reject`` -> give up (dead-letter hooks,
+    then FIN); ``asyncio.CancelledError`` (the worker stopping) -> REQ 0 without
+    backoff; anything else -> REQ with the exponential delay (a failure).
+    """
+    if msg.responded:
+        return None
+    if isinstance(exc, Retry):
+        return Requeue(exc.delay, backoff=True)
+    if isinstance(exc, Reject):
+        return GiveUp(exc.reason or "rejected by the handler")
+    if isinstance(exc, asyncio.CancelledError):
+        return Requeue(0.0, backoff=False)
+    return Requeue(None, backoff=True)
+
+
+def describe_outcome(outcome: Outcome | None) -> str:
+    """A short word for logs: ``fin``, ``req 5s``, ``req``, ``dead-letter`` or ``answered``."""
+    if outcome is None:
+        return "answered"
+    if isinstance(outcome, Requeue):
+        return "req" if outcome.delay is None else f"req {outcome.delay:g}s"
+    if isinstance(outcome, GiveUp):
+        return "dead-letter"
+    return "fin"
+
+
+# --- declaring tasks ------------------------------------------------------------------
+
+
+class TaskDefinitionError(ConfigurationError, TypeError):
+    """Raised at import when a ``@task`` declaration cannot work; says what to change."""
+
+
+class TaskImportError(ImportError):
+    """Raised by :func:`load_registry` when the tasks module cannot be imported or holds
+    no tasks. ``traceback_text`` is the original traceback, for the CLI to show."""
+
+    def __init__(self, message: str, *, module: str, traceback_text: str = "") -> None:
+        super().__init__(message, name=module)
+        self.module = module
+        self.traceback_text = traceback_text
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task as declared. Options left None take the worker's ``Settings`` defaults."""
+
+    name: str
+    topic: str
+    channel: str
+    func: Callable[[Message], Any]
+    is_async: bool
+    max_in_flight: int | None = None
+    max_attempts: int | None = None
+    requeue_delay: float | None = None
+    on_dead_letter: DeadLetterHook | None = None
+    dead_letter_topic: str | None = None
+    envelope: bool | None = None
+    module: str = ""
+
+    @property
+    def location(self) -> str:
+        """``module.qualname (file:line)`` of the handler, for messages."""
+        code = getattr(self.func, "__code__", None)
+        where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+        qualname = getattr(self.func, "__qualname__", repr(self.func))
+        return f"{getattr(self.func, '__module__', '?')}.{qualname}{where}"
+
+
+class TaskFunction(Protocol, Generic[P, R_co]):
+    """A handler decorated with ``@task``: still callable as before, plus its ``spec``."""
+
+    spec: TaskSpec
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+
+def _fail(where: str, problem: str) -> Never:
+    raise TaskDefinitionError(f"{where}: {problem}")
+
+
+def _check_int(where: str, option: str, value: object, low: int, high: int) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        _fail(where, f"{option} must be a whole number from {low} to {high}, got {value!r}")
+
+
+def _check_options(where: str, topic: str, options: dict[str, Any]) -> None:
+    """Check every option given to ``@task`` apart from the handler itself."""
+    for option, what, check in (
+        ("topic", "topic", check_topic),
+        ("channel", "channel", check_channel),
+    ):
+        value = topic if option == "topic" else options["channel"]
+        try:
+            check(value)
+        except InvalidName as exc:
+            _fail(where, f"{exc}; change the {what} name")
+    _check_int(where, "max_in_flight", options["max_in_flight"], 1, MAX_IN_FLIGHT)
+    _check_int(where, "max_attempts", options["max_attempts"], 1, MAX_ATTEMPTS)
+    delay = options["requeue_delay"]
+    if delay is not None and (
+        isinstance(delay, bool)
+        or not isinstance(delay, int | float)
+        or not math.isfinite(delay)
+        or not 0 <= delay <= MAX_REQUEUE_DELAY
+    ):
+        _fail(
+            where, f"requeue_delay must be seconds from 0 to {MAX_REQUEUE_DELAY:g}, got {delay!r}"
+        )
+    dlt = options["dead_letter_topic"]
+    if dlt is not None:
+        try:
+            check_topic(dlt)
+        except InvalidName as exc:
+            _fail(where, f"dead_letter_topic: {exc}")
+        if dlt == topic:
+            _fail(
+                where,
+                f"dead_letter_topic {dlt!r} is the task's own topic, so dead "
+                "letters would come straight back; use another topic, like "
+                f"{topic + '.dead'!r}",
+            )
+    hook = options["on_dead_letter"]
+    if hook is not None:
+        if not callable(hook):
+            _fail(where, f"on_dead_letter must be a function (msg, reason), got {hook!r}")
+        if not _accepts(hook, 2):
+            _fail(
+                where,
+                f"on_dead_letter {_name(hook)} must take two positional "
+                "parameters: def hook(msg: Message, reason: str)",
+            )
+    name = options["name"]
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        _fail(where, f"name must be a non-empty string, got {name!r}")
+    envelope = options["envelope"]
+    if envelope is not None and not isinstance(envelope, bool):
+        _fail(where, f"envelope must be True, False or None, got {envelope!r}")
+
+
+def _accepts(func: Callable[..., Any], count: int) -> bool:
+    """Whether ``func`` can be called with ``count`` positional arguments."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # builtins without a signature: trust them
+        return True
+    try:
+        signature.bind(*([None] * count))
+    except TypeError:
+        return False
+    return True
+
+
+def _name(func: object) -> str:
+    return str(getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or func)
+
+
+def _is_async(func: object) -> bool:
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
+        getattr(func, "__call__", None)  # noqa: B004 - async callable objects count too
+    )
+
+
+def _check_handler(where: str, func: object) -> None:
+    if not callable(func):
+        _fail(where, f"@task decorates a function taking the message, got {func!r}")
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        _fail(
+            where,
+            f"{_name(func)} is a generator (it uses yield); a handler must "
+            "return or raise, so remove the yield",
+        )
+    if not _accepts(func, 1) or _accepts(func, 2):
+        _fail(
+            where,
+            f"{_name(func)} must take exactly one positional parameter, the "
+            f"message: def {getattr(func, '__name__', 'handler')}(msg: Message)",
+        )
+
+
+class Registry:
+    """A set of tasks, each with a unique name and a unique (topic, channel).
+
+    ``@registry.task(...)`` declares one; iterating yields the :class:`TaskSpec` in
+    declaration order. :data:`default_registry` backs the module-level :func:`task`.
+    """
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, TaskSpec] = {}
+
+    def __iter__(self) -> Iterator[TaskSpec]:
+        return iter(list(self._by_name.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __repr__(self) -> str:
+        return f"<Registry {', '.join(self._by_name) or '(empty)'}>"
+
+    def get(self, name: str) -> TaskSpec | None:
+        """The task called ``name``, or None."""
+        return self._by_name.get(name)
+
+    def task(
+        self,
+        topic: str,
+        *,
+        channel: str,
+        max_in_flight: int | None = None,
+        max_attempts: int | None = None,
+        requeue_delay: float | None = None,
+        on_dead_letter: DeadLetterHook | None = None,
+        dead_letter_topic: str | None = None,
+        name: str | None = None,
+        envelope: bool | None = None,
+        **unknown: Never,
+    ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]:
+        """Declare the decorated function as the handler of ``topic`` on ``channel``.
+
+        Args:
+            topic: the NSQ topic to consume.
+            channel: the channel to subscribe with; every channel gets its own copy
+                of each message, so two tasks on one topic need two channels.
+            max_in_flight: messages handled at once (default ``Settings.max_in_flight``);
+                for a sync handler also the size of its thread pool.
+            max_attempts: deliveries before the message goes to the dead-letter hooks
+                (default ``Settings.max_attempts``).
+            requeue_delay: seconds of the first REQ after a failure, growing
+                exponentially with attempts (default ``Settings.requeue_delay``).
+            on_dead_letter: ``hook(msg, reason)`` called when the message is given up;
+                a plain function runs in a thread, an ``async def`` on the loop.
+            dead_letter_topic: also publish given-up messages there, as JSON.
+            name: the task's name (default ``module.qualname``).
+            envelope: whether bodies carry the trace-context envelope (default: the
+                ``tracing_envelope`` setting).
+
+        Raises:
+            TaskDefinitionError: at import, naming the problem and what to change.
+        """
+        where = f"@task({topic!r}, channel={channel!r})"
+        if unknown:
+            problems = []
+            for key in unknown:
+                close = difflib.get_close_matches(key, OPTIONS, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                problems.append(f"{key!r}{hint}")
+            _fail(
+                where, f"unknown option {', '.join(problems)}; the options are {', '.join(OPTIONS)}"
+            )
+        options: dict[str, Any] = {
+            "channel": channel,
+            "max_in_flight": max_in_flight,
+            "max_attempts": max_attempts,
+            "requeue_delay": requeue_delay,
+            "on_dead_letter": on_dead_letter,
+            "dead_letter_topic": dead_letter_topic,
+            "name": name,
+            "envelope": envelope,
+        }
+        _check_options(where, topic, options)
+
+        def decorate(func: Callable[P, R]) -> TaskFunction[P, R]:
+            _check_handler(where, func)
+            module = str(getattr(func, "__module__", None) or "")
+            spec = TaskSpec(
+                name=name or f"{module}.{_name(func)}",
+                topic=topic,
+                channel=channel,
+                func=cast("Callable[[Message], Any]", func),
+                is_async=_is_async(func),
+                max_in_flight=max_in_flight,
+                max_attempts=max_attempts,
+                requeue_delay=None if requeue_delay is None else float(requeue_delay),
+                on_dead_letter=on_dead_letter,
+                dead_letter_topic=dead_letter_topic,
+                envelope=envelope,
+                module=module,
+            )
+            self.add(spec)
+            func.spec = spec  # type: ignore[attr-defined]
+            return func  # type: ignore[return-value]
+
+        return decorate
+
+    def add(self, spec: TaskSpec) -> None:
+        """Add a declared task; a duplicate name or (topic, channel) is an error.
+
+        Declaring the same function again (a module reloaded) replaces it.
+        """
+        for other in list(self._by_name.values()):
+            same_func = _same_function(other, spec)
+            if other.name == spec.name and not same_func:
+                _fail(
+                    f"task {spec.name!r}",
+                    f"the name is taken by {other.location} and {spec.location}; "
+                    "pass name=... to one of them",
+                )
+            if (other.topic, other.channel) == (spec.topic, spec.channel) and not same_func:
+                _fail(
+                    f"@task({spec.topic!r}, channel={spec.channel!r})",
+                    f"both {other.location} and {spec.location} subscribe to it, so each "
+                    "would get half the messages; give one of them another channel",
+                )
+            if same_func:
+                del self._by_name[other.name]
+        self._by_name[spec.name] = spec
+        if self is default_registry:
+            for captured in _captures:
+                captured.append(spec.name)
+
+
+def _same_function(a: TaskSpec, b: TaskSpec) -> bool:
+    return (a.name, a.module, _name(a.func)) == (b.name, b.module, _name(b.func))
+
+
+default_registry = Registry()
+"""The registry ``@task`` (and ``nsqworker run pkg.module``) uses."""
+
+task = default_registry.task
+"""Declare a handler in :data:`default_registry`; see :meth:`Registry.task`."""
+
+
+# --- finding tasks from the command line ----------------------------------------------
+
+_captures: list[list[str]] = []
+_loaded: dict[str, list[str]] = {}
+
+
+def load_registry(target: str) -> Registry:
+    """Import ``"pkg.module"`` or ``"pkg.module:attr"`` and return its tasks.
+
+    With ``:attr``, the module's attribute (a :class:`Registry`) is returned. Without,
+    the tasks that importing the module declared in :data:`default_registry` are
+    returned as a new registry (tasks of other modules imported earlier are left out).
+    The current directory is put on ``sys.path`` first, as ``python -m`` would.
+
+    Raises:
+        TaskImportError: the module fails to import (``traceback_text`` holds the
+            original traceback), the attribute is missing or not a Registry, or there
+            are no tasks.
+    """
+    module_name, _, attr = target.partition(":")
+    module_name = module_name.strip()
+    if not module_name or module_name.endswith(".py") or "/" in module_name:
+        raise TaskImportError(
+            f"{target!r} is not a module path; write it like myservice.tasks or "
+            "myservice.tasks:registry",
+            module=module_name,
+        )
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    captured: list[str] = []
+    _captures.append(captured)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise _import_failure(module_name, exc) from exc
+    finally:
+        _captures.remove(captured)
+    if attr:
+        return _registry_attribute(module, module_name, attr)
+    names = set(_loaded.setdefault(module_name, []))
+    names.update(captured)
+    _loaded[module_name] = sorted(names)
+    prefix = module_name + "."
+    registry = Registry()
+    for spec in default_registry:
+        if spec.name in names or spec.module == module_name or spec.module.startswith(prefix):
+            registry.add(spec)
+    if not registry:
+        raise TaskImportError(
+            f"{module_name} declares no tasks; decorate handlers with @task(...) from "
+            "nsqworker, or name a Registry as module:attribute",
+            module=module_name,
+        )
+    return registry
+
+
+def _registry_attribute(module: Any, module_name: str, attr: str) -> Registry:
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise TaskImportError(f"{module_name} has no attribute {attr!r}", module=module_name)
+        obj = getattr(obj, part)
+    if not isinstance(obj, Registry):
+        raise TaskImportError(
+            f"{module_name}:{attr} is a {type(obj).__name__}, not an nsqworker Registry",
+            module=module_name,
+        )
+    if not obj:
+        raise TaskImportError(f"{module_name}:{attr} holds no tasks", module=module_name)
+    return obj
+
+
+def _import_failure(module_name: str, exc: Exception) -> TaskImportError:
+    text = "".join(traceback.format_exception(exc))
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if missing and (module_name == missing or module_name.startswith(missing + ".")):
+        parent, _, leaf = missing.rpartition(".")
+        where = getattr(sys.modules.get(parent), "__path__", None)
+        if where:  # the package is there, the module is not
+            hint = f"package {parent} ({', '.join(where)}) has no module {leaf!r}"
+        else:
+            hint = (
+                "run from the directory that holds it or add that directory to PYTHONPATH "
+                f"(current directory: {os.getcwd()})"
+            )
+        return TaskImportError(
+            f"no module named {missing!r}: {hint}", module=module_name, traceback_text=text
+        )
+    return TaskImportError(
+        f"importing {module_name} failed: {type(exc).__name__}: {exc}",
+        module=module_name,
+        traceback_text=text,
+    )

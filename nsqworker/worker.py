@@ -1,0 +1,685 @@
+"""One worker process: a Registry's tasks, each on its own Consumer, on one event loop.
+
+``Worker(registry, settings)`` builds a :class:`~nsqworker.consumer.Consumer` per task.
+Its callback runs the handler and turns the result into an outcome (see
+:mod:`nsqworker.task`); its give-up hook is the dead-letter path. Async handlers are
+awaited on the loop; the consumer starts them eagerly, so one that never suspends
+finishes inline with no Task. Sync handlers never run on the loop: each sync task has a
+small thread pool, sized to its max_in_flight and grown on demand, whose threads hand
+results back in batches (one wake-up of the loop per batch, not per message).
+
+Per task the worker keeps a handler-duration histogram and a dead-letter count; the
+consumer's own counters complete :meth:`Worker.stats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextvars
+import importlib
+import inspect
+import json
+import logging
+import os
+import signal
+import threading
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from queue import SimpleQueue
+from time import perf_counter
+from typing import Any, Protocol, Self, cast
+
+from opentelemetry import context as otel_context
+
+from nsqworker.connection import ConnectionConfig
+from nsqworker.consumer import Consumer
+from nsqworker.errors import ConfigurationError
+from nsqworker.logging import configure_logging, get_logger
+from nsqworker.message import FINISH, Message, MessageOwner, Outcome
+from nsqworker.producer import Producer
+from nsqworker.settings import Settings
+from nsqworker.task import Registry, Reject, Retry, TaskSpec, describe_outcome, outcome_of_error
+
+__all__ = ["DURATION_BUCKETS", "DurationHistogram", "TaskStats", "Worker", "WorkerStats"]
+__all__ += ["dead_letter_envelope", "event_loop_factory", "run_worker"]
+
+#: Upper bounds (seconds) of the handler-duration histogram: 1 ms handlers to 1 h jobs.
+DURATION_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
+DURATION_BUCKETS += (600, 1800, 3600)
+
+GROW_CHECK = 0.005
+"""Seconds without a finished sync job, while jobs wait, before the pool adds threads."""
+
+log = get_logger("nsqworker.worker")
+
+
+# --- stats ---------------------------------------------------------------------------
+
+
+@dataclass
+class DurationHistogram:
+    """Handler run times: ``counts[i]`` ran at most ``buckets[i]`` s; the last is +Inf."""
+
+    buckets: list[float]
+    counts: list[int]
+    sum: float = 0.0
+    count: int = 0
+
+
+def _empty_histogram() -> DurationHistogram:
+    return DurationHistogram(list(DURATION_BUCKETS), [0] * (len(DURATION_BUCKETS) + 1))
+
+
+@dataclass
+class TaskStats:
+    """One task's numbers: the consumer's counters and gauges plus the worker's own."""
+
+    name: str
+    topic: str
+    channel: str
+    subscribed: bool = False
+    max_in_flight: int = 0
+    received: int = 0
+    finished: int = 0
+    requeued: int = 0
+    dead_lettered: int = 0
+    in_flight: int = 0
+    running: int = 0
+    rdy: int = 0
+    connections: int = 0
+    backoff_level: int = 0
+    duration: DurationHistogram = field(default_factory=_empty_histogram)
+
+
+_FROM_CONSUMER = "max_in_flight received finished requeued in_flight running rdy backoff_level"
+
+
+@dataclass
+class WorkerStats:
+    """A snapshot of one worker process; plain data, picklable."""
+
+    pid: int
+    ready: bool
+    tasks: dict[str, TaskStats]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The snapshot as JSON-ready dicts and lists."""
+        return asdict(self)
+
+
+# --- telemetry seam ------------------------------------------------------------------
+
+
+class Instrumentation(Protocol):
+    """``telemetry.TaskInstrumentation``: ``start`` returns None or a token whose
+    ``context`` is attached while the handler runs; ``end`` follows every ``start``."""
+
+    enabled: bool
+
+    def start(self, msg: Message) -> Any: ...
+
+    def end(self, token: Any, outcome: Outcome | None, error: Any, duration: float) -> None: ...
+
+
+def _instrumentation(spec: TaskSpec, settings: Settings) -> Instrumentation:
+    from nsqworker.telemetry import TaskInstrumentation
+
+    inst: Any = TaskInstrumentation(spec, settings)
+    if not hasattr(inst, "enabled"):  # checked once per message: False skips telemetry
+        inst.enabled = True
+    return cast(Instrumentation, inst)
+
+
+def _traced(token: Any, func: Callable[..., Any], *args: Any) -> Any:
+    """``func(*args)`` with the token's span current (token None: a plain call)."""
+    if token is None:
+        return func(*args)
+    attached = otel_context.attach(token.context)
+    try:
+        return func(*args)
+    finally:
+        otel_context.detach(attached)
+
+
+# --- sync handlers: a batching thread pool --------------------------------------------
+
+
+class _LoopOwner:
+    """Lets a sync handler call ``msg.finish()``/``touch()`` from its thread: the
+    command is handed to the loop thread, which owns the connection."""
+
+    __slots__ = ("loop", "owner", "thread")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, owner: MessageOwner) -> None:
+        self.loop = loop
+        self.owner = owner
+        self.thread = threading.get_ident()
+
+    def settle(self, message: Message, outcome: Outcome) -> None:
+        if threading.get_ident() == self.thread:
+            self.owner.settle(message, outcome)
+        else:
+            self.loop.call_soon_threadsafe(self.owner.settle, message, outcome)
+
+    def touch(self, message: Message) -> None:
+        if threading.get_ident() == self.thread:
+            self.owner.touch(message)
+        else:
+            self.loop.call_soon_threadsafe(self.owner.touch, message)
+
+
+# (future, message, context, telemetry token)
+_Job = tuple["asyncio.Future[Outcome | None]", Message, contextvars.Context, Any]
+
+
+class _ThreadPool:
+    """Runs one sync handler in up to ``size`` threads, started as work needs them.
+
+    Jobs go through a SimpleQueue; results come back through a deque, and the loop is
+    woken once per batch (when no wake-up is pending) to resolve them all. The pool
+    starts with one thread and grows only when jobs wait while no job finished for
+    ``GROW_CHECK`` seconds (every thread blocked), so fast handlers keep few threads
+    and blocking ones get up to ``size``.
+    """
+
+    def __init__(self, runner: _TaskRunner, size: int, name: str) -> None:
+        self._func = runner.func
+        self._finish = runner.finish_sync
+        self._loop = runner.loop
+        self._size = size
+        self._name = name
+        self._queue: SimpleQueue[_Job | None] = SimpleQueue()
+        self._done: deque[tuple[_Job, BaseException | None, float]] = deque()
+        self._threads: list[threading.Thread] = []
+        self._flush_scheduled = False
+        self._check_armed = False
+        self._closed = False
+        self._resolved = self._seen = 0  # jobs resolved; as of the last growth check
+
+    def submit(self, msg: Message, ctx: contextvars.Context, token: Any) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Outcome | None] = self._loop.create_future()
+        self._queue.put((fut, msg, ctx, token))
+        if not self._check_armed and len(self._threads) < self._size:
+            if not self._threads:
+                self._spawn(1)
+            self._check_armed = True
+            self._loop.call_later(GROW_CHECK, self._grow)
+        return fut
+
+    def _grow(self) -> None:
+        self._check_armed = False
+        waiting, threads = self._queue.qsize(), len(self._threads)
+        progress = self._resolved + len(self._done)
+        if waiting and not self._closed and threads < self._size:
+            if progress == self._seen:  # nothing finished: every thread is blocked
+                self._spawn(min(waiting, self._size - threads))
+            self._check_armed = True
+            self._loop.call_later(GROW_CHECK, self._grow)
+        self._seen = progress
+
+    def _spawn(self, count: int) -> None:
+        for _ in range(count):
+            name = f"{self._name}-{len(self._threads) + 1}"
+            self._threads.append(threading.Thread(target=self._work, name=name, daemon=True))
+            self._threads[-1].start()
+
+    def _work(self) -> None:
+        get, append, func = self._queue.get, self._done.append, self._func
+        wake, flush = self._loop.call_soon_threadsafe, self._flush
+        while (job := get()) is not None:
+            start = perf_counter()
+            error: BaseException | None = None
+            try:
+                if job[3] is None:
+                    result = job[2].run(func, job[1])
+                else:
+                    result = job[2].run(_traced, job[3], func, job[1])
+                if result is not None and inspect.isawaitable(result):
+                    error = _awaitable_returned(result)
+            except BaseException as exc:
+                error = exc
+            append((job, error, perf_counter() - start))
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                try:
+                    wake(flush)
+                except RuntimeError:  # the loop is closed: nobody waits for results
+                    return
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False  # before draining, so no result waits unseen
+        done, finish = self._done, self._finish
+        while done:
+            job, error, duration = done.popleft()
+            self._resolved += 1
+            finish(*job, error, duration)
+
+    def shutdown(self) -> None:
+        """Let every thread exit once it is idle."""
+        self._closed = True
+        for _ in self._threads:
+            self._queue.put(None)
+
+    def alive(self) -> int:
+        """Threads still running (a handler that outlived the drain, or not yet exited)."""
+        return sum(t.is_alive() for t in self._threads)
+
+
+def _awaitable_returned(result: Any) -> TypeError:
+    if inspect.iscoroutine(result):
+        result.close()
+    return TypeError("a sync handler returned an awaitable; declare the handler with async def")
+
+
+# --- one task ------------------------------------------------------------------------
+
+
+class _TaskRunner:
+    """The per-task half of the worker: the consumer's callback and give-up hook."""
+
+    consumer: Consumer
+
+    def __init__(self, worker: Worker, spec: TaskSpec, max_in_flight: int) -> None:
+        self.worker = worker
+        self.spec = spec
+        self.loop = asyncio.get_running_loop()
+        self.func = spec.func
+        self.inst = _instrumentation(spec, worker.settings)
+        self.log = log.bind(task=spec.name, topic=spec.topic, channel=spec.channel)
+        self.log_info = self.log.is_enabled_for(logging.INFO)
+        self.bounds = DURATION_BUCKETS
+        self.counts = [0] * (len(DURATION_BUCKETS) + 1)
+        self.dur_sum = 0.0
+        self.dead_lettered = 0
+        hook = spec.on_dead_letter
+        call = getattr(hook, "__call__", None)  # noqa: B004 - async callable objects count
+        self.hook_async = inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(call)
+        self.owner: MessageOwner | None = None
+        self.proxy: _LoopOwner | None = None
+        self.pool: _ThreadPool | None = None
+        if not spec.is_async:
+            name = f"nsqworker-{getattr(spec.func, '__name__', 'task')}"
+            self.pool = _ThreadPool(self, max_in_flight, name)
+        self.callback: Callable[[Message], Any] = (
+            self.call_async if spec.is_async else self.call_sync
+        )
+
+    async def call_async(self, msg: Message) -> Outcome | None:
+        """Run an async handler; awaited directly, so the consumer's eager start applies."""
+        inst = self.inst
+        traced = inst.enabled
+        token = inst.start(msg) if traced else None
+        attached = None if token is None else otel_context.attach(token.context)
+        start = perf_counter()
+        try:
+            await self.func(msg)
+        except (Exception, asyncio.CancelledError) as exc:
+            return self.failed(msg, exc, perf_counter() - start, token, None, attached)
+        duration = perf_counter() - start
+        if duration < 0.001:
+            self.counts[0] += 1
+        else:
+            self.counts[bisect_left(self.bounds, duration)] += 1
+        self.dur_sum += duration
+        outcome = None if msg._responded else FINISH
+        if self.log_info:
+            self.log_done(msg, outcome, duration)
+        if attached is not None:
+            otel_context.detach(attached)
+        if traced:
+            inst.end(token, outcome, None, duration)
+        return outcome
+
+    def call_sync(self, msg: Message) -> asyncio.Future[Any]:
+        """Hand a sync handler to the pool; the future resolves to its outcome."""
+        owner = msg._owner
+        if owner is not self.owner and owner is not None:
+            self.owner, self.proxy = owner, _LoopOwner(self.loop, owner)
+        msg._owner = self.proxy
+        inst = self.inst
+        token = inst.start(msg) if inst.enabled else None
+        assert self.pool is not None
+        return self.pool.submit(msg, contextvars.copy_context(), token)
+
+    def finish_sync(
+        self, fut: asyncio.Future[Any], msg: Message, ctx: contextvars.Context, token: Any,
+        error: BaseException | None, duration: float,
+    ) -> None:  # fmt: skip
+        """On the loop: record a sync handler's result and resolve its future."""
+        if error is not None:
+            outcome = self.failed(msg, error, duration, token, ctx, None)
+        else:
+            self.counts[bisect_left(self.bounds, duration)] += 1
+            self.dur_sum += duration
+            outcome = None if msg._responded else FINISH
+            if self.log_info:
+                ctx.run(_traced, token, self.log_done, msg, outcome, duration)
+            if self.inst.enabled:
+                self.inst.end(token, outcome, None, duration)
+        if not fut.done():
+            fut.set_result(outcome)
+
+    def log_done(self, msg: Message, outcome: Outcome | None, duration: float) -> None:
+        ms = round(duration * 1000, 3)
+        self.log.info(describe_outcome(outcome), id=msg.id, attempts=msg.attempts, duration_ms=ms)
+
+    def failed(
+        self, msg: Message, exc: BaseException, duration: float, token: Any,
+        ctx: contextvars.Context | None, attached: Any,
+    ) -> Outcome | None:  # fmt: skip
+        """The outcome of a handler that raised, with its log line and telemetry."""
+        self.counts[bisect_left(self.bounds, duration)] += 1
+        self.dur_sum += duration
+        outcome = outcome_of_error(msg, exc)
+        if ctx is None:
+            self.log_failure(msg, exc, outcome, duration)
+        else:
+            ctx.run(_traced, token, self.log_failure, msg, exc, outcome, duration)
+        if attached is not None:
+            otel_context.detach(attached)
+        if self.inst.enabled:
+            self.inst.end(token, outcome, exc, duration)
+        return outcome
+
+    def log_failure(
+        self, msg: Message, exc: BaseException, outcome: Outcome | None, duration: float
+    ) -> None:
+        fields = {"id": msg.id, "attempts": msg.attempts, "duration_ms": round(duration * 1e3, 3)}
+        error = type(exc).__name__
+        if isinstance(exc, asyncio.CancelledError):  # the worker is stopping
+            if self.log_info:
+                self.log.info("cancelled while stopping; requeued", **fields)
+        elif outcome is None:
+            what = "handler raised after answering the message; nothing more sent"
+            self.log.warning(what, error=error, exc_info=exc, **fields)
+        elif isinstance(exc, Retry):
+            if self.log_info:
+                self.log.info(describe_outcome(outcome), reason=exc.reason or error, **fields)
+        elif not isinstance(exc, Reject):  # a Reject is logged once, by give_up
+            what = f"{describe_outcome(outcome)} after {error}"
+            self.log.warning(what, error=error, exc_info=exc, **fields)
+
+    async def give_up(self, msg: Message, reason: str) -> None:
+        """The dead-letter path: publish to dead_letter_topic, then on_dead_letter.
+
+        Any exception propagates, so the consumer REQs the message instead of FINing it.
+        """
+        spec = self.spec
+        self.log.error("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason)
+        if spec.dead_letter_topic is not None:
+            producer = self.worker._dead_letter_producer(msg)
+            envelope = dead_letter_envelope(msg, reason, spec.name)
+            await producer.publish(spec.dead_letter_topic, envelope)
+        hook = spec.on_dead_letter
+        if hook is not None:
+            if self.hook_async:
+                await hook(msg, reason)
+            else:
+                ctx = contextvars.copy_context()
+                await self.loop.run_in_executor(None, ctx.run, hook, msg, reason)
+        self.dead_lettered += 1
+
+    def stats(self) -> TaskStats:
+        spec, counts, consumer = self.spec, list(self.counts), self.consumer
+        cs = consumer.stats()
+        return TaskStats(
+            spec.name, spec.topic, spec.channel, consumer.subscribed,
+            dead_lettered=self.dead_lettered, connections=cs.connected,
+            duration=DurationHistogram(list(self.bounds), counts, self.dur_sum, sum(counts)),
+            **{key: getattr(cs, key) for key in _FROM_CONSUMER.split()},
+        )  # fmt: skip
+
+
+def dead_letter_envelope(msg: Message, reason: str, task: str = "") -> bytes:
+    """The JSON published to a dead_letter_topic for ``msg``.
+
+    Keys: ``topic``, ``channel``, ``id``, ``attempts``, ``reason``, ``timestamp`` (ns,
+    when nsqd first accepted the message), ``task``, ``body`` (UTF-8 text, or base64
+    with ``"body_encoding": "base64"`` when the body is not valid UTF-8).
+    """
+    doc: dict[str, Any] = {"topic": msg.topic, "channel": msg.channel, "id": msg.id}
+    doc.update(attempts=msg.attempts, reason=reason, timestamp=msg.timestamp, task=task)
+    try:
+        doc["body"] = msg.body.decode("utf-8")
+    except UnicodeDecodeError:
+        doc["body"] = base64.b64encode(msg.body).decode("ascii")
+        doc["body_encoding"] = "base64"
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+# --- the worker ----------------------------------------------------------------------
+
+
+class Worker:
+    """Runs every task of ``registry`` on this process's event loop.
+
+    ``async with Worker(registry, settings):`` starts the consumers and drains them on
+    exit; ``await worker.run()`` serves until SIGTERM/SIGINT or :meth:`request_stop`.
+    ``settings`` default to ``Settings.load()`` (environment and config file).
+    """
+
+    def __init__(self, registry: Registry, settings: Settings | None = None) -> None:
+        self.registry = registry
+        self.settings = settings if settings is not None else Settings.load()
+        self._runners: list[_TaskRunner] = []
+        self._producers: dict[str, Producer] = {}
+        self._config: ConnectionConfig | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = False
+        self._stop_task: asyncio.Future[None] | None = None
+        self._stop_requested = False
+        self._stop_event: asyncio.Event | None = None
+        self._forced = False
+        self._unregister_metrics: Callable[[], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Worker tasks={len(self.registry)} ready={self.ready}>"
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    @property
+    def ready(self) -> bool:
+        """True while running with every task subscribed on at least one nsqd."""
+        runners = self._runners
+        ok = self._started and self._stop_task is None and bool(runners)
+        return ok and all(r.consumer.subscribed for r in runners)
+
+    async def start(self) -> None:
+        """Build one consumer per task and connect them; returns once each tried once."""
+        if self._started:
+            raise RuntimeError("this Worker was already started; make a new one")
+        if not len(self.registry):
+            raise ConfigurationError("no tasks to run: the registry is empty")
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        settings = self.settings
+        self._config = ConnectionConfig.from_settings(settings)
+        for spec in self.registry:
+            max_in_flight = spec.max_in_flight or settings.max_in_flight
+            runner = _TaskRunner(self, spec, max_in_flight)
+            requeue_delay = spec.requeue_delay
+            runner.consumer = Consumer(
+                spec.topic, spec.channel, runner.callback, settings,
+                max_in_flight=max_in_flight, on_give_up=runner.give_up, name=spec.name,
+                max_attempts=spec.max_attempts or settings.max_attempts,
+                requeue_delay=settings.requeue_delay if requeue_delay is None else requeue_delay,
+                connection_config=self._config,
+            )  # fmt: skip
+            self._runners.append(runner)
+        results = await asyncio.gather(
+            *(r.consumer.start() for r in self._runners), return_exceptions=True
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await self.stop(0)
+            raise errors[0]
+        from nsqworker.telemetry import register_worker_metrics  # OpenTelemetry metrics
+
+        self._unregister_metrics = register_worker_metrics(self)
+        log.info("worker started", pid=os.getpid(), tasks=[s.name for s in self.registry])
+
+    async def stop(self, drain_timeout: float | None = None) -> None:
+        """Stop taking messages, let running handlers finish within ``drain_timeout``
+        (default ``settings.drain_timeout``), REQ the rest, close. Safe to call twice."""
+        if self._stop_task is None:
+            timeout = self.settings.drain_timeout if drain_timeout is None else drain_timeout
+            self._stop_task = asyncio.ensure_future(self._stop(timeout))
+        await asyncio.shield(self._stop_task)
+
+    async def _stop(self, timeout: float) -> None:
+        if not self._runners:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        log.info("worker draining", timeout=timeout)
+        # 1. Each consumer: RDY 0, wait for its handlers (TOUCHing), REQ the rest, close.
+        await asyncio.gather(
+            *(r.consumer.stop(timeout) for r in self._runners), return_exceptions=True
+        )
+        # 2. Sync handlers' threads: let idle ones exit; wait for busy ones until the deadline.
+        pools = [r.pool for r in self._runners if r.pool is not None]
+        for pool in pools:
+            pool.shutdown()
+        while any(p.alive() for p in pools) and loop.time() < deadline and not self._forced:
+            await asyncio.sleep(0.02)
+        stuck = sum(p.alive() for p in pools)
+        if stuck:
+            log.warning("sync handlers still running after the drain", threads=stuck)
+        # 3. Dead-letter producers, and the OpenTelemetry view of our stats.
+        if self._unregister_metrics is not None:
+            self._unregister_metrics()
+        producers, self._producers = list(self._producers.values()), {}
+        await asyncio.gather(*(p.close() for p in producers), return_exceptions=True)
+        log.info("worker stopped")
+
+    async def run(self) -> None:
+        """Start (unless started), serve until SIGTERM/SIGINT or :meth:`request_stop`,
+        then drain within ``settings.drain_timeout``. A second SIGINT forces the stop."""
+        loop = self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        if self._stop_requested:
+            self._stop_event.set()
+        installed = self._install_signal_handlers(loop)
+        try:
+            if not self._started:
+                await self.start()
+            await self._stop_event.wait()
+        finally:
+            try:
+                await self.stop()
+            finally:
+                for sig in installed:
+                    loop.remove_signal_handler(sig)
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to drain and return; safe from any thread and signal handler."""
+        self._stop_requested = True
+        loop, event = self._loop, self._stop_event
+        if loop is not None and event is not None:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the loop is closed
+                pass
+
+    def force_stop(self) -> None:
+        """Stop now: REQ every running message and cancel handlers (the second Ctrl-C)."""
+        self._forced = True
+        self.request_stop()
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._force)
+            except RuntimeError:
+                pass
+
+    def _force(self) -> None:
+        for runner in self._runners:
+            runner.consumer.force_stop()
+
+    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[int]:
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        installed: list[int] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                continue  # e.g. supervised children: the supervisor decides about Ctrl-C
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue
+            installed.append(sig)
+        return installed
+
+    def _on_signal(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        if not self._stop_requested:
+            log.info(f"{name}: draining; press Ctrl-C again to stop at once")
+            self.request_stop()
+        elif sig == signal.SIGINT and not self._forced:
+            log.warning(f"{name} again: requeueing running messages and stopping now")
+            self.force_stop()
+
+    def _dead_letter_producer(self, msg: Message) -> Producer:
+        """The producer for dead letters: settings' nsqd, else the message's own nsqd."""
+        key = "" if self.settings.nsqd_tcp_addresses else msg.nsqd_address
+        producer = self._producers.get(key)
+        if producer is None:
+            producer = self._producers[key] = Producer(
+                [key] if key else None, settings=self.settings,
+                connection_config=self._config, envelope=False,
+            )  # fmt: skip
+        return producer
+
+    def stats(self) -> WorkerStats:
+        """Per-task counters, gauges and duration histograms, as plain data."""
+        if self._runners:
+            tasks = {r.spec.name: r.stats() for r in self._runners}
+        else:
+            tasks = {s.name: TaskStats(s.name, s.topic, s.channel) for s in self.registry}
+        return WorkerStats(pid=os.getpid(), ready=self.ready, tasks=tasks)
+
+
+# --- entry point for worker processes ------------------------------------------------
+
+
+def event_loop_factory(
+    settings: Settings | None = None, use_uvloop: bool | None = None
+) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's ``new_event_loop`` when it is installed and allowed, else None (asyncio).
+
+    ``use_uvloop`` None follows ``settings.uvloop`` when that setting exists (default on).
+    """
+    if use_uvloop is None:
+        use_uvloop = bool(getattr(settings, "uvloop", True))
+    if not use_uvloop:
+        return None
+    try:
+        module = importlib.import_module("uvloop")
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = module.new_event_loop
+    return factory
+
+
+def run_worker(
+    registry: Registry, settings: Settings | None = None, *,
+    use_uvloop: bool | None = None, configure_logs: bool = True,
+) -> None:  # fmt: skip
+    """Run a Worker for ``registry`` until SIGTERM/SIGINT, on uvloop when available.
+
+    The blocking entry point of a worker process; logging is configured from
+    ``settings`` first unless ``configure_logs`` is False.
+    """
+    settings = settings if settings is not None else Settings.load()
+    if configure_logs:
+        configure_logging(settings.log_level, settings.log_format)
+    worker = Worker(registry, settings)
+    with asyncio.Runner(loop_factory=event_loop_factory(settings, use_uvloop)) as runner:
+        runner.run(worker.run())
