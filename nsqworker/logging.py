@@ -116,7 +116,14 @@ def _processors(fmt: str, colors: bool) -> tuple[list[Processor], list[Processor
         ]
     else:
         shared.append(_short_time)
-        render = [structlog.dev.ConsoleRenderer(colors=colors)]
+        render = [
+            structlog.dev.ConsoleRenderer(
+                colors=colors,
+                # rich's traceback with locals blocks the event loop for tens of ms
+                # per failure; a plain one costs well under one.
+                exception_formatter=structlog.dev.plain_traceback,
+            )
+        ]
     return shared, render
 
 

@@ -1,0 +1,665 @@
+"""Tracing and metrics around each message, through the OpenTelemetry API.
+
+Worker side, one :class:`TaskInstrumentation` per task, built once::
+
+    inst = TaskInstrumentation(spec, settings)
+    token = inst.start(msg)   # strips a trace envelope off msg.body; None = no span
+    started, error = time.perf_counter(), None
+    try:
+        result = await run_async(token, spec.func, msg)   # run_sync(...) for sync handlers
+    except Exception as exc:
+        error = exc
+    ...                                                  # the worker picks the outcome
+    inst.end(token, outcome, error, time.perf_counter() - started)
+
+``start`` returns None when nothing is recorded (no SDK, or the message is not
+sampled); otherwise a :class:`ProcessToken` whose ``context`` is an OpenTelemetry
+Context holding the ``process <topic>`` span. :func:`run_async` and :func:`run_sync`
+call the handler with that context attached (``context.attach(token.context)``, then
+``context.detach``), so the handler's own spans nest under it and log lines carry its
+trace_id and span_id. Call ``end`` once per ``start``, also for a None token: it records
+the duration histogram when an SDK MeterProvider is installed.
+
+Producer side: :func:`producer_instrumentation` is the hook ``nsqworker.producer``
+loads (see :class:`ProducerInstrumentation`). Metrics are read, never counted twice:
+:func:`register_worker_metrics` turns the worker's own stats into observable
+instruments. :func:`configure_from_env` installs the SDK from ``OTEL_*`` variables.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from random import getrandbits
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+from opentelemetry.sdk.trace import sampling
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+
+from nsqworker import __version__
+from nsqworker.envelope import ENVELOPE_MAGIC, unwrap_envelope, wrap_envelope
+from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
+
+if TYPE_CHECKING:
+    from nsqworker.producer import PublishCall
+    from nsqworker.settings import Settings
+    from nsqworker.task import TaskSpec
+
+__all__ = [
+    "DURATION_BUCKETS",
+    "ProcessToken",
+    "ProducerInstrumentation",
+    "TaskInstrumentation",
+    "configure_from_env",
+    "producer_instrumentation",
+    "register_worker_metrics",
+    "run_async",
+    "run_sync",
+    "unwrap_envelope",
+    "wrap_envelope",
+]
+
+T = TypeVar("T")
+SCOPE = "nsqworker"
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600)
+"""Bounds (s) of ``messaging.process.duration``, 1 ms handlers to 1 h jobs; the same as
+``nsqworker.worker.DURATION_BUCKETS``, which ``/metrics`` uses."""
+RECHECK_EVERY = 256
+"""Messages between looks at the global providers while one of them is not installed."""
+_LIMIT = (1 << 64) - 1  # TraceIdRatioBased compares the low 64 bits of the trace id
+_DISABLED, _GENERIC, _RATIO = 0, 1, 2
+_SYSTEM = {"messaging.system": "nsq"}
+
+
+class ProcessToken:
+    """A started ``process`` span: ``span``, and ``context`` to run the handler in."""
+
+    __slots__ = ("context", "message", "span")
+
+    def __init__(self, span: Span, context: otel_context.Context, message: Message) -> None:
+        self.span = span
+        self.context = context
+        self.message = message
+
+
+def run_sync(token: ProcessToken | None, fn: Callable[[Message], T], msg: Message) -> T:
+    """``fn(msg)`` with the token's span current in this thread; a plain call for None."""
+    if token is None:
+        return fn(msg)
+    attached = otel_context.attach(token.context)
+    try:
+        return fn(msg)
+    finally:
+        otel_context.detach(attached)
+
+
+async def run_async(
+    token: ProcessToken | None, fn: Callable[[Message], Awaitable[T]], msg: Message
+) -> T:
+    """``await fn(msg)`` with the token's span current; a plain await for None."""
+    if token is None:
+        return await fn(msg)
+    attached = otel_context.attach(token.context)
+    try:
+        return await fn(msg)
+    finally:
+        otel_context.detach(attached)
+
+
+class _PresetIds(IdGenerator):
+    """Gives out, once, a trace id we drew and sampled ourselves; else asks ``inner``.
+
+    So a ratio sampler can be decided before anything is built, and the SDK, sampling
+    the same trace id again, agrees (deciding twice on two ids would sample p**2).
+    """
+
+    def __init__(self, inner: IdGenerator) -> None:
+        self.inner = inner
+        self.local = threading.local()
+
+    def generate_trace_id(self) -> int:
+        preset: int = getattr(self.local, "trace_id", 0)
+        if preset:
+            self.local.trace_id = 0
+            return preset
+        return self.inner.generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        return self.inner.generate_span_id()
+
+    def is_trace_id_random(self) -> bool:
+        return self.inner.is_trace_id_random()
+
+
+def _no_sdk(provider: trace.TracerProvider) -> bool:
+    return isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
+def _is_proxy(provider: object) -> bool:
+    """A global provider nobody installed yet (tracing or metrics)."""
+    name = type(provider).__name__
+    return isinstance(provider, trace.ProxyTracerProvider) or name == "_ProxyMeterProvider"
+
+
+def _sampling_plan(
+    provider: trace.TracerProvider, tracer: trace.Tracer
+) -> tuple[int, int, bool, _PresetIds | None]:
+    """``(mode, bound, parent_based, preset ids)`` for the tracer's sampler.
+
+    RATIO: AlwaysOff or TraceIdRatioBased, bare or as the root of a default
+    ParentBased, decided by us first; GENERIC: the SDK decides (AlwaysOn, others).
+    """
+    if _no_sdk(provider) or isinstance(tracer, trace.NoOpTracer):
+        return _DISABLED, 0, False, None
+    if not isinstance(tracer, SdkTracer):
+        return _GENERIC, 0, False, None
+    root, parent_based = tracer.sampler, False
+    if isinstance(root, sampling.ParentBased):
+        on = ("_remote_parent_sampled", "_local_parent_sampled")
+        off = ("_remote_parent_not_sampled", "_local_parent_not_sampled")
+        if any(getattr(root, d, None) is not sampling.ALWAYS_ON for d in on) or any(
+            getattr(root, d, None) is not sampling.ALWAYS_OFF for d in off
+        ):
+            return _GENERIC, 0, False, None
+        root, parent_based = getattr(root, "_root", root), True
+    if root is sampling.ALWAYS_OFF:
+        return _RATIO, 0, parent_based, None
+    if type(root) is not sampling.TraceIdRatioBased or root.bound > _LIMIT:
+        return _GENERIC, 0, False, None
+    ids = tracer.id_generator
+    if type(ids) is RandomIdGenerator:
+        ids = tracer.id_generator = _PresetIds(ids)
+    if not isinstance(ids, _PresetIds):
+        return _GENERIC, 0, False, None  # custom ids (X-Ray...): let the SDK draw them
+    return _RATIO, root.bound, parent_based, ids
+
+
+def _server(attrs: dict[str, Any], address: str) -> dict[str, Any]:
+    """``attrs`` plus ``server.address`` and ``server.port`` of a ``host:port``."""
+    host, sep, port = address.rpartition(":")
+    if sep and port.isdigit():
+        attrs["server.address"], attrs["server.port"] = host.strip("[]"), int(port)
+    else:
+        attrs["server.address"] = address
+    return attrs
+
+
+class TaskInstrumentation:
+    """The ``process <topic>`` spans and the duration histogram of one task.
+
+    Args:
+        spec: the task; ``spec.envelope`` False never looks for an envelope, True or
+            None strip any valid one (raw bodies are never touched either way).
+        settings: ``trace_parent_mode`` and ``client_id`` are read from it.
+        tracer_provider, meter_provider: instead of the global ones (tests).
+        parent_mode: ``"link"`` or ``"parent"``, instead of the settings' value.
+        client_id: ``messaging.client.id``, instead of the settings' value.
+    """
+
+    def __init__(
+        self,
+        spec: TaskSpec,
+        settings: Settings | None = None,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+        parent_mode: str | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        self.spec = spec
+        self.enabled = True
+        """Always True: ``start`` also strips envelopes and notices a later SDK."""
+        self._unwrap = getattr(spec, "envelope", None) is not False
+        mode = parent_mode or getattr(settings, "trace_parent_mode", "link")
+        if mode not in ("link", "parent"):
+            raise ValueError(f"parent_mode must be 'link' or 'parent', got {mode!r}")
+        self._parent_mode = mode == "parent"
+        self.span_name = f"process {spec.topic}"
+        self._constant: dict[str, Any] = {
+            **_SYSTEM,
+            "messaging.operation.name": "process",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": spec.topic,
+            "messaging.consumer.group.name": spec.channel,
+        }
+        self._metric_base = dict(self._constant)
+        del self._metric_base["messaging.operation.type"]
+        client_id = client_id or getattr(settings, "client_id", None)
+        if client_id:
+            self._constant["messaging.client.id"] = client_id
+        self._metric_attrs: dict[str | None, dict[str, Any]] = {None: self._metric_base}
+        self._by_address: dict[str, dict[str, Any]] = {}
+        self._providers = (tracer_provider, meter_provider)
+        self._tracer: trace.Tracer = trace.NoOpTracer()
+        self._histogram: metrics.Histogram | None = None
+        self._preset: _PresetIds | None = None
+        self._mode, self._bound, self._parent_based = _DISABLED, 0, False
+        self._recheck, self._countdown = False, 0
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Look at the providers again; ``start`` does it every 256 messages while a
+        global provider is not installed, so one installed later is picked up."""
+        fixed_tp, fixed_mp = self._providers
+        tp = fixed_tp or trace.get_tracer_provider()
+        mp = fixed_mp or metrics.get_meter_provider()
+        self._recheck = (not fixed_tp and _is_proxy(tp)) or (not fixed_mp and _is_proxy(mp))
+        self._countdown = RECHECK_EVERY
+        self._tracer = tp.get_tracer(SCOPE, __version__)
+        plan = _sampling_plan(tp, self._tracer)
+        self._mode, self._bound, self._parent_based, self._preset = plan
+        if self._histogram is None and isinstance(mp, SdkMeterProvider):
+            self._histogram = mp.get_meter(SCOPE, __version__).create_histogram(
+                "messaging.process.duration",
+                unit="s",
+                description="Duration of processing one message (the handler's run time).",
+                explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+            )
+
+    def start(self, msg: Message) -> ProcessToken | None:
+        """Strip a trace envelope off ``msg.body``; start the span if it is sampled."""
+        carrier = None
+        if self._unwrap and msg.body.startswith(ENVELOPE_MAGIC):
+            msg.body, carrier = unwrap_envelope(msg.body)
+        if self._recheck:
+            self._countdown -= 1
+            if self._countdown <= 0:
+                self.refresh()
+        if not self._mode:  # _DISABLED
+            return None
+        parent = None
+        if carrier is not None and self._parent_mode:
+            parent = propagate.extract(carrier)
+        if self._mode == _RATIO and not self._presample(parent):
+            return None
+        attrs = self._by_address.get(msg.nsqd_address) or self._address_attrs(msg.nsqd_address)
+        attrs = attrs.copy()
+        attrs["messaging.message.id"] = msg.id_bytes.decode()
+        attrs["messaging.nsq.message.attempts"] = msg.attempts
+        attrs["messaging.message.body.size"] = len(msg.body)
+        links: tuple[Link, ...] = ()
+        if carrier is not None and not self._parent_mode:
+            remote = trace.get_current_span(propagate.extract(carrier)).get_span_context()
+            if remote.is_valid:
+                links = (Link(remote),)
+        span = self._tracer.start_span(self.span_name, parent, SpanKind.CONSUMER, attrs, links)
+        if self._preset is not None:
+            self._preset.local.trace_id = 0  # left over if the tracer is disabled
+        if not span.is_recording():
+            return None
+        return ProcessToken(span, trace.set_span_in_context(span, parent), msg)
+
+    def _presample(self, parent: otel_context.Context | None) -> bool:
+        """Decide as the SDK's sampler will, before paying for attributes and a span."""
+        ctx = otel_context.get_current() if parent is None else parent
+        if ctx:  # an empty Context holds no parent span: skip the lookup
+            span_ctx = trace.get_current_span(ctx).get_span_context()
+            if span_ctx.is_valid:
+                if self._parent_based:
+                    return span_ctx.trace_flags.sampled
+                return (span_ctx.trace_id & _LIMIT) < self._bound
+        if self._preset is None:  # AlwaysOff
+            return False
+        trace_id = getrandbits(128) or 1
+        if (trace_id & _LIMIT) >= self._bound:
+            return False
+        self._preset.local.trace_id = trace_id
+        return True
+
+    def _address_attrs(self, address: str) -> dict[str, Any]:
+        attrs = _server(dict(self._constant), address)
+        if len(self._by_address) < 1024:
+            self._by_address[address] = attrs
+        return attrs
+
+    def end(
+        self,
+        token: ProcessToken | None,
+        outcome: Outcome | None,
+        error: BaseException | None,
+        duration: float,
+    ) -> None:
+        """Record ``duration`` (seconds); end the token's span with the outcome.
+
+        ``outcome`` is what was sent to nsqd (None: the handler answered itself),
+        ``error`` the exception the handler raised, if any.
+        """
+        error_type = None if error is None else type(error).__qualname__
+        if self._histogram is not None:
+            attrs = self._metric_attrs.get(error_type)
+            if attrs is None:
+                attrs = {**self._metric_base, "error.type": error_type}
+                self._metric_attrs[error_type] = attrs
+            self._histogram.record(duration, attrs)
+        if token is None:
+            return
+        span = token.span
+        touches = token.message.touch_count
+        if touches:  # absent means none: an attribute set after start costs a few us
+            span.set_attribute("messaging.nsq.message.touches", touches)
+        failed = error is not None
+        if outcome is FINISH:
+            span.add_event("fin")
+        elif isinstance(outcome, Requeue):
+            event: dict[str, Any] = {"messaging.nsq.requeue.backoff": outcome.backoff}
+            if outcome.delay is not None:
+                event["messaging.nsq.requeue.delay"] = float(outcome.delay)
+            span.add_event("req", event)
+            failed = failed or outcome.backoff
+        elif isinstance(outcome, GiveUp):
+            span.add_event("dead_letter", {"messaging.nsq.dead_letter.reason": outcome.reason})
+            failed = True
+        if error is not None:
+            span.set_attribute("error.type", error_type or "")
+            span.record_exception(error)
+        if failed:
+            span.set_status(Status(StatusCode.ERROR, str(error or outcome)[:200]))
+        span.end()
+
+
+# --- producer ------------------------------------------------------------------------
+
+
+class ProducerInstrumentation:
+    """``send <topic>`` spans, the trace envelope and the sent-messages count.
+
+    ``nsqworker.producer`` runs each publish inside ``with inst(call):``. By hand:
+    ``span = inst.start_send(topic, n)``; ``bodies = inst.wrap(bodies, span)`` when
+    ``envelope``; send; ``inst.end_send(span, error, topic=topic, sent=n)``.
+    """
+
+    def __init__(
+        self,
+        *,
+        envelope: bool = False,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        self.envelope = envelope
+        self._fixed = tracer_provider
+        self._provider: trace.TracerProvider | None = None
+        self._tracer: trace.Tracer = trace.NoOpTracer()
+        self._sent: dict[tuple[str, str | None], int] = {}
+        _hub(meter_provider).producers.add(self)
+
+    def start_send(
+        self, topic: str, count: int = 1, address: str | None = None, *, batch: bool = False
+    ) -> Span | None:
+        """Start the PRODUCER span of one publish (``batch``: one MPUB of ``count``)."""
+        provider = self._fixed or trace.get_tracer_provider()
+        if provider is not self._provider:
+            self._provider, self._tracer = provider, provider.get_tracer(SCOPE, __version__)
+        if _no_sdk(provider) or isinstance(self._tracer, trace.NoOpTracer):
+            return None
+        attrs: dict[str, Any] = {
+            **_SYSTEM,
+            "messaging.operation.name": "send",
+            "messaging.operation.type": "send",
+            "messaging.destination.name": topic,
+        }
+        if batch:
+            attrs["messaging.batch.message_count"] = count
+        if address:
+            _server(attrs, address)
+        span = self._tracer.start_span(f"send {topic}", kind=SpanKind.PRODUCER, attributes=attrs)
+        return span if span.is_recording() else None
+
+    def wrap(
+        self, bodies: list[bytes], span: Span | None, content_type: str | None = None
+    ) -> list[bytes]:
+        """``bodies`` in envelopes carrying the send span's context (else the current)."""
+        headers: dict[str, str] = {}
+        propagate.inject(headers, None if span is None else trace.set_span_in_context(span))
+        if content_type:
+            headers["content-type"] = content_type
+        return [wrap_envelope(body, headers) for body in bodies]
+
+    def end_send(
+        self,
+        span: Span | None,
+        error: BaseException | None = None,
+        *,
+        topic: str | None = None,
+        address: str | None = None,
+        sent: int = 0,
+        failed: int = 0,
+    ) -> None:
+        """End the span; count ``sent`` and ``failed`` messages of ``topic``."""
+        error_type = None if error is None else type(error).__qualname__
+        if topic is not None:
+            for key, n in (((topic, None), sent), ((topic, error_type), failed)):
+                if n:
+                    self._sent[key] = self._sent.get(key, 0) + n
+        if span is None:
+            return
+        if address:
+            span.set_attributes(_server({}, address))
+        if error is not None:
+            span.set_attribute("error.type", error_type or "")
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
+        span.end()
+
+    def sent_counts(self) -> dict[tuple[str, str | None], int]:
+        """Messages sent so far by ``(topic, error type or None)``."""
+        return dict(self._sent)
+
+    @contextmanager
+    def __call__(self, call: PublishCall) -> Iterator[Span | None]:
+        """The ``nsqworker.producer`` seam: span, envelope and count of one call."""
+        batch = call.operation == "MPUB"
+        span = self.start_send(call.topic, len(call.bodies), call.nsqd_address, batch=batch)
+        if span is not None and call.delay_ms is not None:
+            span.set_attribute("messaging.nsq.message.delay", call.delay_ms / 1000)
+        if call.envelope:
+            call.bodies = self.wrap(call.bodies, span, getattr(call, "content_type", None))
+        try:
+            yield span
+        except BaseException as exc:
+            unsent = len(call.bodies) - call.published
+            self.end_send(span, exc, topic=call.topic, address=call.nsqd_address,
+                          sent=call.published, failed=unsent)  # fmt: skip
+            raise
+        self.end_send(span, topic=call.topic, address=call.nsqd_address, sent=call.published)
+
+
+def producer_instrumentation(envelope: bool = False) -> ProducerInstrumentation:
+    """The hook ``nsqworker.producer`` calls once per Producer."""
+    return ProducerInstrumentation(envelope=envelope)
+
+
+# --- metrics, read from the worker's own stats -------------------------------------
+
+# (WorkerStats.as_dict() task key, instrument, kind, unit, description)
+_WORKER_INSTRUMENTS = (
+    ("received", "messaging.client.consumed.messages", "counter", "{message}", "Delivered."),
+    ("finished", "nsqworker.messages.finished", "counter", "{message}", "Answered with FIN."),
+    ("requeued", "nsqworker.messages.requeued", "counter", "{message}", "Answered with REQ."),
+    ("dead_lettered", "nsqworker.messages.dead_lettered", "counter", "{message}", "Given up."),
+    ("in_flight", "nsqworker.messages.in_flight", "updown", "{message}", "Not yet answered."),
+    ("rdy", "nsqworker.rdy", "updown", "{message}", "RDY granted, all connections."),
+    ("connections", "nsqworker.connections", "updown", "{connection}", "Open nsqd connections."),
+    ("backoff_level", "nsqworker.backoff.level", "gauge", "{level}", "Backoff level; 0 = none."),
+)
+
+
+class _Hub:
+    """The observable instruments of one MeterProvider and the objects they read."""
+
+    def __init__(self, provider: metrics.MeterProvider) -> None:
+        self.workers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.producers: weakref.WeakSet[ProducerInstrumentation] = weakref.WeakSet()
+        self._cache: tuple[float, list[Any]] = (-1.0, [])
+        meter = provider.get_meter(SCOPE, __version__)
+        create = {
+            "counter": meter.create_observable_counter,
+            "updown": meter.create_observable_up_down_counter,
+            "gauge": meter.create_observable_gauge,
+        }
+        for key, name, kind, unit, doc in _WORKER_INSTRUMENTS:
+            create[kind](name, [self._reader(key)], unit=unit, description=doc)
+        meter.create_observable_counter(
+            "messaging.client.sent.messages",
+            [self._read_sent],
+            unit="{message}",
+            description="Messages the producers attempted to send.",
+        )
+
+    def forget(self) -> None:
+        """Drop the cached snapshot (the set of workers changed)."""
+        self._cache = (-1.0, [])
+
+    def _tasks(self) -> list[Any]:
+        """Every registered worker's per-task stats, read once per collection."""
+        now = time.monotonic()
+        if now - self._cache[0] > 0.2:
+            from nsqworker.health import task_stats
+
+            tasks: list[Any] = []
+            for worker in list(self.workers):
+                snapshot = worker.stats()
+                as_dict = getattr(snapshot, "as_dict", None)
+                tasks += task_stats(as_dict() if as_dict is not None else snapshot)
+            self._cache = (now, tasks)
+        return self._cache[1]
+
+    def _reader(self, key: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def read(options: CallbackOptions) -> Iterator[Observation]:
+            totals: dict[tuple[str, str, str], int] = {}
+            for t in self._tasks():
+                ident = (t.task, t.topic, t.channel)
+                totals[ident] = totals.get(ident, 0) + t.counters.get(key, t.gauges.get(key, 0))
+            for (task, topic, channel), value in totals.items():
+                yield Observation(value, {
+                    **_SYSTEM,
+                    "messaging.operation.name": "process",
+                    "messaging.destination.name": topic,
+                    "messaging.consumer.group.name": channel,
+                    "nsqworker.task": task,
+                })  # fmt: skip
+
+        return read
+
+    def _read_sent(self, options: CallbackOptions) -> Iterator[Observation]:
+        totals: dict[tuple[str, str | None], int] = {}
+        for producer in list(self.producers):
+            for key, n in producer.sent_counts().items():
+                totals[key] = totals.get(key, 0) + n
+        for (topic, error_type), n in totals.items():
+            attrs = {**_SYSTEM, "messaging.operation.name": "send"}
+            attrs["messaging.destination.name"] = topic
+            if error_type is not None:
+                attrs["error.type"] = error_type
+            yield Observation(n, attrs)
+
+
+_HUBS: dict[int, tuple[metrics.MeterProvider | None, _Hub]] = {}
+_HUBS_LOCK = threading.Lock()
+
+
+def _hub(meter_provider: metrics.MeterProvider | None) -> _Hub:
+    """One hub per explicit provider, one for the global provider (key 0), whose
+    instruments, made through the API's proxy, follow an SDK installed later."""
+    key = 0 if meter_provider is None else id(meter_provider)
+    with _HUBS_LOCK:
+        entry = _HUBS.get(key)
+        if entry is None or entry[0] is not meter_provider:
+            provider = meter_provider or metrics.get_meter_provider()
+            entry = _HUBS[key] = (meter_provider, _Hub(provider))
+        return entry[1]
+
+
+def register_worker_metrics(
+    worker: Any, meter_provider: metrics.MeterProvider | None = None
+) -> Callable[[], None]:
+    """Expose ``worker.stats()`` as OpenTelemetry observable counters and gauges.
+
+    Nothing is counted here: each collection reads the worker's ``WorkerStats``
+    snapshot (``as_dict()``), the numbers ``/metrics`` serves. Returns a function that
+    unregisters the worker (also dropped when it is garbage collected).
+    """
+    hub = _hub(meter_provider)
+    hub.workers.add(worker)
+    hub.forget()
+
+    def unregister() -> None:
+        hub.workers.discard(worker)
+        hub.forget()
+
+    return unregister
+
+
+# --- SDK setup for `nsqworker run` --------------------------------------------------
+
+
+def configure_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Install SDK providers from the standard ``OTEL_*`` variables, when asked to.
+
+    Traces go over OTLP/HTTP through a BatchSpanProcessor when
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set
+    (``OTEL_TRACES_EXPORTER=console`` prints them, ``none`` turns them off); the SDK
+    reads ``OTEL_TRACES_SAMPLER``/``_ARG``, ``OTEL_SERVICE_NAME`` and
+    ``OTEL_RESOURCE_ATTRIBUTES`` itself (the service is ``nsqworker`` if unnamed).
+    Metrics likewise, with ``OTEL_METRICS_EXPORTER`` and ``..._METRICS_ENDPOINT``.
+    Providers the application installed are left alone, as is everything when
+    ``OTEL_SDK_DISABLED=true``. Returns what it installed: ``{"traces": "otlp", ...}``.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return {}
+    tracing = _pick(env, "TRACES") if _is_proxy(trace.get_tracer_provider()) else None
+    metric = _pick(env, "METRICS") if _is_proxy(metrics.get_meter_provider()) else None
+    if not tracing and not metric:
+        return {}
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+    resource = Resource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: "nsqworker"}))
+    if tracing:
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+        provider = SdkTracerProvider(resource=resource)
+        provider.add_span_processor(BatchSpanProcessor(
+            ConsoleSpanExporter() if tracing == "console" else _otlp("trace_exporter", "Span")
+        ))  # fmt: skip
+        trace.set_tracer_provider(provider)
+    if metric:
+        from opentelemetry.sdk.metrics.export import (
+            ConsoleMetricExporter,
+            PeriodicExportingMetricReader,
+        )
+
+        kind = "metric_exporter", "Metric"
+        reader = PeriodicExportingMetricReader(
+            ConsoleMetricExporter() if metric == "console" else _otlp(*kind)
+        )
+        metrics.set_meter_provider(SdkMeterProvider(metric_readers=[reader], resource=resource))
+    return {k: v for k, v in (("traces", tracing), ("metrics", metric)) if v}
+
+
+def _pick(env: Mapping[str, str], signal: str) -> str | None:
+    choice = env.get(f"OTEL_{signal}_EXPORTER", "otlp").split(",")[0].strip().lower()
+    endpoints = ("OTEL_EXPORTER_OTLP_ENDPOINT", f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+    if choice == "otlp" and any(env.get(name) for name in endpoints):
+        return "otlp"
+    return "console" if choice == "console" else None
+
+
+def _otlp(module: str, kind: str) -> Any:
+    """``OTLP<kind>Exporter()`` over HTTP; it reads its ``OTEL_EXPORTER_OTLP_*`` itself."""
+    import importlib
+
+    exporters = importlib.import_module(f"opentelemetry.exporter.otlp.proto.http.{module}")
+    return getattr(exporters, f"OTLP{kind}Exporter")()

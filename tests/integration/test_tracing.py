@@ -1,0 +1,139 @@
+"""Trace context across a real nsqd: the envelope round trip, link and parent modes, and
+raw bodies from other clients left untouched."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import structlog
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from nsqworker.message import Message
+from nsqworker.producer import Producer
+from nsqworker.settings import Settings
+from nsqworker.task import Registry
+from nsqworker.telemetry import ProducerInstrumentation
+from nsqworker.testing import NsqdProcess
+from nsqworker.worker import Worker
+
+CHANNEL = "traced"
+NOT_AN_ENVELOPE = b"\xc1\xffNW\x01" + b"\x00\x04" + b"a=b!" + b"\x00\x00\x00\x00raw bytes"
+
+
+@pytest.fixture(autouse=True)
+def quiet_logs() -> Iterator[None]:
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(50))
+    yield
+    structlog.configure(**saved)
+
+
+@pytest.fixture
+def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    """An SDK provider seen as the global one by nsqworker, without installing it for
+    good (the global provider can be set only once per process)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    yield provider, exporter
+    provider.shutdown()
+
+
+def settings(nsqd: NsqdProcess, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "nsqd_tcp_addresses": [nsqd.tcp_address],
+        "reconnect_delay": 0.05,
+        "dial_timeout": 2.0,
+        "drain_timeout": 5.0,
+    }
+    return Settings(**(values | overrides))
+
+
+async def wait_until(predicate: Callable[[], Any], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
+    return [s for s in exporter.get_finished_spans() if s.name == name]
+
+
+def recording_task(reg: Registry, topic: str, seen: list[tuple[bytes, trace.SpanContext]]) -> None:
+    @reg.task(topic, channel=CHANNEL)
+    async def handle(msg: Message) -> None:
+        seen.append((msg.body, trace.get_current_span().get_span_context()))
+
+
+async def test_envelope_links_the_process_span_and_raw_bodies_stay_raw(
+    nsqd: NsqdProcess, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = spans
+    topic = "traced_link"
+    nsqd.create_channel(topic, CHANNEL)
+    producer = ProducerInstrumentation(envelope=True, tracer_provider=provider)
+    send_span = producer.start_send(topic)
+    assert send_span is not None
+    (wrapped,) = producer.wrap([b'{"id": 7}'], send_span, "application/json")
+    nsqd.publish(topic, wrapped)  # over HTTP, as any client could
+    producer.end_send(send_span, topic=topic, sent=1)
+    nsqd.publish(topic, b'{"id": 8}')
+    nsqd.publish(topic, NOT_AN_ENVELOPE)
+
+    reg = Registry()
+    seen: list[tuple[bytes, trace.SpanContext]] = []
+    recording_task(reg, topic, seen)
+    async with Worker(reg, settings(nsqd)):
+        await wait_until(lambda: len(seen) == 3)
+
+    bodies = dict(seen)
+    assert set(bodies) == {b'{"id": 7}', b'{"id": 8}', NOT_AN_ENVELOPE}
+    sent = send_span.get_span_context()
+    processed = {s.context.span_id: s for s in named(exporter, f"process {topic}")}
+    assert len(processed) == 3
+
+    enveloped = processed[bodies[b'{"id": 7}'].span_id]  # the handler ran inside its span
+    assert enveloped.parent is None
+    assert [(link.context.trace_id, link.context.span_id) for link in enveloped.links] == [
+        (sent.trace_id, sent.span_id)
+    ]
+    assert enveloped.attributes["server.port"] == nsqd.tcp_port  # type: ignore[index]
+    for raw in (b'{"id": 8}', NOT_AN_ENVELOPE):
+        span = processed[bodies[raw].span_id]
+        assert not span.links
+        assert span.attributes["messaging.message.body.size"] == len(raw)  # type: ignore[index]
+
+
+async def test_parent_mode_through_the_producer(
+    nsqd: NsqdProcess, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    _, exporter = spans
+    topic = "traced_parent"
+    nsqd.create_channel(topic, CHANNEL)
+    async with Producer([nsqd.tcp_address], envelope=True) as producer:
+        await producer.publish(topic, b"hello")
+    (send_span,) = named(exporter, f"send {topic}")
+    assert send_span.kind is trace.SpanKind.PRODUCER
+    assert send_span.attributes["server.address"] == "127.0.0.1"  # type: ignore[index]
+
+    reg = Registry()
+    seen: list[tuple[bytes, trace.SpanContext]] = []
+    recording_task(reg, topic, seen)
+    async with Worker(reg, settings(nsqd, trace_parent_mode="parent")):
+        await wait_until(lambda: seen)
+
+    [(body, current)] = seen
+    assert body == b"hello"
+    (process,) = named(exporter, f"process {topic}")
+    assert process.context.trace_id == send_span.context.trace_id == current.trace_id
+    assert process.parent is not None and process.parent.span_id == send_span.context.span_id
+    assert [e.name for e in process.events] == ["fin"]
