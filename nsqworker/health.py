@@ -1,0 +1,359 @@
+"""Health and metrics over HTTP: ``/livez``, ``/readyz`` and ``/metrics``.
+
+Two parts, both usable without worker processes:
+
+* :class:`WorkerMetrics` keeps the latest stats snapshot of every worker process
+  (``WorkerStats.as_dict()``, sent by each child with its heartbeat) and is a
+  ``prometheus_client`` collector over them. Counters and the duration histogram are
+  summed over processes, and a process that dies has its last snapshot added to a
+  *retired* total, so counters never go down when a child is replaced.
+* :class:`HealthServer` serves the three endpoints from a daemon thread with the
+  standard library's WSGI server.
+
+Metric names follow the OpenTelemetry messaging conventions where one exists, as an
+OpenTelemetry-to-Prometheus exporter would write them (dots become underscores, the unit
+is suffixed); the rest are ``nsqworker_*``. ``docs/running.md`` lists them all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIEnvironment
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+__all__ = ["HealthServer", "ReadyCheck", "TaskStats", "WorkerMetrics", "task_stats"]
+
+#: ``is_ready()`` answers ``(ready, details)``; details become the JSON body of /readyz.
+ReadyCheck = Callable[[], tuple[bool, Mapping[str, Any]]]
+
+TASK_LABELS = ("task", "topic", "channel")
+OTEL_LABELS = (
+    "task",
+    "messaging_system",
+    "messaging_operation_name",
+    "messaging_destination_name",
+    "messaging_consumer_group_name",
+)
+
+# (snapshot key, metric name without _total, help): summed over processes, retired kept.
+COUNTERS = (
+    ("received", "nsqworker_messages_received", "Messages nsqd delivered to the task."),
+    ("finished", "nsqworker_messages_finished", "Messages answered with FIN after success."),
+    ("requeued", "nsqworker_messages_requeued", "Messages answered with REQ (retry later)."),
+    (
+        "dead_lettered",
+        "nsqworker_messages_dead_lettered",
+        "Messages given up on: rejected or out of attempts, dead-letter hooks called.",
+    ),
+)
+# (snapshot key, metric name, help, how processes combine): live processes only.
+GAUGES = (
+    ("in_flight", "nsqworker_messages_in_flight", "Messages received and not yet answered.", sum),
+    ("rdy", "nsqworker_rdy", "RDY count granted to nsqd, over all connections.", sum),
+    ("connections", "nsqworker_connections", "Open nsqd connections of the task.", sum),
+    ("backoff_level", "nsqworker_backoff_level", "Consumer backoff level; 0 = none.", max),
+)
+
+
+@dataclass
+class TaskStats:
+    """One task's numbers in one snapshot, or summed over several."""
+
+    task: str
+    topic: str
+    channel: str
+    counters: dict[str, int] = field(default_factory=dict)
+    gauges: dict[str, int] = field(default_factory=dict)
+    subscribed: bool = False
+    #: handler duration histogram: upper bound (``inf`` last) -> count in that bucket
+    buckets: dict[float, int] = field(default_factory=dict)
+    duration_sum: float = 0.0
+
+    def add_totals(self, other: TaskStats) -> None:
+        """Add ``other``'s counters and histogram to this one's (gauges are not added)."""
+        for key, value in other.counters.items():
+            self.counters[key] = self.counters.get(key, 0) + value
+        for bound, count in other.buckets.items():
+            self.buckets[bound] = self.buckets.get(bound, 0) + count
+        self.duration_sum += other.duration_sum
+
+
+def task_stats(snapshot: Mapping[str, Any]) -> list[TaskStats]:
+    """Read the per-task numbers of one ``WorkerStats.as_dict()`` snapshot.
+
+    Tolerant of missing keys (a number that is absent counts as 0), so the health
+    layer never fails because a snapshot is older or newer than this code.
+    """
+    tasks = snapshot.get("tasks") or {}
+    items = tasks.items() if isinstance(tasks, Mapping) else ((t.get("name"), t) for t in tasks)
+    result = []
+    for name, raw in items:
+        stats = TaskStats(
+            task=str(raw.get("name", name)),
+            topic=str(raw.get("topic", "")),
+            channel=str(raw.get("channel", "")),
+            counters={key: int(raw.get(key) or 0) for key, _, _ in COUNTERS},
+            gauges={key: int(raw.get(key) or 0) for key, _, _, _ in GAUGES},
+            subscribed=bool(raw.get("subscribed", False)),
+        )
+        stats.buckets, stats.duration_sum = _histogram(raw.get("duration") or {})
+        result.append(stats)
+    return result
+
+
+def _histogram(raw: Mapping[str, Any]) -> tuple[dict[float, int], float]:
+    """``{"buckets": [bounds], "counts": [per bucket, +Inf last], "sum": s}`` as a dict."""
+    bounds = [float(b) for b in raw.get("buckets") or ()]
+    counts = [int(c) for c in raw.get("counts") or ()]
+    if not bounds or not math.isinf(bounds[-1]):
+        bounds.append(math.inf)
+    return dict(zip(bounds, counts, strict=False)), float(raw.get("sum") or 0.0)
+
+
+class WorkerMetrics(Collector):
+    """The latest stats of every live worker process, plus the totals of dead ones.
+
+    Thread-safe: the supervisor loop calls :meth:`update` and :meth:`retire`, the HTTP
+    thread calls :meth:`collect`.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[int, list[TaskStats]] = {}
+        self._retired: dict[str, TaskStats] = {}
+        self.restarts = 0
+        """Processes started to replace one that died."""
+        self.alive = 0
+        """Processes running now (set by the supervisor)."""
+
+    def update(self, key: int, snapshot: Mapping[str, Any]) -> None:
+        """Store process ``key``'s latest snapshot."""
+        tasks = task_stats(snapshot)
+        with self._lock:
+            self._live[key] = tasks
+
+    def retire(self, key: int) -> None:
+        """Process ``key`` is gone: keep its counters in the retired totals."""
+        with self._lock:
+            for stats in self._live.pop(key, []):
+                total = self._retired.setdefault(
+                    stats.task, TaskStats(stats.task, stats.topic, stats.channel)
+                )
+                total.add_totals(stats)
+
+    def snapshots(self) -> dict[int, list[TaskStats]]:
+        """A copy of the live processes' latest per-task stats, by process key."""
+        with self._lock:
+            return {key: list(tasks) for key, tasks in self._live.items()}
+
+    def totals(self) -> list[TaskStats]:
+        """Per task: counters and histogram summed over live and retired processes,
+        gauges combined over live processes (summed, backoff level the maximum)."""
+        with self._lock:
+            live = [stats for tasks in self._live.values() for stats in tasks]
+            retired = list(self._retired.values())
+        merged: dict[str, TaskStats] = {}
+        for stats in [*retired, *live]:
+            total = merged.setdefault(stats.task, TaskStats(stats.task, stats.topic, stats.channel))
+            total.add_totals(stats)
+        for key, _, _, combine in GAUGES:
+            for name, total in merged.items():
+                values = [s.gauges.get(key, 0) for s in live if s.task == name]
+                total.gauges[key] = combine(values) if values else 0
+        return [merged[name] for name in sorted(merged)]
+
+    def describe(self) -> Iterable[Metric]:
+        """No fixed description: the metrics depend on the tasks seen."""
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        """Yield every metric family, built from the current snapshots."""
+        totals = self.totals()
+        yield from self._counter_families(totals)
+        yield from self._gauge_families(totals)
+        yield self._duration_family(totals)
+        yield GaugeMetricFamily(
+            "nsqworker_workers_alive", "Worker processes running now.", value=self.alive
+        )
+        yield CounterMetricFamily(
+            "nsqworker_worker_restarts",
+            "Worker processes started to replace one that died.",
+            value=self.restarts,
+        )
+
+    @staticmethod
+    def _counter_families(totals: list[TaskStats]) -> Iterator[Metric]:
+        consumed = CounterMetricFamily(
+            "messaging_client_consumed_messages",
+            "Messages delivered to a consumer (OpenTelemetry messaging.client.consumed.messages).",
+            labels=OTEL_LABELS,
+        )
+        for t in totals:
+            consumed.add_metric(_otel_labels(t), t.counters.get("received", 0))
+        yield consumed
+        for key, name, doc in COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=TASK_LABELS)
+            for t in totals:
+                family.add_metric([t.task, t.topic, t.channel], t.counters.get(key, 0))
+            yield family
+
+    @staticmethod
+    def _gauge_families(totals: list[TaskStats]) -> Iterator[Metric]:
+        for key, name, doc, _ in GAUGES:
+            family = GaugeMetricFamily(name, doc, labels=TASK_LABELS)
+            for t in totals:
+                family.add_metric([t.task, t.topic, t.channel], t.gauges.get(key, 0))
+            yield family
+
+    @staticmethod
+    def _duration_family(totals: list[TaskStats]) -> Metric:
+        family = HistogramMetricFamily(
+            "messaging_process_duration",
+            "Handler run time (OpenTelemetry messaging.process.duration).",
+            labels=OTEL_LABELS,
+            unit="seconds",
+        )
+        for t in totals:
+            cumulative, running = [], 0
+            buckets = t.buckets or {math.inf: 0}
+            for bound in sorted(buckets):
+                running += buckets[bound]
+                cumulative.append((_bound_text(bound), float(running)))
+            if not math.isinf(max(buckets)):
+                cumulative.append(("+Inf", float(running)))
+            family.add_metric(_otel_labels(t), cumulative, sum_value=t.duration_sum)
+        return family
+
+
+def _otel_labels(t: TaskStats) -> list[str]:
+    return [t.task, "nsq", "process", t.topic, t.channel]
+
+
+def _bound_text(bound: float) -> str:
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Probes every few seconds should not fill the log with access lines."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    """One thread per request, so a slow scrape never blocks a probe."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _IPv6Server(_ThreadingServer):
+    address_family = socket.AF_INET6
+
+
+class HealthServer:
+    """Serve ``/livez``, ``/readyz`` and ``/metrics`` from a daemon thread.
+
+    ``/livez`` (also ``/healthz``) is 200 while ``is_live()`` is true, else 503.
+    ``/readyz`` is 200 when ``is_ready()`` says so, else 503; both bodies are the JSON
+    details ``is_ready()`` returns. ``/metrics`` is the Prometheus text (or OpenMetrics,
+    by the Accept header) of ``collector``.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        is_live: Callable[[], bool],
+        is_ready: ReadyCheck,
+        collector: Collector,
+    ) -> None:
+        self.host = host
+        self._requested_port = port
+        self._is_live = is_live
+        self._is_ready = is_ready
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        self._metrics_app = make_wsgi_app(registry)
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (the one asked for, or the one chosen for port 0)."""
+        if self._server is None:
+            return self._requested_port
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        """Bind and start serving; raises ``OSError`` when the port cannot be bound."""
+        server_class = _IPv6Server if ":" in self.host else _ThreadingServer
+        host = self.host.strip("[]")
+        self._server = make_server(
+            host, self._requested_port, self._app, server_class, _QuietHandler
+        )
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="nsqworker-health",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = None
+
+    def __enter__(self) -> HealthServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _app(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/").rstrip("/") or "/"
+        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+            return _reply(start_response, 405, {"error": "use GET"})
+        if path in ("/livez", "/healthz"):
+            live = self._is_live()
+            return _reply(start_response, 200 if live else 503, {"live": live})
+        if path == "/readyz":
+            ready, details = self._is_ready()
+            return _reply(start_response, 200 if ready else 503, {"ready": ready, **details})
+        if path == "/metrics":
+            body: Iterable[bytes] = self._metrics_app(environ, start_response)
+            return body
+        return _reply(start_response, 404, {"error": "try /livez, /readyz or /metrics"})
+
+
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+
+
+def _reply(start_response: StartResponse, status: int, body: Mapping[str, Any]) -> list[bytes]:
+    data = (json.dumps(body, separators=(",", ":"), default=str) + "\n").encode()
+    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+    start_response(f"{status} {_REASONS[status]}", headers)
+    return [data]

@@ -1,0 +1,555 @@
+"""``nsqworker run``: a supervisor process and its worker processes.
+
+The supervisor imports the task module once to check it, serves ``/livez``,
+``/readyz`` and ``/metrics``, and keeps ``settings.workers`` child processes running,
+each a :class:`~nsqworker.worker.Worker` with every task. It is one loop over a signal
+queue and a list of children; signal handlers only record the signal.
+
+* A child sends its stats over a pipe every second from its event loop, so a child
+  whose loop hangs stops sending and is killed after ``hung_timeout`` seconds.
+* A child that dies is replaced after a delay that doubles per death of that worker
+  (0.5 s up to 30 s; back to 0.5 s once a child lived 60 s). ``crash_limit`` deaths
+  within ``crash_window`` seconds end the supervisor with exit code 1.
+* SIGTERM or the first Ctrl-C drains: each child gets SIGTERM (its Worker stops taking
+  messages, finishes or REQs the ones in flight within ``drain_timeout``, exits 0);
+  stragglers are killed ``drain_timeout + 5`` s later. A second Ctrl-C kills at once.
+
+Exit codes: 0 drained, 1 crash loop, 2 usage / import / settings error, 130 forced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any
+
+from nsqworker.health import HealthServer, WorkerMetrics
+from nsqworker.logging import configure_logging, get_logger
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+    from nsqworker.task import Registry
+    from nsqworker.worker import Worker
+
+__all__ = [
+    "EXIT_CRASH_LOOP",
+    "EXIT_FORCED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "Policy",
+    "Supervisor",
+    "run",
+]
+
+log = get_logger(__name__)
+
+EXIT_OK = 0
+EXIT_CRASH_LOOP = 1
+EXIT_USAGE = 2
+EXIT_FORCED = 130
+#: Seconds the supervisor waits for children beyond ``drain_timeout`` before SIGKILL.
+DRAIN_MARGIN = 5.0
+#: ``/livez`` fails when the supervisor loop has not turned for this many seconds.
+LIVE_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the supervisor watches and replaces its children."""
+
+    hung_timeout: float = 60.0
+    """Seconds without a heartbeat before a child is killed (SIGKILL) and replaced."""
+    crash_limit: int = 5
+    """Deaths within ``crash_window`` that end the supervisor (exit code 1)."""
+    crash_window: float = 60.0
+    """Seconds over which deaths are counted."""
+    restart_delay: float = 0.5
+    """Delay before the first replacement; doubles per death of the same worker."""
+    max_restart_delay: float = 30.0
+    """Cap on the replacement delay."""
+    stable_after: float = 60.0
+    """A child that lived this long resets its worker's replacement delay."""
+    boot_timeout: float = 60.0
+    """Seconds a new child has to send its first heartbeat (imports, connecting), if
+    longer than ``hung_timeout``."""
+    heartbeat_interval: float = 1.0
+    """Seconds between a child's stats messages."""
+
+
+# ---------------------------------------------------------------------------- the child
+
+
+@dataclass(frozen=True)
+class _ChildSpec:
+    """What a child process needs; pickled to it by the spawn start method."""
+
+    target: str
+    settings: Settings
+    index: int
+    heartbeat_interval: float
+
+
+def _child_main(spec: _ChildSpec, conn: Connection) -> None:
+    """Entry point of a worker process: run a Worker until SIGTERM, then exit 0."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides what Ctrl-C means
+    settings = spec.settings
+    configure_logging(settings.log_level, settings.log_format)
+    from nsqworker.task import TaskImportError, load_registry
+
+    try:
+        registry = load_registry(spec.target)
+    except TaskImportError as exc:
+        log.error("worker could not import its tasks", worker=spec.index, error=str(exc))
+        sys.exit(EXIT_USAGE)
+    # After the import: a tracer provider the application sets up itself wins, since
+    # OpenTelemetry lets the global provider be set only once.
+    configure_telemetry()
+    from nsqworker.worker import event_loop_factory
+
+    try:
+        with asyncio.Runner(loop_factory=event_loop_factory(settings)) as runner:
+            runner.run(_serve(registry, settings, conn, spec.heartbeat_interval))
+    except Exception:
+        log.exception("worker failed", worker=spec.index)
+        sys.exit(1)
+    sys.exit(0)
+
+
+def configure_telemetry() -> None:
+    """Set up OpenTelemetry from the ``OTEL_*`` environment variables."""
+    from nsqworker.telemetry import configure_from_env
+
+    configure_from_env()
+
+
+async def _serve(registry: Registry, settings: Settings, conn: Connection, interval: float) -> None:
+    from nsqworker.worker import Worker
+
+    worker = Worker(registry, settings)
+    beat = _Heartbeat(worker, conn, interval)
+    beat.start()
+    try:
+        await worker.run()
+    finally:
+        # Drained: a late SIGTERM (systemd and `timeout` signal the whole group, then the
+        # supervisor does too) must not turn this clean exit into "killed by SIGTERM".
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        beat.stop()
+
+
+class _Heartbeat:
+    """Sends the worker's stats to the supervisor from the worker's own event loop.
+
+    Also answers the supervisor's pings at once, and stops the worker when the
+    supervisor is gone (the pipe closes), so no orphan keeps consuming.
+    """
+
+    def __init__(self, worker: Worker, conn: Connection, interval: float) -> None:
+        self._worker = worker
+        self._conn = conn
+        self._interval = interval
+        self._task: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def start(self) -> None:
+        self._loop.add_reader(self._conn.fileno(), self._on_message)
+        self._task = self._loop.create_task(self._beat())
+
+    def stop(self) -> None:
+        self._loop.remove_reader(self._conn.fileno())
+        if self._task is not None:
+            self._task.cancel()
+        self.send()  # a last snapshot, so the supervisor's totals include the drain
+
+    async def _beat(self) -> None:
+        while True:
+            self.send()
+            await asyncio.sleep(self._interval)
+
+    def send(self) -> None:
+        try:
+            snapshot = self._worker.stats().as_dict()
+        except Exception:  # a broken stats() must not look like a hung loop
+            snapshot = {"ready": self._worker.ready}
+        try:
+            self._conn.send(("stats", snapshot))
+        except (OSError, ValueError):
+            self._orphaned()
+
+    def _on_message(self) -> None:
+        try:
+            message = self._conn.recv()
+        except (EOFError, OSError):
+            self._orphaned()
+            return
+        if message == "ping":
+            self.send()
+
+    def _orphaned(self) -> None:
+        """The supervisor is gone: drain and exit like on SIGTERM."""
+        with contextlib.suppress(Exception):
+            self._loop.remove_reader(self._conn.fileno())
+        self._worker.request_stop()
+
+
+# ---------------------------------------------------------------------------- the parent
+
+
+@dataclass(eq=False)
+class _Child:
+    """One running worker process, as the supervisor sees it."""
+
+    index: int
+    key: int
+    process: BaseProcess
+    conn: Connection
+    started: float
+    last_seen: float
+    snapshot: dict[str, Any] = field(default_factory=dict)
+    pinged: bool = False
+    killed: str = ""  # why the supervisor SIGKILLed it, if it did
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid or 0
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.snapshot.get("ready"))
+
+    def state(self) -> dict[str, Any]:
+        """This child for ``/readyz``: starting (no stats yet), or the tasks not subscribed."""
+        state: dict[str, Any] = {"worker": self.index + 1, "pid": self.pid, "ready": self.ready}
+        if not self.snapshot:
+            state["starting"] = True
+        elif not self.ready:
+            tasks = (self.snapshot.get("tasks") or {}).values()
+            state["waiting_for"] = [str(t.get("name")) for t in tasks if not t.get("subscribed")]
+        return state
+
+
+def _workers(count: int) -> str:
+    return f"{count} worker{'s' * (count != 1)}"
+
+
+def describe_exit(code: int | None) -> str:
+    """``exit code 3`` or ``killed by SIGKILL`` for a process's ``exitcode``."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class Supervisor:
+    """Runs ``settings.workers`` worker processes for the tasks in ``target``.
+
+    ``run()`` blocks until the supervisor stops and returns the process exit code. The
+    caller checks the task module first (see :func:`run`); the children import it again.
+    """
+
+    def __init__(self, target: str, settings: Settings, policy: Policy | None = None) -> None:
+        self.target = target
+        self.settings = settings
+        self.policy = policy or Policy()
+        self.metrics = WorkerMetrics()
+        self._ctx = multiprocessing.get_context("spawn")
+        self._slots: list[_Child | None] = [None] * settings.workers
+        self._restart_at: dict[int, float] = {i: 0.0 for i in range(settings.workers)}
+        self._delay = [self.policy.restart_delay] * settings.workers
+        self._deaths: deque[float] = deque()
+        self._keys = 0
+        self._signals: deque[int] = deque()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stopping = False
+        self._deadline = 0.0
+        self._exit_code = EXIT_OK
+        self._tick = time.monotonic()
+        self._readiness: tuple[bool, dict[str, Any]] = (False, {"workers": []})
+
+    # -- health -------------------------------------------------------------------------
+
+    def is_live(self) -> bool:
+        """True while the supervisor loop keeps turning."""
+        return time.monotonic() - self._tick < LIVE_TIMEOUT
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """``(ready, details)`` as of the last loop turn: every live child subscribed."""
+        return self._readiness
+
+    def _update_readiness(self) -> None:
+        children = list(self._children())
+        workers = [c.state() for c in children]
+        ready = bool(children) and not self._stopping and all(c.ready for c in children)
+        details: dict[str, Any] = {"workers": workers}
+        if self._stopping:
+            details["stopping"] = True
+        self._readiness = (ready, details)
+        self.metrics.alive = len(children)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start the children and supervise them until they are stopped; the exit code."""
+        previous = self._install_signals()
+        try:
+            log.info(
+                f"starting {_workers(len(self._slots))} for {self.target}",
+                drain_timeout=self.settings.drain_timeout,
+            )
+            return self._loop()
+        finally:
+            self._restore_signals(previous)
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _loop(self) -> int:
+        while True:
+            now = time.monotonic()
+            self._tick = now
+            while self._signals:
+                if self._on_signal(self._signals.popleft()):
+                    return self._force()
+            self._reap(now)
+            if self._stopping:
+                if not any(self._children()):
+                    log.info("all workers stopped", exit_code=self._exit_code)
+                    return self._exit_code
+                if now >= self._deadline:
+                    self._kill_stragglers()
+            else:
+                self._check_hung(now)
+                self._start_due(now)
+            self._update_readiness()
+            self._wait(0.5)
+
+    def _wait(self, timeout: float) -> None:
+        children = list(self._children())
+        ready = wait(
+            [self._wake_r, *(c.conn for c in children), *(c.process.sentinel for c in children)],
+            timeout,
+        )
+        if self._wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                self._wake_r.recv(4096)
+        now = time.monotonic()
+        for child in children:
+            self._read(child, now)
+
+    def _read(self, child: _Child, now: float) -> None:
+        try:
+            while child.conn.poll():
+                kind, payload = child.conn.recv()
+                if kind == "stats":
+                    child.snapshot = payload
+                    child.last_seen, child.pinged = now, False
+                    self.metrics.update(child.key, payload)
+        except (EOFError, OSError):
+            pass  # the child is gone; _reap notices through its sentinel
+
+    def _children(self) -> Iterator[_Child]:
+        return (c for c in self._slots if c is not None)
+
+    # -- starting and reaping -----------------------------------------------------------
+
+    def _start_due(self, now: float) -> None:
+        for index, at in list(self._restart_at.items()):
+            if now >= at:
+                del self._restart_at[index]
+                self._start(index, now)
+
+    def _start(self, index: int, now: float) -> None:
+        parent_conn, child_conn = self._ctx.Pipe()
+        spec = _ChildSpec(self.target, self.settings, index + 1, self.policy.heartbeat_interval)
+        process = self._ctx.Process(
+            target=_child_main, args=(spec, child_conn), name=f"nsqworker-{index + 1}"
+        )
+        process.start()
+        child_conn.close()
+        self._keys += 1
+        self._slots[index] = _Child(index, self._keys, process, parent_conn, now, now)
+        log.info(f"worker {index + 1} started", pid=process.pid)
+
+    def _reap(self, now: float) -> None:
+        for child in list(self._children()):
+            if child.process.is_alive():
+                continue
+            child.process.join()
+            self._read(child, now)  # its last stats, sent while it drained
+            child.conn.close()
+            self._slots[child.index] = None
+            self.metrics.retire(child.key)
+            code = child.process.exitcode
+            if self._stopping:
+                log.info(f"worker {child.index + 1} stopped", pid=child.pid, exit=code)
+            else:
+                self._on_death(child, code, now)
+
+    def _on_death(self, child: _Child, code: int | None, now: float) -> None:
+        lived = now - child.started
+        why = f"killed {child.killed}" if child.killed else describe_exit(code)
+        self._deaths.append(now)
+        while self._deaths and now - self._deaths[0] > self.policy.crash_window:
+            self._deaths.popleft()
+        if len(self._deaths) >= self.policy.crash_limit:
+            window = f"{self.policy.crash_window:g}"
+            log.error(
+                f"{len(self._deaths)} workers died within {window} s; last {why} "
+                "(see its logs above); giving up"
+            )
+            self._begin_stop(EXIT_CRASH_LOOP)
+            return
+        if lived >= self.policy.stable_after:
+            self._delay[child.index] = self.policy.restart_delay
+        delay = self._delay[child.index]
+        self._delay[child.index] = min(delay * 2, self.policy.max_restart_delay)
+        self._restart_at[child.index] = now + delay
+        self.metrics.restarts += 1
+        log.warning(
+            f"worker {child.index + 1} died ({why}) after {lived:.1f} s; restarting in {delay:g} s",
+            pid=child.pid,
+        )
+
+    def _check_hung(self, now: float) -> None:
+        policy = self.policy
+        for child in self._children():
+            silent = now - child.last_seen
+            booting = not child.snapshot
+            limit = (
+                max(policy.hung_timeout, policy.boot_timeout) if booting else policy.hung_timeout
+            )
+            if silent >= limit and not child.killed:
+                what = "within {:.0f} s of starting" if booting else "for {:.0f} s"
+                log.error(
+                    f"worker {child.index + 1} sent no heartbeat {what.format(silent)}; killing it",
+                    pid=child.pid,
+                )
+                self._kill(child, "as hung")
+            elif silent >= 5 * self.policy.heartbeat_interval and not child.pinged:
+                child.pinged = True
+                with contextlib.suppress(OSError):
+                    child.conn.send("ping")
+
+    # -- stopping -----------------------------------------------------------------------
+
+    def _on_signal(self, signum: int) -> bool:
+        """Act on one recorded signal; True means stop now (forced)."""
+        name = signal.Signals(signum).name
+        if not self._stopping:
+            log.info(f"{name}: draining")
+            self._begin_stop(EXIT_OK)
+            return False
+        if signum == signal.SIGINT:
+            return True
+        log.info(f"{name}: already draining; Ctrl-C again to force")
+        return False
+
+    def _begin_stop(self, exit_code: int) -> None:
+        self._stopping = True
+        self._exit_code = exit_code
+        self._restart_at.clear()
+        self._deadline = time.monotonic() + self.settings.drain_timeout + DRAIN_MARGIN
+        children = list(self._children())
+        if children:
+            log.info(
+                f"stopping {_workers(len(children))}; killing any left after "
+                f"{self.settings.drain_timeout + DRAIN_MARGIN:g} s"
+            )
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
+
+    def _kill_stragglers(self) -> None:
+        for child in self._children():
+            if not child.killed:
+                log.warning(f"worker {child.index + 1} did not stop in time; killing it")
+                self._kill(child, "at the drain deadline")
+
+    def _force(self) -> int:
+        log.warning("SIGINT again: killing all workers")
+        for child in self._children():
+            self._kill(child, "forced")
+        for child in self._children():
+            child.process.join(5)
+            self.metrics.retire(child.key)
+        return EXIT_FORCED
+
+    @staticmethod
+    def _kill(child: _Child, why: str) -> None:
+        child.killed = why
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGKILL)
+
+    # -- signals ------------------------------------------------------------------------
+
+    def _install_signals(self) -> dict[int, Any]:
+        self._wake_w.setblocking(False)
+        self._wake_r.setblocking(False)
+        previous: dict[int, Any] = {-1: signal.set_wakeup_fd(self._wake_w.fileno())}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, self._record_signal)
+        return previous
+
+    def _record_signal(self, signum: int, _frame: object) -> None:
+        self._signals.append(signum)
+
+    @staticmethod
+    def _restore_signals(previous: dict[int, Any]) -> None:
+        signal.set_wakeup_fd(previous.pop(-1))
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+# ---------------------------------------------------------------------------- entry point
+
+
+def run(target: str, settings: Settings, policy: Policy | None = None) -> int:
+    """``nsqworker run``: check ``target``, serve health, supervise; the exit code.
+
+    ``target`` is ``module`` or ``module:attribute`` naming a Registry. It is imported
+    here first, so that a broken module raises ``TaskImportError`` (an ``ImportError``)
+    once, before any child starts. A health port that cannot be bound returns 2.
+    """
+    from nsqworker.task import load_registry
+
+    load_registry(target)
+    supervisor = Supervisor(target, settings, policy)
+    health: HealthServer | None = None
+    if settings.health_port:
+        health = HealthServer(
+            settings.health_host,
+            settings.health_port,
+            supervisor.is_live,
+            supervisor.readiness,
+            supervisor.metrics,
+        )
+        try:
+            health.start()
+        except OSError as exc:
+            where = f"{settings.health_host}:{settings.health_port}"
+            print(
+                f"error: health server cannot listen on {where} ({exc.strerror or exc}); "
+                "change NSQWORKER_HEALTH_PORT / --health-port, or 0 to turn it off",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        host = f"[{health.host}]" if ":" in health.host else health.host
+        log.info(f"health on http://{host}:{health.port}/livez /readyz /metrics")
+    try:
+        return supervisor.run()
+    finally:
+        if health is not None:
+            health.stop()

@@ -1,0 +1,171 @@
+"""The ``nsqworker`` command through typer's CliRunner: tasks, settings, version, errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nsqworker import __version__
+from nsqworker.cli import app
+
+# Wide enough that rich never folds a cell, so rows can be read back from the text.
+ENV = {"COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"}
+_names = itertools.count()
+
+TASKS = """
+from nsqworker.task import Registry, Reject
+
+registry = Registry()
+
+def alert(msg, reason):
+    pass
+
+@registry.task("clicks", channel="archive", max_in_flight=7)
+async def archive(msg):
+    pass
+
+@registry.task(
+    "reports", channel="spark", max_attempts=3, requeue_delay=2.5,
+    on_dead_letter=alert, dead_letter_topic="reports.dead",
+)
+def build_report(msg):
+    raise Reject("no")
+"""
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner(env=ENV)
+
+
+@pytest.fixture
+def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh importable module holding TASKS; returns its name."""
+    name = f"cli_tasks_{next(_names)}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(TASKS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for key in ("NSQWORKER_CONFIG", "NSQWORKER_MAX_IN_FLIGHT", "NSQWORKER_AUTH_SECRET"):
+        monkeypatch.delenv(key, raising=False)
+    return name
+
+
+def row(output: str, first_cell: str) -> list[str]:
+    """The cells of the table row that starts with ``first_cell``.
+
+    Works for both tables: ``tasks`` (cells apart by blanks) and ``settings`` (boxed).
+    """
+    for line in output.splitlines():
+        cells = [c for c in re.split(r"\s{2,}|\s*│\s*", line.strip(" │")) if c]
+        if cells and cells[0] == first_cell:
+            return cells
+    raise AssertionError(f"no row {first_cell!r} in:\n{output}")
+
+
+def test_version(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.startswith(f"nsqworker {__version__} ")
+
+
+def test_no_arguments_shows_help(runner: CliRunner) -> None:
+    result = runner.invoke(app, [])
+    assert "run" in result.output and "publish" in result.output
+
+
+def test_tasks_table_shows_resolved_values(runner: CliRunner, module: str) -> None:
+    result = runner.invoke(
+        app, ["tasks", f"{module}:registry"], env={"NSQWORKER_MAX_ATTEMPTS": "9"}
+    )
+    assert result.exit_code == 0, result.output
+    assert "2 tasks" in result.stdout
+    # names are shown relative to the module; max_attempts and requeue from settings
+    archive = row(result.stdout, "archive")
+    assert archive[1:] == ["clicks", "archive", "7", "9", "5s", "-", "async"]
+    report = row(result.stdout, "build_report")
+    assert report[1:] == ["reports", "spark", "100", "3", "2.5s", "alert()", "sync"]
+    assert row(result.stdout, "→ reports.dead")
+
+
+def test_tasks_json(runner: CliRunner, module: str) -> None:
+    result = runner.invoke(app, ["tasks", f"{module}:registry", "--json"])
+    assert result.exit_code == 0, result.output
+    archive, report = json.loads(result.stdout)
+    assert archive == {
+        "name": f"{module}.archive",
+        "topic": "clicks",
+        "channel": "archive",
+        "max_in_flight": 7,
+        "max_attempts": 5,
+        "requeue_delay": 5.0,
+        "on_dead_letter": None,
+        "dead_letter_topic": None,
+        "kind": "async",
+        "defaults": ["max_attempts", "requeue_delay"],
+    }
+    assert report["on_dead_letter"] == f"{module}.alert"
+    assert report["defaults"] == ["max_in_flight"]
+
+
+def test_tasks_import_error_exits_2(runner: CliRunner, tmp_path: Path, module: str) -> None:
+    (tmp_path / "cli_broken.py").write_text("import os\n\nx = 1 / 0\n")
+    result = runner.invoke(app, ["tasks", "cli_broken"])
+    assert result.exit_code == 2
+    assert "could not import cli_broken: ZeroDivisionError: division by zero" in result.stderr
+    assert 'cli_broken.py", line 3' in result.stderr
+    assert "importlib" not in result.stderr and "nsqworker" not in result.stderr
+
+
+def test_tasks_missing_module_exits_2(runner: CliRunner, module: str) -> None:
+    result = runner.invoke(app, ["tasks", "no_such_module_here"])
+    assert result.exit_code == 2
+    assert "no module named 'no_such_module_here'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_settings_masks_secrets_and_names_sources(runner: CliRunner, module: str) -> None:
+    env = {"NSQWORKER_AUTH_SECRET": "hunter2", "NSQWORKER_MAX_IN_FLIGHT": "42"}
+    result = runner.invoke(app, ["settings"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "hunter2" not in result.output
+    assert row(result.stdout, "auth_secret")[1:3] == ["********", "env"]
+    assert row(result.stdout, "max_in_flight")[1:3] == ["42", "env"]
+    assert row(result.stdout, "max_attempts")[1:3] == ["5", "default"]
+
+
+def test_settings_json_and_config_file(runner: CliRunner, tmp_path: Path, module: str) -> None:
+    config = tmp_path / "nsqworker.toml"
+    config.write_text('drain_timeout = 12.5\nauth_secret = "s3cret"\n')
+    result = runner.invoke(app, ["settings", "--config", str(config), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["drain_timeout"] == {"value": 12.5, "source": "file"}
+    assert data["auth_secret"]["value"] == "********"
+    assert data["workers"] == {"value": 1, "source": "default"}
+    assert "s3cret" not in result.stdout
+
+
+def test_bad_setting_names_its_field_and_exits_2(runner: CliRunner, module: str) -> None:
+    result = runner.invoke(app, ["settings"], env={"NSQWORKER_MAX_IN_FLIGHT": "0"})
+    assert result.exit_code == 2
+    assert "NSQWORKER_MAX_IN_FLIGHT (max_in_flight)" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_run_bad_option_value_names_its_field(runner: CliRunner, module: str) -> None:
+    result = runner.invoke(app, ["run", f"{module}:registry", "--workers", "0"])
+    assert result.exit_code == 2
+    assert "NSQWORKER_WORKERS (workers)" in result.stderr
+
+
+def test_module_without_tasks_exits_2(runner: CliRunner, tmp_path: Path, module: str) -> None:
+    (tmp_path / "cli_empty.py").write_text("VALUE = 1\n")
+    result = runner.invoke(app, ["tasks", "cli_empty"])
+    assert result.exit_code == 2
+    assert "error: cli_empty declares no tasks" in result.stderr
