@@ -210,6 +210,8 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
         old.close()
     root.addHandler(handler)
     root.setLevel(numeric)
+    # httpx logs every lookupd poll at INFO; only its problems are worth a line.
+    logging.getLogger("httpx").setLevel(max(numeric, logging.WARNING))
     logging.captureWarnings(True)
 
 
