@@ -38,7 +38,8 @@ __all__ = ["Connection", "ConnectionConfig", "ServerInfo"]
 
 log = logging.getLogger(__name__)
 
-OnMessage = Callable[["Connection", MessageFrame], None]
+#: ``on_message(timestamp, attempts, id, body)``, called inline for every message.
+OnMessage = Callable[[int, int, bytes, bytes], None]
 OnError = Callable[["Connection", NSQDError], None]
 OnClose = Callable[["Connection", ConnectionClosed], None]
 
@@ -201,7 +202,7 @@ def _ignore(*_: Any) -> None:
 class Connection(asyncio.Protocol):
     """One connection to one nsqd.
 
-    ``on_message(conn, frame)`` runs inline in the read loop for every message;
+    ``on_message(timestamp, attempts, id, body)`` runs inline in the read loop for every message;
     ``on_error(conn, error)`` gets the non-fatal ``E_FIN_FAILED``, ``E_REQ_FAILED``
     and ``E_TOUCH_FAILED``; ``on_close(conn, reason)`` runs once when a connection
     that had connected is lost or closed. ``send`` and its helpers raise
@@ -240,6 +241,9 @@ class Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._pending: collections.deque[tuple[asyncio.Future[bytes], bool]] = collections.deque()
         self._wbuf: list[bytes] = []
+        # FIN ids are joined into the write buffer in one go, at the next flush or
+        # before the next other command, so the order on the wire is kept.
+        self._fins: list[bytes] = []
         self._flush_scheduled = False
         self._in_read = False
         self._compress: Callable[[bytes], bytes] | None = None
@@ -315,8 +319,10 @@ class Connection(asyncio.Protocol):
             self._liveness = self._loop.call_later(cfg.heartbeat_interval, self._check_liveness)
         if len(self._decoder):
             self._in_read = True
-            self._dispatch(self._decoder.feed(b""))
-            self._in_read = False
+            try:
+                self.messages_received += self._decode(b"")
+            finally:
+                self._in_read = False
             self._flush()
         return self.server
 
@@ -488,47 +494,46 @@ class Connection(asyncio.Protocol):
             self._decoder.receive(data)
             self._wake(self._waiter)
             return
+        self._in_read = True
         try:
-            frames = self._decoder.feed(data)
+            count = self._decode(data)
         except RemoteProtocolError as exc:
             self._fail(f"nsqd at {self.address} sent garbage: {exc}")
             return
-        if not frames:
-            return
-        self._in_read = True
-        try:
-            n = self.messages_received
-            self._dispatch(frames)
-            if self.messages_received != n:
-                self.last_message_at = now
         finally:
             self._in_read = False
-        if self._wbuf:
+        if count:
+            self.messages_received += count
+            self.last_message_at = now
+        if self._wbuf or self._fins:
             self._flush()
 
-    def _dispatch(self, frames: list[Frame]) -> None:
-        on_message = self._on_message
-        pending = self._pending
-        for frame in frames:
+    def _decode(self, data: bytes) -> int:
+        """Decode and hand on every frame; a failing callback is logged, not fatal."""
+        count = 0
+        while True:
             try:
-                if type(frame) is MessageFrame:
-                    self.messages_received += 1
-                    on_message(self, frame)
-                elif type(frame) is Response:
-                    if frame.data == protocol.HEARTBEAT:
-                        self._wbuf.append(_NOP)
-                    elif pending:
-                        future, _ = pending.popleft()
-                        # A cancelled or timed-out request still owns its answer.
-                        if not future.done():
-                            future.set_result(frame.data)
-                    else:
-                        log.warning("nsqd at %s sent an unexpected %r", self.address, frame.data)
-                else:
-                    assert isinstance(frame, ErrorFrame)
-                    self._on_error_frame(frame)
+                return count + self._decoder.feed_into(data, self._on_message, self._on_frame)
+            except RemoteProtocolError:
+                raise
             except Exception:
                 log.exception("error handling a frame from nsqd at %s", self.address)
+                data = b""  # the decoder kept what it did not hand on yet
+
+    def _on_frame(self, frame: Frame) -> None:
+        if type(frame) is Response:
+            if frame.data == protocol.HEARTBEAT:
+                self.send(_NOP)
+            elif self._pending:
+                future, _ = self._pending.popleft()
+                # A cancelled or timed-out request still owns its answer.
+                if not future.done():
+                    future.set_result(frame.data)
+            else:
+                log.warning("nsqd at %s sent an unexpected %r", self.address, frame.data)
+        else:
+            assert isinstance(frame, ErrorFrame)
+            self._on_error_frame(frame)
 
     def _on_error_frame(self, frame: ErrorFrame) -> None:
         error = NSQDError.from_frame(frame.data)
@@ -577,13 +582,22 @@ class Connection(asyncio.Protocol):
         """
         if not self._open:
             raise self._closed_error()
+        if self._fins:
+            self._take_fins()
         self._wbuf.append(command)
         if not self._in_read and not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
+    def _take_fins(self) -> None:
+        fins = self._fins
+        self._wbuf.append(b"FIN " + b"\nFIN ".join(fins) + b"\n")
+        fins.clear()
+
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._fins:
+            self._take_fins()
         buf = self._wbuf
         if not buf or self._transport is None:
             return
@@ -603,7 +617,7 @@ class Connection(asyncio.Protocol):
         # send() inlined: this runs once per message. Ids come from nsqd, no check.
         if not self._open:
             raise self._closed_error()
-        self._wbuf.append(b"FIN " + message_id + b"\n")
+        self._fins.append(message_id)
         if not self._in_read and not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)

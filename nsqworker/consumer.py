@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 import types
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator
@@ -47,6 +48,8 @@ MAX_ATTEMPTS_REASON = "max attempts exceeded"
 _FAILED = Requeue(None, backoff=True)
 _DRAIN_REQUEUE = Requeue(0.0, backoff=False)
 _CoroutineType = types.CoroutineType
+_copy_context = contextvars.copy_context
+_monotonic = time.monotonic
 
 
 @types.coroutine
@@ -145,10 +148,11 @@ class _Link:
 class _Session:
     """One connection's life: the Connection, its RDY slot, its negotiated limits."""
 
-    __slots__ = ("conn", "link", "max_msg_timeout", "open", "slot", "touch_interval")
+    __slots__ = ("address", "conn", "link", "max_msg_timeout", "open", "slot", "touch_interval")
 
     def __init__(self, link: _Link) -> None:
         self.link = link
+        self.address = link.address
         self.conn: Connection
         self.open = False
         self.slot = Slot(key=self)
@@ -156,7 +160,7 @@ class _Session:
         self.max_msg_timeout = 900.0
 
     def __str__(self) -> str:
-        return self.link.address
+        return self.address
 
 
 class Consumer:
@@ -206,6 +210,8 @@ class Consumer:
         self._running = 0
         self._retired = ConnectionStats("retired", False, 0, 0, 0, 0, 0, 0, 0)
         self._unsatisfied = False
+        # True while a FIN needs no bookkeeping beyond counters (see _replan).
+        self._plain = True
         self._plan_scheduled = False
         self._stopping = False
         self._started = False
@@ -217,7 +223,8 @@ class Consumer:
         self._first_attempts: list[asyncio.Future[Any]] | None = []
         self._stop_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._time: Callable[[], float] = lambda: 0.0
+        # One clock for arrivals, turns and touches: monotonic, like asyncio's default.
+        self._time: Callable[[], float] = _monotonic
         self._next_touch_sweep = 0.0
 
     # --- lifecycle -------------------------------------------------------------
@@ -229,7 +236,6 @@ class Consumer:
             return
         self._started = True
         self._loop = asyncio.get_running_loop()
-        self._time = self._loop.time
         settings = self._settings
         for address in settings.nsqd_tcp_addresses:
             link = self._links.setdefault(address, _Link(address, direct=True))
@@ -481,6 +487,12 @@ class Consumer:
         self._unsatisfied = (
             bool(slots) and total < min(wanted, len(slots) * 2500) and not (self._stopping)
         )
+        self._plain = (
+            not self._unsatisfied
+            and not self._stopping
+            and self._backoff.phase is BackoffPhase.NORMAL
+            and not any(slot.retiring for slot in slots)
+        )
 
     def _schedule_plan(self) -> None:
         if not self._plan_scheduled and self._loop is not None:
@@ -519,29 +531,61 @@ class Consumer:
     # --- messages (hot path) ---------------------------------------------------
 
     def _on_message(
-        self, session: _Session, conn: Connection, frame: protocol.MessageFrame
+        self, session: _Session, timestamp: int, attempts: int, message_id: bytes, body: bytes
     ) -> None:
-        now = self._time()
+        now = _monotonic()
         msg = Message(
-            frame.id,
-            frame.body,
-            frame.timestamp,
-            frame.attempts,
-            self.topic,
-            self.channel,
-            session.link.address,
-            self,
-            session,
-            now,
-        )
+            message_id, body, timestamp, attempts, self.topic, self.channel,
+            session.address, self, session, now,
+        )  # fmt: skip
         slot = session.slot
         slot.in_flight += 1
         slot.last_message = now
         self._in_flight += 1
-        session.link.received += 1
+        link = session.link
+        link.received += 1
+        if self._stopping or attempts > self.max_attempts or self._running >= self.max_in_flight:
+            self._admit(msg)
+            return
+        # _run, inlined: this is the per-message path.
+        self._running += 1
+        try:
+            result: Any = self._callback(msg)
+            if result.__class__ is _CoroutineType:
+                context = _copy_context()
+                try:
+                    yielded = context.run(result.send, None)
+                except StopIteration as stop:
+                    result = stop.value
+                else:
+                    assert self._loop is not None
+                    task = self._loop.create_task(_continue(result, yielded), context=context)
+                    self._track(msg, task)
+                    return
+            elif result is not None and not isinstance(result, Finish | Requeue | GiveUp):
+                self._track(msg, asyncio.ensure_future(result))
+                return
+        except Exception:
+            log.exception("%s: callback failed for message %s", self.name, msg.id)
+            result = _FAILED
+        if result is FINISH and self._plain and not msg._responded and session.open:
+            # settle + _release for the common case, when nothing else needs to know.
+            msg._responded = True
+            session.conn.fin(message_id)
+            link.finished += 1
+            slot.in_flight -= 1
+            self._in_flight -= 1
+            self._running -= 1
+            if self._backlog:
+                self._ran_backlog()
+            return
+        self._ran(msg, result)
+
+    def _admit(self, msg: Message) -> None:
+        """The rare arrivals: while stopping, past max_attempts, or over the fence."""
         if self._stopping:
             self._settle_now(msg, _DRAIN_REQUEUE)
-        elif frame.attempts > self.max_attempts:
+        elif msg.attempts > self.max_attempts:
             msg._responded = True
             self._give_up(msg, MAX_ATTEMPTS_REASON)
         elif self._running >= self.max_in_flight:
@@ -554,7 +598,7 @@ class Consumer:
         try:
             result: Any = self._callback(msg)
             if result.__class__ is _CoroutineType:
-                context = contextvars.copy_context()
+                context = _copy_context()
                 try:
                     yielded = context.run(result.send, None)
                 except StopIteration as stop:
@@ -599,6 +643,10 @@ class Consumer:
                 result = _FAILED
             msg._responded = True
             self.settle(msg, result)
+        if self._backlog:
+            self._ran_backlog()
+
+    def _ran_backlog(self) -> None:
         backlog = self._backlog
         while backlog and self._running < self.max_in_flight:
             self._run(backlog.popleft())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 from nsqworker.errors import (
@@ -283,6 +284,64 @@ class Decoder:
         else:
             self._buffer = data
         return self._decode(-1)
+
+    def feed_into(
+        self,
+        data: bytes,
+        on_message: Callable[[int, int, bytes, bytes], object],
+        on_frame: Callable[[Frame], object],
+    ) -> int:
+        """Add bytes and hand every complete frame on, in order, as it is decoded.
+
+        Messages go to ``on_message(timestamp, attempts, id, body)`` without a frame
+        object being built (the consumer's hot path); other frames to ``on_frame``.
+        Returns how many messages were handed on. If a callback raises, the frames
+        already handed on stay consumed; call again with ``b""`` to go on.
+        """
+        data = self._buffer + data if self._buffer else data
+        end = len(data)
+        pos = 0
+        count = 0
+        unpack = _MESSAGE_FRAME.unpack_from
+        header = _HEADER.unpack_from
+        max_size = self._max_frame_size
+        try:
+            while end - pos >= 8:
+                if end - pos >= 34:
+                    size, frame_type, timestamp, attempts, message_id = unpack(data, pos)
+                else:
+                    size, frame_type = header(data, pos)
+                start = pos
+                stop = pos + 4 + size
+                if frame_type == FRAME_MESSAGE and 30 <= size <= max_size:
+                    if stop > end:
+                        break
+                    pos = stop
+                    count += 1
+                    on_message(timestamp, attempts, message_id, data[start + 34 : stop])
+                    continue
+                if size < 4 or size > max_size:
+                    data = b""
+                    raise RemoteProtocolError(
+                        f"frame size {size} is outside 4..{max_size}; the peer is not nsqd "
+                        "or the stream is corrupt"
+                    )
+                if stop > end:
+                    break
+                pos = stop
+                if frame_type == FRAME_RESPONSE:
+                    on_frame(Response(data[start + 8 : stop]))
+                elif frame_type == FRAME_ERROR:
+                    on_frame(ErrorFrame(data[start + 8 : stop]))
+                elif frame_type == FRAME_MESSAGE:
+                    data = b""
+                    raise RemoteProtocolError(f"message frame of {size} bytes is too short")
+                else:
+                    data = b""
+                    raise RemoteProtocolError(f"unknown frame type {frame_type}")
+        finally:
+            self._buffer = data[pos:] if pos else data
+        return count
 
     def _decode(self, limit: int) -> list[Frame]:
         data = self._buffer

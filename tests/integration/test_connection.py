@@ -48,7 +48,7 @@ class Recorder:
         return Connection(
             address,
             config or ConnectionConfig(),
-            on_message=lambda _, frame: self.messages.put_nowait(frame),
+            on_message=lambda *fields: self.messages.put_nowait(MessageFrame(*fields)),
             on_error=lambda _, error: self.errors.append(error),
             on_close=lambda _, reason: self.closed.append(reason),
         )

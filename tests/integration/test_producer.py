@@ -20,7 +20,6 @@ from nsqworker.errors import (
     PublishError,
 )
 from nsqworker.producer import Producer, SyncProducer
-from nsqworker.protocol import MessageFrame
 from nsqworker.publish_cli import publish_command
 from nsqworker.testing import NsqdFactory, NsqdProcess, free_port, wait_for
 
@@ -53,9 +52,9 @@ async def read_all(nsqd: NsqdProcess, topic: str) -> list[bytes]:
     if not expected:
         return bodies
 
-    def on_message(conn: Connection, frame: MessageFrame) -> None:
-        bodies.append(frame.body)
-        conn.fin(frame.id)
+    def on_message(timestamp: int, attempts: int, message_id: bytes, body: bytes) -> None:
+        bodies.append(body)
+        conn.fin(message_id)
         if len(bodies) >= expected:
             done.set()
 

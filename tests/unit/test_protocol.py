@@ -351,6 +351,66 @@ def test_any_split_decodes_the_same(frames: list[Frame], cuts: list[int]) -> Non
     assert typed(got_pulled) == typed(frames)
 
 
+def feed_into_all(decoder: Decoder, chunks: list[bytes]) -> list[Frame]:
+    got: list[Frame] = []
+
+    def on_message(timestamp: int, attempts: int, message_id: bytes, body: bytes) -> None:
+        got.append(MessageFrame(timestamp, attempts, message_id, body))
+
+    for chunk in chunks:
+        count = decoder.feed_into(chunk, on_message, got.append)
+        assert count >= 0
+    return got
+
+
+@given(frames=frames_strategy, cuts=st.lists(st.integers(min_value=0), max_size=30))
+def test_feed_into_hands_on_the_same_frames_in_order(frames: list[Frame], cuts: list[int]) -> None:
+    data = b"".join(encode_frame(f) for f in frames)
+    decoder = Decoder()
+    assert typed(feed_into_all(decoder, split(data, cuts))) == typed(frames)
+    assert len(decoder) == 0
+
+
+@given(frames=frames_strategy, fail_at=st.integers(min_value=0, max_value=40))
+def test_feed_into_resumes_after_a_failing_callback(frames: list[Frame], fail_at: int) -> None:
+    # A callback that raises must neither lose nor replay frames.
+    data = b"".join(encode_frame(f) for f in frames)
+    got: list[Frame] = []
+    calls = 0
+
+    def record(frame: Frame) -> None:
+        nonlocal calls
+        calls += 1
+        got.append(frame)
+        if calls == fail_at:
+            raise RuntimeError("handler bug")
+
+    def on_message(timestamp: int, attempts: int, message_id: bytes, body: bytes) -> None:
+        record(MessageFrame(timestamp, attempts, message_id, body))
+
+    decoder = Decoder()
+    chunk = data
+    while True:
+        try:
+            decoder.feed_into(chunk, on_message, record)
+            break
+        except RuntimeError:
+            chunk = b""
+    assert typed(got) == typed(frames)
+
+
+@settings(max_examples=200)
+@given(data=st.binary(max_size=300))
+def test_feed_into_agrees_with_feed_on_random_bytes(data: bytes) -> None:
+    try:
+        expected = Decoder().feed(data)
+    except RemoteProtocolError:
+        with pytest.raises(RemoteProtocolError):
+            feed_into_all(Decoder(), [data])
+        return
+    assert typed(feed_into_all(Decoder(), [data])) == typed(expected)
+
+
 @given(frames=frames_strategy, cut=st.integers(min_value=0))
 def test_take_buffer_returns_the_undecoded_rest(frames: list[Frame], cut: int) -> None:
     data = b"".join(encode_frame(f) for f in frames)
