@@ -20,14 +20,15 @@ import logging
 import time
 import types
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from nsqworker import protocol
 from nsqworker.backoff import BackoffPhase, BackoffState, reconnect_delay, requeue_delay
 from nsqworker.connection import Connection, ConnectionConfig
+from nsqworker.eager import finish_in_task
 from nsqworker.errors import ConfigurationError, NSQDError
 from nsqworker.lookupd import LookupdPoller
 from nsqworker.message import FINISH, Finish, GiveUp, Message, Outcome, Requeue
@@ -36,7 +37,7 @@ from nsqworker.rdy import Mode, Slot, plan
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
-__all__ = ["Callback", "ConnectionStats", "Consumer", "ConsumerStats", "GiveUpHook"]
+__all__ = ["DEFERRED", "Callback", "ConnectionStats", "Consumer", "ConsumerStats", "GiveUpHook"]
 
 log = logging.getLogger("nsqworker.consumer")
 
@@ -44,41 +45,24 @@ Callback = Callable[[Message], "Outcome | Awaitable[Outcome | None] | None"]
 GiveUpHook = Callable[[Message, str], "Awaitable[None] | None"]
 
 TICK = 0.05
+
+
+class _Deferred:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DEFERRED"
+
+
+#: Returned by a callback that will call :meth:`Consumer.complete` later (on the loop).
+DEFERRED: Final = _Deferred()
 MAX_ATTEMPTS_REASON = "max attempts exceeded"
 _FAILED = Requeue(None, backoff=True)
 _DRAIN_REQUEUE = Requeue(0.0, backoff=False)
 _CoroutineType = types.CoroutineType
+_OUTCOMES = (Finish, Requeue, GiveUp)
 _copy_context = contextvars.copy_context
 _monotonic = time.monotonic
-
-
-@types.coroutine
-def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
-    """Carry on a coroutine that already ran its first step and suspended on ``yielded``.
-
-    Re-yielding the same object hands the wait to the Task, exactly as if the Task had
-    run the first step itself (the future keeps its ``_asyncio_future_blocking`` flag).
-    """
-    while True:
-        try:
-            value = yield yielded
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:
-            try:
-                yielded = coro.throw(exc)
-            except StopIteration as stop:
-                return stop.value
-        else:
-            try:
-                yielded = coro.send(value)
-            except StopIteration as stop:
-                return stop.value
-
-
-async def _continue(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
-    return await _resume(coro, yielded)
 
 
 @dataclass
@@ -205,6 +189,7 @@ class Consumer:
         self._links: dict[str, _Link] = {}
         self._sessions: list[_Session] = []
         self._tasks: dict[Message, asyncio.Future[Any]] = {}
+        self._deferred: set[Message] = set()  # callbacks that will call complete()
         self._backlog: deque[Message] = deque()
         self._in_flight = 0
         self._running = 0
@@ -288,6 +273,9 @@ class Consumer:
             self._ticker.cancel()
         # 4. REQ what did not finish; cancel what can be cancelled and let the
         # cancellations (and give-up hooks turned into REQ) reach the wire before CLS.
+        for msg in list(self._deferred):  # in a thread: cannot be cancelled, only answered
+            if not msg._responded:
+                self._settle_now(msg, _DRAIN_REQUEUE)
         unfinished = list(self._tasks.items())
         for msg, future in unfinished:
             if not msg._responded:
@@ -515,7 +503,7 @@ class Consumer:
                 self._next_touch_sweep = now + 0.25
 
     def _touch_sweep(self, now: float) -> None:
-        for msg in [*self._tasks, *self._backlog]:
+        for msg in [*self._tasks, *self._deferred, *self._backlog]:
             if msg._responded:
                 continue
             session: _Session = msg._conn
@@ -551,7 +539,9 @@ class Consumer:
         self._running += 1
         try:
             result: Any = self._callback(msg)
-            if result.__class__ is _CoroutineType:
+            if result is FINISH:
+                pass
+            elif result.__class__ is _CoroutineType:
                 context = _copy_context()
                 try:
                     yielded = context.run(result.send, None)
@@ -559,10 +549,13 @@ class Consumer:
                     result = stop.value
                 else:
                     assert self._loop is not None
-                    task = self._loop.create_task(_continue(result, yielded), context=context)
+                    task = self._loop.create_task(finish_in_task(result, yielded), context=context)
                     self._track(msg, task)
                     return
-            elif result is not None and not isinstance(result, Finish | Requeue | GiveUp):
+            elif result is DEFERRED:
+                self._deferred.add(msg)
+                return
+            elif result is not None and not isinstance(result, _OUTCOMES):
                 self._track(msg, asyncio.ensure_future(result))
                 return
         except Exception:
@@ -597,7 +590,9 @@ class Consumer:
         self._running += 1
         try:
             result: Any = self._callback(msg)
-            if result.__class__ is _CoroutineType:
+            if result is FINISH:
+                pass
+            elif result.__class__ is _CoroutineType:
                 context = _copy_context()
                 try:
                     yielded = context.run(result.send, None)
@@ -605,16 +600,26 @@ class Consumer:
                     result = stop.value
                 else:
                     assert self._loop is not None
-                    task = self._loop.create_task(_continue(result, yielded), context=context)
+                    task = self._loop.create_task(finish_in_task(result, yielded), context=context)
                     self._track(msg, task)
                     return
-            elif result is not None and not isinstance(result, Finish | Requeue | GiveUp):
+            elif result is DEFERRED:
+                self._deferred.add(msg)
+                return
+            elif result is not None and not isinstance(result, _OUTCOMES):
                 self._track(msg, asyncio.ensure_future(result))
                 return
         except Exception:
             log.exception("%s: callback failed for message %s", self.name, msg.id)
             result = _FAILED
         self._ran(msg, result)
+
+    def complete(self, msg: Message, outcome: Outcome | None) -> None:
+        """The outcome of a callback that returned :data:`DEFERRED` (call on the loop).
+
+        Ignored if the message was already answered (e.g. requeued by a drain)."""
+        self._deferred.discard(msg)
+        self._ran(msg, outcome)
 
     def _track(self, msg: Message, future: asyncio.Future[Any]) -> None:
         self._tasks[msg] = future

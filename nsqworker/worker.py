@@ -26,16 +26,16 @@ import signal
 import threading
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
-from queue import SimpleQueue
 from time import perf_counter
 from typing import Any, Protocol, Self, cast
 
 from opentelemetry import context as otel_context
 
 from nsqworker.connection import ConnectionConfig
-from nsqworker.consumer import Consumer
+from nsqworker.consumer import DEFERRED, Consumer
+from nsqworker.eager import resume
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import configure_logging, get_logger
 from nsqworker.message import FINISH, Message, MessageOwner, Outcome
@@ -54,6 +54,7 @@ GROW_CHECK = 0.005
 """Seconds without a finished sync job, while jobs wait, before the pool adds threads."""
 
 log = get_logger("nsqworker.worker")
+_copy_context = contextvars.copy_context
 
 
 # --- stats ---------------------------------------------------------------------------
@@ -171,18 +172,20 @@ class _LoopOwner:
             self.loop.call_soon_threadsafe(self.owner.touch, message)
 
 
-# (future, message, context, telemetry token)
-_Job = tuple["asyncio.Future[Outcome | None]", Message, contextvars.Context, Any]
+# (message, context, telemetry token)
+_Job = tuple[Message, contextvars.Context, Any]
 
 
 class _ThreadPool:
     """Runs one sync handler in up to ``size`` threads, started as work needs them.
 
-    Jobs go through a SimpleQueue; results come back through a deque, and the loop is
-    woken once per batch (when no wake-up is pending) to resolve them all. The pool
-    starts with one thread and grows only when jobs wait while no job finished for
-    ``GROW_CHECK`` seconds (every thread blocked), so fast handlers keep few threads
-    and blocking ones get up to ``size``.
+    Jobs submitted during one loop iteration are handed over as one batch to a
+    shared deque, and only idle threads are signalled, so a burst of fast messages
+    costs one wake-up, not one per message. Results come back through another deque
+    and the loop is woken once per batch to settle them all. The pool starts with one
+    thread and grows only when jobs wait while no job finished for ``GROW_CHECK``
+    seconds (every thread blocked), so fast handlers keep few threads and blocking
+    ones get up to ``size``.
     """
 
     def __init__(self, runner: _TaskRunner, size: int, name: str) -> None:
@@ -191,27 +194,41 @@ class _ThreadPool:
         self._loop = runner.loop
         self._size = size
         self._name = name
-        self._queue: SimpleQueue[_Job | None] = SimpleQueue()
+        self._submitted: list[_Job] = []
+        self._jobs: deque[_Job] = deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._idle = 0
         self._done: deque[tuple[_Job, BaseException | None, float]] = deque()
         self._threads: list[threading.Thread] = []
+        self._submit_scheduled = False
         self._flush_scheduled = False
         self._check_armed = False
         self._closed = False
         self._resolved = self._seen = 0  # jobs resolved; as of the last growth check
 
-    def submit(self, msg: Message, ctx: contextvars.Context, token: Any) -> asyncio.Future[Any]:
-        fut: asyncio.Future[Outcome | None] = self._loop.create_future()
-        self._queue.put((fut, msg, ctx, token))
+    def submit(self, msg: Message, ctx: contextvars.Context, token: Any) -> None:
+        """Queue a job; the batch goes to the threads at the end of this iteration."""
+        self._submitted.append((msg, ctx, token))
+        if not self._submit_scheduled:
+            self._submit_scheduled = True
+            self._loop.call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        self._submit_scheduled = False
+        batch, self._submitted = self._submitted, []
+        self._jobs.extend(batch)
+        with self._cond:
+            if self._idle:
+                self._cond.notify(min(len(batch), self._idle))
         if not self._check_armed and len(self._threads) < self._size:
             if not self._threads:
                 self._spawn(1)
             self._check_armed = True
             self._loop.call_later(GROW_CHECK, self._grow)
-        return fut
 
     def _grow(self) -> None:
         self._check_armed = False
-        waiting, threads = self._queue.qsize(), len(self._threads)
+        waiting, threads = len(self._jobs), len(self._threads)
         progress = self._resolved + len(self._done)
         if waiting and not self._closed and threads < self._size:
             if progress == self._seen:  # nothing finished: every thread is blocked
@@ -226,17 +243,40 @@ class _ThreadPool:
             self._threads.append(threading.Thread(target=self._work, name=name, daemon=True))
             self._threads[-1].start()
 
+    def _next_job(self) -> _Job | None:
+        """The next job, waiting while there is none; None once the pool is closed."""
+        jobs, cond = self._jobs, self._cond
+        with cond:
+            # Checked under the lock that _hand_over notifies under: no lost wake-ups.
+            while not jobs:
+                if self._closed:
+                    return None
+                self._idle += 1
+                cond.wait()
+                self._idle -= 1
+        try:
+            return jobs.popleft()
+        except IndexError:  # another thread took it; look again
+            return self._next_job()
+
     def _work(self) -> None:
-        get, append, func = self._queue.get, self._done.append, self._func
+        jobs, append, func = self._jobs, self._done.append, self._func
         wake, flush = self._loop.call_soon_threadsafe, self._flush
-        while (job := get()) is not None:
+        while True:
+            job: _Job | None
+            try:
+                job = jobs.popleft()
+            except IndexError:
+                job = self._next_job()
+            if job is None:
+                return
             start = perf_counter()
             error: BaseException | None = None
             try:
-                if job[3] is None:
-                    result = job[2].run(func, job[1])
+                if job[2] is None:
+                    result = job[1].run(func, job[0])
                 else:
-                    result = job[2].run(_traced, job[3], func, job[1])
+                    result = job[1].run(_traced, job[2], func, job[0])
                 if result is not None and inspect.isawaitable(result):
                     error = _awaitable_returned(result)
             except BaseException as exc:
@@ -255,13 +295,16 @@ class _ThreadPool:
         while done:
             job, error, duration = done.popleft()
             self._resolved += 1
-            finish(*job, error, duration)
+            try:
+                finish(*job, error, duration)
+            except Exception:  # one bad result must not strand the rest of the batch
+                log.exception("settling a sync handler's result failed", id=job[0].id)
 
     def shutdown(self) -> None:
-        """Let every thread exit once it is idle."""
+        """Let every thread exit once the jobs it can see are done."""
         self._closed = True
-        for _ in self._threads:
-            self._queue.put(None)
+        with self._cond:
+            self._cond.notify_all()
 
     def alive(self) -> int:
         """Threads still running (a handler that outlived the drain, or not yet exited)."""
@@ -307,18 +350,51 @@ class _TaskRunner:
             self.call_async if spec.is_async else self.call_sync
         )
 
-    async def call_async(self, msg: Message) -> Outcome | None:
-        """Run an async handler; awaited directly, so the consumer's eager start applies."""
+    def call_async(self, msg: Message) -> Any:
+        """Run an async handler: its first step inline, a Task only if it suspends.
+
+        A handler that never awaits is finished before this returns, in the same read
+        burst; that is the throughput path, so it is kept free of extra coroutines.
+        """
         inst = self.inst
-        traced = inst.enabled
-        token = inst.start(msg) if traced else None
-        attached = None if token is None else otel_context.attach(token.context)
+        token = inst.start(msg) if inst.enabled else None
+        if token is not None:
+            return self.call_async_traced(msg, token)  # a coroutine, run eagerly too
+        start = perf_counter()
+        context = _copy_context()
+        try:
+            coro = self.func(msg)
+            yielded = context.run(coro.send, None)
+        except StopIteration:
+            return self.succeeded(msg, perf_counter() - start, None)
+        except (Exception, asyncio.CancelledError) as exc:
+            return self.failed(msg, exc, perf_counter() - start, None, None, None)
+        return self.loop.create_task(self._rest(coro, yielded, msg, start), context=context)
+
+    async def _rest(
+        self, coro: Coroutine[Any, Any, Any], yielded: Any, msg: Message, start: float
+    ) -> Outcome | None:
+        try:
+            await resume(coro, yielded)
+        except (Exception, asyncio.CancelledError) as exc:
+            return self.failed(msg, exc, perf_counter() - start, None, None, None)
+        return self.succeeded(msg, perf_counter() - start, None)
+
+    async def call_async_traced(self, msg: Message, token: Any) -> Outcome | None:
+        """An async handler run with its process span current."""
+        attached = otel_context.attach(token.context)
         start = perf_counter()
         try:
             await self.func(msg)
         except (Exception, asyncio.CancelledError) as exc:
             return self.failed(msg, exc, perf_counter() - start, token, None, attached)
-        duration = perf_counter() - start
+        outcome = self.succeeded(msg, perf_counter() - start, token, attached)
+        return outcome
+
+    def succeeded(
+        self, msg: Message, duration: float, token: Any, attached: Any = None
+    ) -> Outcome | None:
+        """The outcome of a handler that returned, with its log line and telemetry."""
         if duration < 0.001:
             self.counts[0] += 1
         else:
@@ -329,12 +405,12 @@ class _TaskRunner:
             self.log_done(msg, outcome, duration)
         if attached is not None:
             otel_context.detach(attached)
-        if traced:
-            inst.end(token, outcome, None, duration)
+        if self.inst.enabled:
+            self.inst.end(token, outcome, None, duration)
         return outcome
 
-    def call_sync(self, msg: Message) -> asyncio.Future[Any]:
-        """Hand a sync handler to the pool; the future resolves to its outcome."""
+    def call_sync(self, msg: Message) -> object:
+        """Hand a sync handler to the pool; its outcome reaches the consumer later."""
         owner = msg._owner
         if owner is not self.owner and owner is not None:
             self.owner, self.proxy = owner, _LoopOwner(self.loop, owner)
@@ -342,13 +418,14 @@ class _TaskRunner:
         inst = self.inst
         token = inst.start(msg) if inst.enabled else None
         assert self.pool is not None
-        return self.pool.submit(msg, contextvars.copy_context(), token)
+        self.pool.submit(msg, _copy_context(), token)
+        return DEFERRED
 
     def finish_sync(
-        self, fut: asyncio.Future[Any], msg: Message, ctx: contextvars.Context, token: Any,
+        self, msg: Message, ctx: contextvars.Context, token: Any,
         error: BaseException | None, duration: float,
     ) -> None:  # fmt: skip
-        """On the loop: record a sync handler's result and resolve its future."""
+        """On the loop: record a sync handler's result and hand its outcome on."""
         if error is not None:
             outcome = self.failed(msg, error, duration, token, ctx, None)
         else:
@@ -359,8 +436,7 @@ class _TaskRunner:
                 ctx.run(_traced, token, self.log_done, msg, outcome, duration)
             if self.inst.enabled:
                 self.inst.end(token, outcome, None, duration)
-        if not fut.done():
-            fut.set_result(outcome)
+        self.consumer.complete(msg, outcome)
 
     def log_done(self, msg: Message, outcome: Outcome | None, duration: float) -> None:
         ms = round(duration * 1000, 3)

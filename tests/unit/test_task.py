@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import json
 import pickle
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 import structlog
 
+from nsqworker.consumer import DEFERRED
 from nsqworker.errors import AlreadyResponded, ConfigurationError
 from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.settings import Settings
@@ -354,8 +356,17 @@ def runner_for(func: Any, **options: Any) -> _TaskRunner:
 
 
 async def run_callback(runner: _TaskRunner, msg: Message) -> Outcome | None:
+    """Run the consumer's callback as the consumer would and return the outcome."""
+    completed: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
+    runner.consumer = SimpleNamespace(  # type: ignore[assignment]
+        complete=lambda _msg, outcome: completed.set_result(outcome)
+    )
     result = runner.callback(msg)
-    return await result  # type: ignore[no-any-return]
+    if result is DEFERRED:  # a sync handler: the pool reports through complete()
+        return await completed
+    if inspect.isawaitable(result):
+        return await result  # type: ignore[no-any-return]
+    return result  # type: ignore[no-any-return]
 
 
 def raising(exc: BaseException) -> Any:
@@ -444,6 +455,21 @@ async def test_sync_handler_runs_off_the_loop_and_answers_through_the_loop() -> 
     runner.pool.shutdown()
 
 
+def collect(runner: _TaskRunner) -> list[Outcome | None]:
+    """Outcomes the runner reports to its consumer, in order."""
+    outcomes: list[Outcome | None] = []
+    runner.consumer = SimpleNamespace(  # type: ignore[assignment]
+        complete=lambda _msg, outcome: outcomes.append(outcome)
+    )
+    return outcomes
+
+
+async def wait_for_count(items: list[Any], count: int, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while len(items) < count:
+            await asyncio.sleep(0.005)
+
+
 async def test_sync_pool_grows_when_its_threads_block_up_to_max_in_flight() -> None:
     release = threading.Event()
 
@@ -451,21 +477,27 @@ async def test_sync_pool_grows_when_its_threads_block_up_to_max_in_flight() -> N
         release.wait(5)
 
     runner = runner_for(block, max_in_flight=3)
-    futures = [runner.callback(make_message()[0]) for _ in range(5)]
+    outcomes = collect(runner)
+    assert all(runner.callback(make_message()[0]) is DEFERRED for _ in range(5))
     assert runner.pool is not None
+    await asyncio.sleep(0)  # the batch is handed over at the end of the iteration
     assert len(runner.pool._threads) == 1  # lazily: one to start with
     await asyncio.sleep(0.05)  # every thread blocked and jobs waiting: the pool grows
     assert len(runner.pool._threads) == 3
     release.set()
-    assert await asyncio.gather(*futures) == [FINISH] * 5
+    await wait_for_count(outcomes, 5)
+    assert outcomes == [FINISH] * 5
     runner.pool.shutdown()
 
 
 async def test_sync_pool_keeps_few_threads_for_fast_handlers() -> None:
     runner = runner_for(sync_handler, max_in_flight=50)
-    for _ in range(20):
-        futures = [runner.callback(make_message()[0]) for _ in range(50)]
-        assert await asyncio.gather(*futures) == [FINISH] * 50
+    outcomes = collect(runner)
+    for round_ in range(1, 21):
+        for _ in range(50):
+            runner.callback(make_message()[0])
+        await wait_for_count(outcomes, 50 * round_)
+    assert outcomes == [FINISH] * 1000
     assert runner.pool is not None
     assert len(runner.pool._threads) <= 3
     runner.pool.shutdown()
