@@ -50,8 +50,10 @@ __all__ += ["dead_letter_envelope", "event_loop_factory", "run_worker"]
 DURATION_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
 DURATION_BUCKETS += (600, 1800, 3600)
 
-GROW_CHECK = 0.005
-"""Seconds without a finished sync job, while jobs wait, before the pool adds threads."""
+GROW_CHECK = 0.02
+"""How long every sync thread must have been inside one handler call, while jobs wait,
+before the pool adds threads. Well above the GIL's 5 ms switch interval, so a thread
+that is only waiting for the GIL does not count as blocked."""
 
 log = get_logger("nsqworker.worker")
 _copy_context = contextvars.copy_context
@@ -183,9 +185,9 @@ class _ThreadPool:
     shared deque, and only idle threads are signalled, so a burst of fast messages
     costs one wake-up, not one per message. Results come back through another deque
     and the loop is woken once per batch to settle them all. The pool starts with one
-    thread and grows only when jobs wait while no job finished for ``GROW_CHECK``
-    seconds (every thread blocked), so fast handlers keep few threads and blocking
-    ones get up to ``size``.
+    thread and grows only when jobs wait while every thread has been inside one handler
+    call for ``GROW_CHECK`` seconds (all blocked), at most doubling per check, so fast
+    handlers keep few threads and blocking ones get up to ``size``.
     """
 
     def __init__(self, runner: _TaskRunner, size: int, name: str) -> None:
@@ -204,7 +206,7 @@ class _ThreadPool:
         self._flush_scheduled = False
         self._check_armed = False
         self._closed = False
-        self._resolved = self._seen = 0  # jobs resolved; as of the last growth check
+        self._busy_since: list[float] = []  # per thread: when its current job began, or 0
 
     def submit(self, msg: Message, ctx: contextvars.Context, token: Any) -> None:
         """Queue a job; the batch goes to the threads at the end of this iteration."""
@@ -229,19 +231,21 @@ class _ThreadPool:
     def _grow(self) -> None:
         self._check_armed = False
         waiting, threads = len(self._jobs), len(self._threads)
-        progress = self._resolved + len(self._done)
         if waiting and not self._closed and threads < self._size:
-            if progress == self._seen:  # nothing finished: every thread is blocked
-                self._spawn(min(waiting, self._size - threads))
+            since = perf_counter() - GROW_CHECK
+            if all(0 < began <= since for began in self._busy_since):  # all blocked
+                self._spawn(min(waiting, threads, self._size - threads))
             self._check_armed = True
             self._loop.call_later(GROW_CHECK, self._grow)
-        self._seen = progress
 
     def _spawn(self, count: int) -> None:
         for _ in range(count):
-            name = f"{self._name}-{len(self._threads) + 1}"
-            self._threads.append(threading.Thread(target=self._work, name=name, daemon=True))
-            self._threads[-1].start()
+            index = len(self._threads)
+            self._busy_since.append(0.0)
+            name = f"{self._name}-{index + 1}"
+            thread = threading.Thread(target=self._work, args=(index,), name=name, daemon=True)
+            self._threads.append(thread)
+            thread.start()
 
     def _next_job(self) -> _Job | None:
         """The next job, waiting while there is none; None once the pool is closed."""
@@ -259,9 +263,10 @@ class _ThreadPool:
         except IndexError:  # another thread took it; look again
             return self._next_job()
 
-    def _work(self) -> None:
+    def _work(self, index: int) -> None:
         jobs, append, func = self._jobs, self._done.append, self._func
         wake, flush = self._loop.call_soon_threadsafe, self._flush
+        busy = self._busy_since
         while True:
             job: _Job | None
             try:
@@ -270,7 +275,7 @@ class _ThreadPool:
                 job = self._next_job()
             if job is None:
                 return
-            start = perf_counter()
+            start = busy[index] = perf_counter()
             error: BaseException | None = None
             try:
                 if job[2] is None:
@@ -281,6 +286,7 @@ class _ThreadPool:
                     error = _awaitable_returned(result)
             except BaseException as exc:
                 error = exc
+            busy[index] = 0.0
             append((job, error, perf_counter() - start))
             if not self._flush_scheduled:
                 self._flush_scheduled = True
@@ -294,7 +300,6 @@ class _ThreadPool:
         done, finish = self._done, self._finish
         while done:
             job, error, duration = done.popleft()
-            self._resolved += 1
             try:
                 finish(*job, error, duration)
             except Exception:  # one bad result must not strand the rest of the batch

@@ -482,8 +482,12 @@ async def test_sync_pool_grows_when_its_threads_block_up_to_max_in_flight() -> N
     assert runner.pool is not None
     await asyncio.sleep(0)  # the batch is handed over at the end of the iteration
     assert len(runner.pool._threads) == 1  # lazily: one to start with
-    await asyncio.sleep(0.05)  # every thread blocked and jobs waiting: the pool grows
-    assert len(runner.pool._threads) == 3
+    # Every thread blocked and jobs waiting: the pool grows, doubling per check.
+    async with asyncio.timeout(2):
+        while len(runner.pool._threads) < 3:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    assert len(runner.pool._threads) == 3  # never past max_in_flight
     release.set()
     await wait_for_count(outcomes, 5)
     assert outcomes == [FINISH] * 5
