@@ -195,6 +195,11 @@ def _import_snappy() -> Any:
     return snappy
 
 
+def _expire(future: asyncio.Future[bytes], timeout: float) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError(f"no answer from nsqd within {timeout} s"))
+
+
 def _ignore(*_: Any) -> None:
     pass
 
@@ -654,7 +659,13 @@ class Connection(asyncio.Protocol):
         self.send(command)
         if timeout is None:
             return await future
-        return await asyncio.wait_for(future, timeout)
+        # A timer on the future, not wait_for (a Task and two futures per publish); a
+        # request that timed out keeps its FIFO slot, so the next answer is not misread.
+        timer = self._loop.call_later(timeout, _expire, future, timeout)
+        try:
+            return await future
+        finally:
+            timer.cancel()
 
     async def subscribe(self, topic: str, channel: str) -> None:
         """``SUB topic channel``; messages flow once RDY is raised."""

@@ -390,18 +390,31 @@ class ProducerInstrumentation:
         self._fixed = tracer_provider
         self._provider: trace.TracerProvider | None = None
         self._tracer: trace.Tracer = trace.NoOpTracer()
+        self._tracing = False
+        self._countdown = 0
         self._sent: dict[tuple[str, str | None], int] = {}
         _hub(meter_provider).producers.add(self)
+
+    def _refresh(self) -> None:
+        # Looking the global provider up costs microseconds, so with no SDK it is
+        # looked at again only every RECHECK_EVERY publishes.
+        self._countdown = RECHECK_EVERY
+        provider = self._fixed or trace.get_tracer_provider()
+        if provider is not self._provider:
+            self._provider, self._tracer = provider, provider.get_tracer(SCOPE, __version__)
+        self._tracing = not (_no_sdk(provider) or isinstance(self._tracer, trace.NoOpTracer))
 
     def start_send(
         self, topic: str, count: int = 1, address: str | None = None, *, batch: bool = False
     ) -> Span | None:
         """Start the PRODUCER span of one publish (``batch``: one MPUB of ``count``)."""
-        provider = self._fixed or trace.get_tracer_provider()
-        if provider is not self._provider:
-            self._provider, self._tracer = provider, provider.get_tracer(SCOPE, __version__)
-        if _no_sdk(provider) or isinstance(self._tracer, trace.NoOpTracer):
-            return None
+        if not self._tracing:
+            self._countdown -= 1
+            if self._countdown > 0:
+                return None
+            self._refresh()
+            if not self._tracing:
+                return None
         attrs: dict[str, Any] = {
             **_SYSTEM,
             "messaging.operation.name": "send",
