@@ -26,7 +26,7 @@ __all__ = ["Mode", "Slot", "plan"]
 # Seconds a decreased window stays committed when messages may still be on the wire.
 RDY_SETTLE = 0.1
 # A turn (connections > max_in_flight) lasts at most this long while messages flow...
-ROTATE_AFTER = 1.0
+ROTATE_AFTER = 0.5
 # ...and ends this early when nothing arrives on it.
 IDLE_AFTER = 0.1
 

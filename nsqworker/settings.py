@@ -258,7 +258,11 @@ class Settings(BaseSettings):
     )
     heartbeat_interval: Seconds = _bounded(30.0, 1, 60, "Seconds between nsqd heartbeats.")
     output_buffer_size: int = _bounded(
-        16384, -1, 65536, "Bytes nsqd buffers before writing; -1 = off, else at least 64."
+        -1,
+        -1,
+        65536,
+        "Bytes nsqd buffers before writing to us; -1 (default) writes each message at once"
+        " (lowest latency); 16384 with a timeout of 0.25 is nsqd's own batching.",
     )
     output_buffer_timeout: Seconds = _bounded(
         0.25, 0.025, 30, "Seconds nsqd may hold buffered data; lower = less latency, more CPU."
