@@ -1,0 +1,162 @@
+"""What telemetry costs per message: ``python bench/bench_telemetry.py [--messages N]``.
+
+Measures, in one run and one process, microseconds per message of
+``TaskInstrumentation.start`` + ``end`` (outcome FIN, no error):
+
+1. no SDK: no tracer or meter provider installed (the global proxies);
+2. 1% sampling: SDK TracerProvider, ParentBased(TraceIdRatioBased(0.01)),
+   BatchSpanProcessor with an exporter that drops everything;
+3. 100% sampling: the same provider with the default sampler (every span recorded);
+4. bare SDK span: ``tracer.start_span(...)`` + ``span.end()`` with the same attributes
+   on the 100% provider, the floor that 3 is compared with;
+5. the same bare span plus ``add_event("fin")``, the outcome event 3 also records.
+
+Each case runs ``--repeat`` passes, interleaved; the best pass is printed (the machine's
+other load only ever adds time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry.metrics import NoOpMeterProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import SpanKind
+
+from nsqworker.message import FINISH, Message
+from nsqworker.task import TaskSpec
+from nsqworker.telemetry import TaskInstrumentation
+
+
+class DropExporter(SpanExporter):
+    """Accepts every batch and does nothing with it."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def provider(sampler: ParentBased | None = None) -> TracerProvider:
+    """An SDK TracerProvider with a BatchSpanProcessor and a dropping exporter."""
+    tp = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(DropExporter(), max_queue_size=65536))
+    return tp
+
+
+def messages(count: int) -> list[Message]:
+    """Distinct messages as the consumer would hand them over."""
+    return [
+        Message(f"{i:016x}".encode(), b'{"id": 1}', 0, 1, "clicks", "archive", "127.0.0.1:4150")
+        for i in range(count)
+    ]
+
+
+def per_message(run: Callable[[list[Message]], None], msgs: list[Message]) -> float:
+    """Microseconds per message of one pass of ``run`` over ``msgs``."""
+    gc.collect()
+    gc.disable()
+    try:
+        started = time.perf_counter()
+        run(msgs)
+        return (time.perf_counter() - started) / len(msgs) * 1e6
+    finally:
+        gc.enable()
+
+
+def instrumented(inst: TaskInstrumentation) -> Callable[[list[Message]], None]:
+    """start + end per message, as the worker calls them."""
+    start, end = inst.start, inst.end
+
+    def run(msgs: list[Message]) -> None:
+        for msg in msgs:
+            end(start(msg), FINISH, None, 0.001)
+
+    return run
+
+
+def bare(
+    tp: TracerProvider, inst: TaskInstrumentation, event: bool = False
+) -> Callable[[list[Message]], None]:
+    """A bare SDK span with the attributes the instrumentation sets, prebuilt, and
+    (``event``) the "fin" event it adds."""
+    tracer = tp.get_tracer("bench-bare")
+    attrs: dict[str, Any] = {
+        "messaging.system": "nsq",
+        "messaging.operation.name": "process",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": "clicks",
+        "messaging.consumer.group.name": "archive",
+        "messaging.client.id": "bench",
+        "server.address": "127.0.0.1",
+        "server.port": 4150,
+        "messaging.message.id": "0000000000000000",
+        "messaging.nsq.message.attempts": 1,
+        "messaging.message.body.size": 9,
+    }
+    name, kind = inst.span_name, SpanKind.CONSUMER
+
+    def run(msgs: list[Message]) -> None:
+        for _ in msgs:
+            span = tracer.start_span(name, kind=kind, attributes=attrs)
+            if event:
+                span.add_event("fin")
+            span.end()
+
+    return run
+
+
+NO_SDK = "no SDK (global proxies)"
+RATIO = "1% sampled (ParentBased ratio)"
+FULL = "100% sampled, BatchSpanProcessor"
+BARE = "bare SDK span, same attributes"
+BARE_EVENT = "bare SDK span + 'fin' event"
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+    """Run the cases and print microseconds per message; returns them too."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--messages", type=int, default=5_000, help="per pass")
+    parser.add_argument("--repeat", type=int, default=30, help="passes; the best counts")
+    args = parser.parse_args(argv)
+    msgs = messages(args.messages)
+    no_meter = NoOpMeterProvider()
+    spec = TaskSpec("bench", "clicks", "archive", lambda msg: None, is_async=False)
+    sampled_tp, ratio_tp = provider(), provider(ParentBased(TraceIdRatioBased(0.01)))
+
+    def task(tp: TracerProvider | None) -> TaskInstrumentation:
+        meter = None if tp is None else no_meter  # no SDK at all: the global proxies
+        return TaskInstrumentation(
+            spec, tracer_provider=tp, meter_provider=meter, client_id="bench"
+        )
+
+    full, ratio = task(sampled_tp), task(ratio_tp)
+    cases = {
+        NO_SDK: instrumented(task(None)),
+        RATIO: instrumented(ratio),
+        FULL: instrumented(full),
+        BARE: bare(sampled_tp, full),
+        BARE_EVENT: bare(sampled_tp, full, event=True),
+    }
+    best = dict.fromkeys(cases, float("inf"))
+    for _ in range(args.repeat):
+        for label, run in cases.items():
+            best[label] = min(best[label], per_message(run, msgs))
+    for label, us in best.items():
+        print(f"{label:34s} {us:8.2f} us/message")
+    print(f"{'100% minus bare span':34s} {best[FULL] - best[BARE]:8.2f} us/message")
+    print(f"{'100% minus bare span + event':34s} {best[FULL] - best[BARE_EVENT]:8.2f} us/message")
+    sampled_tp.shutdown()
+    ratio_tp.shutdown()
+    return best
+
+
+if __name__ == "__main__":
+    main()

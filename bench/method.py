@@ -1,0 +1,111 @@
+"""The "Method" part of docs/benchmarks.md, filled in with the run's sizes."""
+
+from __future__ import annotations
+
+from bench.config import Config
+
+METHOD = """\
+## Method
+
+`make bench` (`python -m bench`) starts one nsqd v1.3.0 for the run on 127.0.0.1
+(free ports, `--mem-queue-size={mem_queue}` so every queued message stays in memory),
+runs the cases below and stops every process it started. Each client runs in its own
+process, started fresh for each run, so no client's garbage, threads or imports
+weigh on another's; our clients use {loop}, pynsq uses tornado's default asyncio loop.
+Every topic is fresh and deleted afterwards. Sizes below are this run's (`--quick`
+runs everything once with smaller sizes).
+
+**Consume.** {count:,} messages of 100 bytes (and 5% + 2 x max_in_flight more, so the
+queue never runs dry while the clock runs) are pre-loaded into a fresh topic and
+channel (MPUB of 1,000 over TCP) before the client starts; max_in_flight {mif}. A
+client's rate is timed from the first message its handler sees to the {count:,}th
+(connect, IDENTIFY and SUB left out), so it is the steady drain rate. (Timing a queue
+to empty would add nsqd's output-buffer flush timer, up to 250 ms, to the last
+message.)
+The handlers only count (`next()` on an `itertools.count`, the same in every client):
+(a) the full `@task` path through `Worker` with an `async def` no-op handler and
+(b) with a plain `def` no-op handler (run in the worker's thread pool), tracing off
+(no OpenTelemetry SDK installed), logs at warning; (c) the raw `Consumer` with a
+callback returning `FINISH`; (d) pynsq 0.9.1's `Reader`, `message_handler` returning
+True. (e) NSQ's Go `bench_reader` is the limit: it opens one connection per CPU with
+RDY = {mif} / connections and counts messages for a fixed `--runfor`, chosen to drain
+about half of the queue; a run where it emptied the queue is discarded and redone
+shorter. The CPU column (consume and publish) is the client process's CPU time, all
+threads, over its timed window: near 100% means the client itself was the bottleneck.
+
+**Publish.** Each client publishes 100-byte bodies for {publish_s:g} s (after 0.2 s of
+warm-up) on one connection and counts what nsqd acknowledged: PUB awaited one at a
+time; {batch:,} PUBs at once (`asyncio.gather` for ours; for pynsq's `Writer`, {batch:,}
+`pub()` calls with callbacks), the next {batch:,} once all were acknowledged; MPUB of
+{mpub} awaited one at a time. NSQ's Go `bench_writer` runs with `GOMAXPROCS=1`,
+hence one connection, one MPUB at a time, like ours; with a batch of 1 it is the Go
+reference for one-at-a-time publishing.
+
+**Latency.** A publisher process sends PUBs at a fixed rate ({rates}) for
+{latency_s:g} s, each body starting with the send time (`time.time_ns()`), on a bare
+pipelined connection so it never limits the rate. A Worker process (async `@task`)
+computes `time.time_ns() - sent` in the handler. The first 10% of messages are left
+out. nsqd buffers writes to consumers (flush at `output_buffer_size` bytes or every
+`output_buffer_timeout`). nsqworker's default, `output_buffer_size=-1`, turns that off
+in IDENTIFY, and the target is checked on it; the `nsqd's batching` rows show what
+nsqd's own defaults (16 KiB, 250 ms) cost at low rates. The consume cases run every
+client at nsqd's batching, as pynsq and bench_reader do: unbuffered, nsqd writes each
+message on its own and becomes the limit of a no-op consumer here (~64k msgs/s).
+
+**Memory.** VmRSS from `/proc/<pid>/status` of a Worker process with {idle} async
+tasks, each subscribed to its own topic, no traffic, one second after all subscribed.
+Peak RSS under load is each consume process's own VmHWM at its end.
+
+**Scale.** One Worker with {tasks} async no-op tasks (max_in_flight {tasks_mif} each),
+one topic each, pre-loaded with {per_task:,} messages each: time from
+`Worker.start()` until every task is subscribed; the rate over all tasks; the slowest
+task's own rate (its messages over the time its last arrived) relative to the median
+task's. Then {nsqd} more nsqd, each pre-loaded with {per_nsqd:,} messages, and one task
+with max_in_flight {nsqd_mif} over all of them (RDY has to rotate): time from
+`Worker.start()` until all are drained, and the smallest share of the messages handled
+that came from one nsqd when half of them were handled (fair is 1/{nsqd}).
+
+**Hot-path CPU.** Not a network benchmark: {cpu_count:,} pre-encoded message frames are
+handed to `Connection.data_received` in 256 KiB chunks and the writes go to a
+transport that drops them, so it measures only the client's own CPU per message.
+`floor` is the least any client must do (decode, call the handler, one write of FINs
+per read); the ratio column shows each path's speed relative to it.
+`python -m bench.profile --path consumer --profiler cprofile` shows where it goes.
+
+**Telemetry.** `bench/bench_telemetry.py` as it is: microseconds per message of
+`TaskInstrumentation.start` + `end` in one process (best of 10 passes of 5,000), with no
+OpenTelemetry SDK, with 1% and with 100% sampling, and a bare SDK span for comparison.
+
+## Running
+
+    make bench                                # the full run; rewrites this file
+    .venv/bin/python -m bench --quick         # smoke check: small, once, prints only
+    .venv/bin/python -m bench --only consume,latency --runs 5
+    .venv/bin/python -m bench.profile --path worker-async --profiler pyinstrument
+    .venv/bin/python -m bench.profile --path consumer --feed nsqd --profiler cprofile
+
+A run with `--quick` or `--only` prints its table but leaves this file alone unless
+`--out DIR` is given.
+"""
+
+
+def method(cfg: Config, loop: str, mem_queue: int) -> str:
+    return METHOD.format(
+        mem_queue=mem_queue,
+        loop=loop,
+        count=cfg.consume_count,
+        mif=cfg.max_in_flight,
+        publish_s=cfg.publish_seconds,
+        batch=cfg.concurrent_batch,
+        mpub=cfg.mpub_batch,
+        rates=" and ".join(f"{r:,} msg/s" for r in cfg.latency_rates),
+        latency_s=cfg.latency_seconds,
+        idle=cfg.idle_tasks,
+        tasks=cfg.scale_tasks,
+        tasks_mif=cfg.scale_max_in_flight,
+        per_task=cfg.scale_per_task,
+        nsqd=cfg.nsqd_count,
+        per_nsqd=cfg.per_nsqd,
+        nsqd_mif=cfg.nsqd_max_in_flight,
+        cpu_count=cfg.cpu_count,
+    )

@@ -1,0 +1,81 @@
+"""Publish: msgs/s acknowledged by nsqd, ours vs pynsq's Writer vs NSQ's bench_writer.
+
+Three shapes (see :mod:`bench.clients.publish`): PUB one at a time, ``concurrent_batch``
+PUBs at once, MPUB of ``mpub_batch`` one at a time. bench_writer only sends MPUB, so
+it is the Go reference for the MPUB shape (same batch size) and, with a batch of 1,
+for the one-at-a-time shape. It runs with one connection (``GOMAXPROCS=1``), like our
+Producer and pynsq's Writer, so all three wait for the same round trips.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench import gotools
+from bench.config import Config, Say
+from bench.env import BenchError, Broker, run_child
+from bench.results import Results, Series
+
+MODES = (
+    ("pub", "PUB, one at a time"),
+    ("concurrent", "PUB, {n} at once"),
+    ("mpub", "MPUB of {m}, one at a time"),
+)
+CLIENTS = (("ours", "Producer"), ("pynsq", "pynsq Writer"))
+
+
+def _batch(cfg: Config, mode: str) -> int:
+    return {"pub": 1, "concurrent": cfg.concurrent_batch, "mpub": cfg.mpub_batch}[mode]
+
+
+def run(broker: Broker, cfg: Config, results: Results, say: Say) -> None:
+    """Each shape with each client, ``cfg.runs`` times, interleaved."""
+    for mode, title in MODES:
+        shape = title.format(n=cfg.concurrent_batch, m=cfg.mpub_batch)
+        go = f"publish/{mode}-go" if mode != "concurrent" else ""
+        for client, name in CLIENTS:
+            key = f"publish/{mode}-{client}"
+            results.row(key, "publish", f"{name}: {shape}", "msgs/s")
+            results.compare(key, f"publish/{mode}-pynsq", go)
+        if go:
+            label = f"bench_writer (Go): MPUB of {_batch(cfg, mode)}, one at a time"
+            results.row(go, "publish", label, "msgs/s")
+            results.compare(go, f"publish/{mode}-pynsq")
+    for i in range(cfg.runs):
+        for mode, _ in MODES:
+            for client, name in CLIENTS:
+                say(f"publish run {i + 1}/{cfg.runs}: {name}, {mode}")
+                _measure(broker, cfg, results.series[f"publish/{mode}-{client}"], client, mode)
+            if mode != "concurrent":
+                say(f"publish run {i + 1}/{cfg.runs}: bench_writer, {mode}")
+                _measure_writer(broker, cfg, results.series[f"publish/{mode}-go"], mode)
+
+
+def _measure(broker: Broker, cfg: Config, series: Series, client: str, mode: str) -> None:
+    topic = broker.fresh_topic("publish")
+    params: dict[str, Any] = {
+        "address": broker.tcp_address,
+        "topic": topic,
+        "mode": mode,
+        "batch": _batch(cfg, mode),
+        "seconds": cfg.publish_seconds,
+        "loop": cfg.loop,
+    }
+    try:
+        result = run_child(f"publish:{client}", params, cfg.publish_seconds + 60)
+        series.add(result["rate"], result)
+    except BenchError as exc:
+        series.errors.append(str(exc))
+    finally:
+        broker.delete_topic(topic)
+
+
+def _measure_writer(broker: Broker, cfg: Config, series: Series, mode: str) -> None:
+    topic = broker.fresh_topic("publish")
+    try:
+        result = gotools.bench_writer(broker, topic, cfg.publish_seconds, _batch(cfg, mode))
+        series.add(result["rate"], result)
+    except (BenchError, ValueError) as exc:
+        series.errors.append(str(exc))
+    finally:
+        broker.delete_topic(topic)

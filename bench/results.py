@@ -1,0 +1,217 @@
+"""What a run measured: one :class:`Series` per row, and the targets checked on them."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Series:
+    """One row: a client or figure measured once per run."""
+
+    key: str
+    section: str
+    label: str
+    unit: str
+    higher_is_better: bool = True
+    values: list[float] = field(default_factory=list)
+    raw: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    note: str = ""
+
+    def add(self, value: float, raw: dict[str, Any] | None = None) -> None:
+        self.values.append(value)
+        self.raw.append(raw or {})
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.values)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def low(self) -> float:
+        return min(self.values)
+
+    @property
+    def high(self) -> float:
+        return max(self.values)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median, a fraction."""
+        return (self.high - self.low) / self.median if self.median else 0.0
+
+    def first(self, name: str, default: Any = None) -> Any:
+        """A field of the first raw result that has it."""
+        for raw in self.raw:
+            if name in raw:
+                return raw[name]
+        return default
+
+
+@dataclass
+class Target:
+    """A promise checked against the measurements; ``passed`` None = not measured."""
+
+    text: str
+    short: str
+    row: str
+    measured: str = "not measured"
+    passed: bool | None = None
+
+
+@dataclass
+class Results:
+    """Everything one run measured, in the order it was measured."""
+
+    series: dict[str, Series] = field(default_factory=dict)
+    references: dict[str, tuple[str, str]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def row(
+        self,
+        key: str,
+        section: str,
+        label: str,
+        unit: str,
+        *,
+        higher_is_better: bool = True,
+        note: str = "",
+    ) -> Series:
+        """The series ``key``, created on first use."""
+        if key not in self.series:
+            self.series[key] = Series(key, section, label, unit, higher_is_better, note=note)
+        return self.series[key]
+
+    def compare(self, key: str, pynsq: str = "", limit: str = "") -> None:
+        """Show ``key`` as a ratio to the pynsq row and to the limit row (NSQ's Go
+        tools, or the offline floor) given."""
+        self.references[key] = (pynsq, limit)
+
+    def get(self, key: str) -> Series | None:
+        series = self.series.get(key)
+        return series if series is not None and series.ok else None
+
+    def ratio(self, key: str, reference: str) -> float | None:
+        """How many times better ``key`` is than ``reference`` (medians): for rates
+        key / reference, for costs reference / key. None when either is missing."""
+        a, b = self.get(key), self.get(reference)
+        if a is None or b is None:
+            return None
+        return _better(a.median, b.median, a.higher_is_better)
+
+    def ratio_range(self, key: str, reference: str) -> tuple[float, float] | None:
+        """Lowest and highest ratio of runs measured side by side (run i to run i)."""
+        a, b = self.get(key), self.get(reference)
+        if a is None or b is None or len(a.values) != len(b.values):
+            return None
+        pairs = zip(a.values, b.values, strict=True)
+        ratios = [r for x, y in pairs if (r := _better(x, y, a.higher_is_better)) is not None]
+        return (min(ratios), max(ratios)) if ratios else None
+
+
+def _better(value: float, reference: float, higher_is_better: bool) -> float | None:
+    if higher_is_better:
+        return value / reference if reference else None
+    return reference / value if value else None
+
+
+# --- targets --------------------------------------------------------------------------
+
+Check = Callable[[Results], tuple[str, bool] | None]
+
+
+def _at_least_ratio(key: str, reference: str, factor: float) -> Check:
+    def check(results: Results) -> tuple[str, bool] | None:
+        ratio = results.ratio(key, reference)
+        if ratio is None:
+            return None
+        shown = f"{ratio:.0%}" if factor < 1 else f"{ratio:.1f}x"
+        return shown, ratio >= factor
+
+    return check
+
+
+def _within(key: str, reference: str, tolerance: float) -> Check:
+    def check(results: Results) -> tuple[str, bool] | None:
+        ratio = results.ratio(key, reference)
+        if ratio is None:
+            return None
+        return f"{ratio:.0%} of it", ratio >= 1 - tolerance
+
+    return check
+
+
+def _at_most(key: str, limit: float, unit: str) -> Check:
+    def check(results: Results) -> tuple[str, bool] | None:
+        series = results.get(key)
+        if series is None:
+            return None
+        return f"{series.median:.2f} {unit} (worst run {series.high:.2f})", series.high <= limit
+
+    return check
+
+
+TARGETS: list[tuple[str, str, str, Check]] = [
+    (
+        "raw Consumer >= 15x pynsq",
+        ">= 15x pynsq",
+        "consume/consumer",
+        _at_least_ratio("consume/consumer", "consume/pynsq", 15),
+    ),
+    (
+        "raw Consumer >= 60% of bench_reader",
+        ">= 60% of Go",
+        "consume/consumer",
+        _at_least_ratio("consume/consumer", "consume/bench_reader", 0.6),
+    ),
+    (
+        "Worker path, async no-op >= 10x pynsq",
+        ">= 10x pynsq",
+        "consume/worker-async",
+        _at_least_ratio("consume/worker-async", "consume/pynsq", 10),
+    ),
+    (
+        "Worker path, sync no-op >= 3x pynsq",
+        ">= 3x pynsq",
+        "consume/worker-sync",
+        _at_least_ratio("consume/worker-sync", "consume/pynsq", 3),
+    ),
+    (
+        "concurrent PUB >= 3x pynsq",
+        ">= 3x pynsq",
+        "publish/concurrent-ours",
+        _at_least_ratio("publish/concurrent-ours", "publish/concurrent-pynsq", 3),
+    ),
+    (
+        "MPUB within 10% of bench_writer (same batch size)",
+        ">= 90% of Go",
+        "publish/mpub-ours",
+        _within("publish/mpub-ours", "publish/mpub-go", 0.10),
+    ),
+    (
+        "p99 latency <= 5 ms at 1k msg/s",
+        "<= 5 ms",
+        "latency/1000-p99",
+        _at_most("latency/1000-p99", 5.0, "ms"),
+    ),
+    ("idle RSS <= 80 MB", "<= 80 MB", "memory/idle", _at_most("memory/idle", 80.0, "MB")),
+]
+
+
+def check_targets(results: Results) -> list[Target]:
+    """Every target, PASS/MISS where its rows were measured."""
+    targets = []
+    for text, short, row, check in TARGETS:
+        target = Target(text, short, row)
+        outcome = check(results)
+        if outcome is not None:
+            target.measured, target.passed = outcome
+        targets.append(target)
+    return targets
