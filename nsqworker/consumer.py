@@ -61,6 +61,7 @@ _FAILED = Requeue(None, backoff=True)
 _DRAIN_REQUEUE = Requeue(0.0, backoff=False)
 _CoroutineType = types.CoroutineType
 _OUTCOMES = (Finish, Requeue, GiveUp)
+_PENDING: Final = object()  # the callback's outcome arrives later
 _copy_context = contextvars.copy_context
 _monotonic = time.monotonic
 
@@ -535,32 +536,9 @@ class Consumer:
         if self._stopping or attempts > self.max_attempts or self._running >= self.max_in_flight:
             self._admit(msg)
             return
-        # _run, inlined: this is the per-message path.
-        self._running += 1
-        try:
-            result: Any = self._callback(msg)
-            if result is FINISH:
-                pass
-            elif result.__class__ is _CoroutineType:
-                context = _copy_context()
-                try:
-                    yielded = context.run(result.send, None)
-                except StopIteration as stop:
-                    result = stop.value
-                else:
-                    assert self._loop is not None
-                    task = self._loop.create_task(finish_in_task(result, yielded), context=context)
-                    self._track(msg, task)
-                    return
-            elif result is DEFERRED:
-                self._deferred.add(msg)
-                return
-            elif result is not None and not isinstance(result, _OUTCOMES):
-                self._track(msg, asyncio.ensure_future(result))
-                return
-        except Exception:
-            log.exception("%s: callback failed for message %s", self.name, msg.id)
-            result = _FAILED
+        result = self._start(msg)
+        if result is _PENDING:
+            return
         if result is FINISH and self._plain and not msg._responded and session.open:
             # settle + _release for the common case, when nothing else needs to know.
             msg._responded = True
@@ -587,32 +565,39 @@ class Consumer:
             self._run(msg)
 
     def _run(self, msg: Message) -> None:
+        result = self._start(msg)
+        if result is not _PENDING:
+            self._ran(msg, result)
+
+    def _start(self, msg: Message) -> Any:
+        """Run the callback: its outcome if known at once, else _PENDING (a suspended
+        coroutine or a future is tracked; a DEFERRED callback calls complete())."""
         self._running += 1
         try:
             result: Any = self._callback(msg)
             if result is FINISH:
-                pass
-            elif result.__class__ is _CoroutineType:
+                return result
+            if result.__class__ is _CoroutineType:
                 context = _copy_context()
                 try:
                     yielded = context.run(result.send, None)
                 except StopIteration as stop:
-                    result = stop.value
-                else:
-                    assert self._loop is not None
-                    task = self._loop.create_task(finish_in_task(result, yielded), context=context)
-                    self._track(msg, task)
-                    return
-            elif result is DEFERRED:
+                    return stop.value
+                assert self._loop is not None
+                self._track(
+                    msg, self._loop.create_task(finish_in_task(result, yielded), context=context)
+                )
+                return _PENDING
+            if result is DEFERRED:
                 self._deferred.add(msg)
-                return
-            elif result is not None and not isinstance(result, _OUTCOMES):
+                return _PENDING
+            if result is not None and not isinstance(result, _OUTCOMES):
                 self._track(msg, asyncio.ensure_future(result))
-                return
+                return _PENDING
+            return result
         except Exception:
             log.exception("%s: callback failed for message %s", self.name, msg.id)
-            result = _FAILED
-        self._ran(msg, result)
+            return _FAILED
 
     def complete(self, msg: Message, outcome: Outcome | None) -> None:
         """The outcome of a callback that returned :data:`DEFERRED` (call on the loop).
