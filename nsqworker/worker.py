@@ -25,7 +25,6 @@ import os
 import signal
 import threading
 from bisect import bisect_left
-from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from time import perf_counter
@@ -39,6 +38,7 @@ from nsqworker.eager import resume
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import configure_logging, get_logger
 from nsqworker.message import FINISH, Message, MessageOwner, Outcome
+from nsqworker.pool import LoopOwner, ThreadPool, run_traced
 from nsqworker.producer import Producer
 from nsqworker.settings import Settings
 from nsqworker.task import Registry, Reject, Retry, TaskSpec, describe_outcome, outcome_of_error
@@ -49,11 +49,6 @@ __all__ += ["dead_letter_envelope", "event_loop_factory", "run_worker"]
 #: Upper bounds (seconds) of the handler-duration histogram: 1 ms handlers to 1 h jobs.
 DURATION_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
 DURATION_BUCKETS += (600, 1800, 3600)
-
-GROW_CHECK = 0.02
-"""How long every sync thread must have been inside one handler call, while jobs wait,
-before the pool adds threads. Well above the GIL's 5 ms switch interval, so a thread
-that is only waiting for the GIL does not count as blocked."""
 
 log = get_logger("nsqworker.worker")
 _copy_context = contextvars.copy_context
@@ -136,192 +131,6 @@ def _instrumentation(spec: TaskSpec, settings: Settings) -> Instrumentation:
     return cast(Instrumentation, inst)
 
 
-def _traced(token: Any, func: Callable[..., Any], *args: Any) -> Any:
-    """``func(*args)`` with the token's span current (token None: a plain call)."""
-    if token is None:
-        return func(*args)
-    attached = otel_context.attach(token.context)
-    try:
-        return func(*args)
-    finally:
-        otel_context.detach(attached)
-
-
-# --- sync handlers: a batching thread pool --------------------------------------------
-
-
-class _LoopOwner:
-    """Lets a sync handler call ``msg.finish()``/``touch()`` from its thread: the
-    command is handed to the loop thread, which owns the connection."""
-
-    __slots__ = ("loop", "owner", "thread")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, owner: MessageOwner) -> None:
-        self.loop = loop
-        self.owner = owner
-        self.thread = threading.get_ident()
-
-    def settle(self, message: Message, outcome: Outcome) -> None:
-        if threading.get_ident() == self.thread:
-            self.owner.settle(message, outcome)
-        else:
-            self.loop.call_soon_threadsafe(self.owner.settle, message, outcome)
-
-    def touch(self, message: Message) -> None:
-        if threading.get_ident() == self.thread:
-            self.owner.touch(message)
-        else:
-            self.loop.call_soon_threadsafe(self.owner.touch, message)
-
-
-# (message, context, telemetry token)
-_Job = tuple[Message, contextvars.Context, Any]
-
-
-class _ThreadPool:
-    """Runs one sync handler in up to ``size`` threads, started as work needs them.
-
-    Jobs submitted during one loop iteration are handed over as one batch to a
-    shared deque, and only idle threads are signalled, so a burst of fast messages
-    costs one wake-up, not one per message. Results come back through another deque
-    and the loop is woken once per batch to settle them all. The pool starts with one
-    thread and grows only when jobs wait while every thread has been inside one handler
-    call for ``GROW_CHECK`` seconds (all blocked), at most doubling per check, so fast
-    handlers keep few threads and blocking ones get up to ``size``.
-    """
-
-    def __init__(self, runner: _TaskRunner, size: int, name: str) -> None:
-        self._func = runner.func
-        self._finish = runner.finish_sync
-        self._loop = runner.loop
-        self._size = size
-        self._name = name
-        self._submitted: list[_Job] = []
-        self._jobs: deque[_Job] = deque()
-        self._cond = threading.Condition(threading.Lock())
-        self._idle = 0
-        self._done: deque[tuple[_Job, BaseException | None, float]] = deque()
-        self._threads: list[threading.Thread] = []
-        self._submit_scheduled = False
-        self._flush_scheduled = False
-        self._check_armed = False
-        self._closed = False
-        self._busy_since: list[float] = []  # per thread: when its current job began, or 0
-
-    def submit(self, msg: Message, ctx: contextvars.Context, token: Any) -> None:
-        """Queue a job; the batch goes to the threads at the end of this iteration."""
-        self._submitted.append((msg, ctx, token))
-        if not self._submit_scheduled:
-            self._submit_scheduled = True
-            self._loop.call_soon(self._hand_over)
-
-    def _hand_over(self) -> None:
-        self._submit_scheduled = False
-        batch, self._submitted = self._submitted, []
-        self._jobs.extend(batch)
-        with self._cond:
-            if self._idle:
-                self._cond.notify(min(len(batch), self._idle))
-        if not self._check_armed and len(self._threads) < self._size:
-            if not self._threads:
-                self._spawn(1)
-            self._check_armed = True
-            self._loop.call_later(GROW_CHECK, self._grow)
-
-    def _grow(self) -> None:
-        self._check_armed = False
-        waiting, threads = len(self._jobs), len(self._threads)
-        if waiting and not self._closed and threads < self._size:
-            since = perf_counter() - GROW_CHECK
-            if all(0 < began <= since for began in self._busy_since):  # all blocked
-                self._spawn(min(waiting, threads, self._size - threads))
-            self._check_armed = True
-            self._loop.call_later(GROW_CHECK, self._grow)
-
-    def _spawn(self, count: int) -> None:
-        for _ in range(count):
-            index = len(self._threads)
-            self._busy_since.append(0.0)
-            name = f"{self._name}-{index + 1}"
-            thread = threading.Thread(target=self._work, args=(index,), name=name, daemon=True)
-            self._threads.append(thread)
-            thread.start()
-
-    def _next_job(self) -> _Job | None:
-        """The next job, waiting while there is none; None once the pool is closed."""
-        jobs, cond = self._jobs, self._cond
-        with cond:
-            # Checked under the lock that _hand_over notifies under: no lost wake-ups.
-            while not jobs:
-                if self._closed:
-                    return None
-                self._idle += 1
-                cond.wait()
-                self._idle -= 1
-        try:
-            return jobs.popleft()
-        except IndexError:  # another thread took it; look again
-            return self._next_job()
-
-    def _work(self, index: int) -> None:
-        jobs, append, func = self._jobs, self._done.append, self._func
-        wake, flush = self._loop.call_soon_threadsafe, self._flush
-        busy = self._busy_since
-        while True:
-            job: _Job | None
-            try:
-                job = jobs.popleft()
-            except IndexError:
-                job = self._next_job()
-            if job is None:
-                return
-            start = busy[index] = perf_counter()
-            error: BaseException | None = None
-            try:
-                if job[2] is None:
-                    result = job[1].run(func, job[0])
-                else:
-                    result = job[1].run(_traced, job[2], func, job[0])
-                if result is not None and inspect.isawaitable(result):
-                    error = _awaitable_returned(result)
-            except BaseException as exc:
-                error = exc
-            busy[index] = 0.0
-            append((job, error, perf_counter() - start))
-            if not self._flush_scheduled:
-                self._flush_scheduled = True
-                try:
-                    wake(flush)
-                except RuntimeError:  # the loop is closed: nobody waits for results
-                    return
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False  # before draining, so no result waits unseen
-        done, finish = self._done, self._finish
-        while done:
-            job, error, duration = done.popleft()
-            try:
-                finish(*job, error, duration)
-            except Exception:  # one bad result must not strand the rest of the batch
-                log.exception("settling a sync handler's result failed", id=job[0].id)
-
-    def shutdown(self) -> None:
-        """Let every thread exit once the jobs it can see are done."""
-        self._closed = True
-        with self._cond:
-            self._cond.notify_all()
-
-    def alive(self) -> int:
-        """Threads still running (a handler that outlived the drain, or not yet exited)."""
-        return sum(t.is_alive() for t in self._threads)
-
-
-def _awaitable_returned(result: Any) -> TypeError:
-    if inspect.iscoroutine(result):
-        result.close()
-    return TypeError("a sync handler returned an awaitable; declare the handler with async def")
-
-
 # --- one task ------------------------------------------------------------------------
 
 
@@ -346,11 +155,11 @@ class _TaskRunner:
         call = getattr(hook, "__call__", None)  # noqa: B004 - async callable objects count
         self.hook_async = inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(call)
         self.owner: MessageOwner | None = None
-        self.proxy: _LoopOwner | None = None
-        self.pool: _ThreadPool | None = None
+        self.proxy: LoopOwner | None = None
+        self.pool: ThreadPool | None = None
         if not spec.is_async:
             name = f"nsqworker-{getattr(spec.func, '__name__', 'task')}"
-            self.pool = _ThreadPool(self, max_in_flight, name)
+            self.pool = ThreadPool(self.func, self.finish_sync, self.loop, max_in_flight, name)
         self.callback: Callable[[Message], Any] = (
             self.call_async if spec.is_async else self.call_sync
         )
@@ -364,7 +173,7 @@ class _TaskRunner:
         inst = self.inst
         token = inst.start(msg) if inst.enabled else None
         if token is not None:
-            return self.call_async_traced(msg, token)  # a coroutine, run eagerly too
+            return self.call_asyncrun_traced(msg, token)  # a coroutine, run eagerly too
         start = perf_counter()
         context = _copy_context()
         try:
@@ -385,7 +194,7 @@ class _TaskRunner:
             return self.failed(msg, exc, perf_counter() - start, None, None, None)
         return self.succeeded(msg, perf_counter() - start, None)
 
-    async def call_async_traced(self, msg: Message, token: Any) -> Outcome | None:
+    async def call_asyncrun_traced(self, msg: Message, token: Any) -> Outcome | None:
         """An async handler run with its process span current."""
         attached = otel_context.attach(token.context)
         start = perf_counter()
@@ -418,7 +227,7 @@ class _TaskRunner:
         """Hand a sync handler to the pool; its outcome reaches the consumer later."""
         owner = msg._owner
         if owner is not self.owner and owner is not None:
-            self.owner, self.proxy = owner, _LoopOwner(self.loop, owner)
+            self.owner, self.proxy = owner, LoopOwner(self.loop, owner)
         msg._owner = self.proxy
         inst = self.inst
         token = inst.start(msg) if inst.enabled else None
@@ -438,7 +247,7 @@ class _TaskRunner:
             self.dur_sum += duration
             outcome = None if msg._responded else FINISH
             if self.log_info:
-                ctx.run(_traced, token, self.log_done, msg, outcome, duration)
+                ctx.run(run_traced, token, self.log_done, msg, outcome, duration)
             if self.inst.enabled:
                 self.inst.end(token, outcome, None, duration)
         self.consumer.complete(msg, outcome)
@@ -458,7 +267,7 @@ class _TaskRunner:
         if ctx is None:
             self.log_failure(msg, exc, outcome, duration)
         else:
-            ctx.run(_traced, token, self.log_failure, msg, exc, outcome, duration)
+            ctx.run(run_traced, token, self.log_failure, msg, exc, outcome, duration)
         if attached is not None:
             otel_context.detach(attached)
         if self.inst.enabled:
