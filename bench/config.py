@@ -41,6 +41,8 @@ class Config:
     per_nsqd: int = 2000
     # cpu (offline feed)
     cpu_count: int = 200_000
+    # telemetry: consume with tracing off, 1%, 100%
+    telemetry_count: int = 100_000
 
     @classmethod
     def quick(cls, loop: str | None = None) -> Config:
@@ -55,4 +57,5 @@ class Config:
             scale_per_task=200,
             per_nsqd=250,
             cpu_count=50_000,
+            telemetry_count=10_000,
         )

@@ -38,7 +38,7 @@ def run(broker: Broker, cfg: Config, results: Results, say: Say) -> None:
     for i in range(cfg.runs):
         for key, label, target, extra in CLIENTS:
             say(f"consume run {i + 1}/{cfg.runs}: {label}")
-            _measure(broker, cfg, results.series[f"consume/{key}"], target, extra)
+            measure(broker, cfg, results.series[f"consume/{key}"], target, extra)
         say(f"consume run {i + 1}/{cfg.runs}: bench_reader")
         reader_rate = _measure_reader(
             broker, cfg, results.series["consume/bench_reader"], reader_rate
@@ -65,7 +65,7 @@ def headroom(cfg: Config) -> int:
     return 2 * cfg.max_in_flight + cfg.consume_count // 20
 
 
-def _measure(
+def measure(
     broker: Broker, cfg: Config, series: Series, target: str, extra: dict[str, Any]
 ) -> None:
     topic = broker.fresh_topic("consume")

@@ -30,7 +30,7 @@ def run_traced(token: Any, func: Callable[..., Any], *args: Any) -> Any:
     """``func(*args)`` with the token's span current (token None: a plain call)."""
     if token is None:
         return func(*args)
-    attached = otel_context.attach(token.context)
+    attached = otel_context.attach(token[1])
     try:
         return func(*args)
     finally:

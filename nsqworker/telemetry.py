@@ -10,15 +10,17 @@ Worker side, one :class:`TaskInstrumentation` per task, built once::
     except Exception as exc:
         error = exc
     ...                                                  # the worker picks the outcome
-    inst.end(token, outcome, error, time.perf_counter() - started)
+    if token is not None or inst.timed:
+        inst.end(token, outcome, error, time.perf_counter() - started)
 
 ``start`` returns None when nothing is recorded (no SDK, or the message is not
-sampled); otherwise a :class:`ProcessToken` whose ``context`` is an OpenTelemetry
-Context holding the ``process <topic>`` span. :func:`run_async` and :func:`run_sync`
-call the handler with that context attached (``context.attach(token.context)``, then
-``context.detach``), so the handler's own spans nest under it and log lines carry its
-trace_id and span_id. Call ``end`` once per ``start``, also for a None token: it records
-the duration histogram when an SDK MeterProvider is installed.
+sampled); otherwise a :data:`ProcessToken`, the tuple ``(span, context, msg)`` whose
+``context`` is an OpenTelemetry Context holding the ``process <topic>`` span.
+:func:`run_async` and :func:`run_sync` call the handler with that context attached
+(``context.attach(token[1])``, then ``context.detach``), so the handler's own spans
+nest under it and log lines carry its trace_id and span_id. Call ``end`` for every
+token; for a None token too when ``inst.timed`` (an SDK MeterProvider is installed
+and ``end`` records the duration histogram). Calling it anyway is harmless.
 
 Producer side: :func:`producer_instrumentation` is the hook ``nsqworker.producer``
 loads (see :class:`ProducerInstrumentation`). Metrics are read, never counted twice:
@@ -45,11 +47,12 @@ from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.sdk.trace import sampling
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from nsqworker import __version__
 from nsqworker.envelope import ENVELOPE_MAGIC, unwrap_envelope, wrap_envelope
 from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.otel_shortcuts import add_plain_event, context_with
 
 if TYPE_CHECKING:
     from nsqworker.producer import PublishCall
@@ -80,24 +83,21 @@ RECHECK_EVERY = 256
 _LIMIT = (1 << 64) - 1  # TraceIdRatioBased compares the low 64 bits of the trace id
 _DISABLED, _GENERIC, _RATIO = 0, 1, 2
 _SYSTEM = {"messaging.system": "nsq"}
+_CONSUMER = SpanKind.CONSUMER
 
 
-class ProcessToken:
-    """A started ``process`` span: ``span``, and ``context`` to run the handler in."""
+ProcessToken = tuple[Span, otel_context.Context, Message]
+"""A started ``process`` span: ``(span, context to run the handler in, message)``.
 
-    __slots__ = ("context", "message", "span")
-
-    def __init__(self, span: Span, context: otel_context.Context, message: Message) -> None:
-        self.span = span
-        self.context = context
-        self.message = message
+A plain tuple: at a full sampling rate it is made for every message, and a class
+instance costs about 1 us more here."""
 
 
 def run_sync(token: ProcessToken | None, fn: Callable[[Message], T], msg: Message) -> T:
     """``fn(msg)`` with the token's span current in this thread; a plain call for None."""
     if token is None:
         return fn(msg)
-    attached = otel_context.attach(token.context)
+    attached = otel_context.attach(token[1])
     try:
         return fn(msg)
     finally:
@@ -110,7 +110,7 @@ async def run_async(
     """``await fn(msg)`` with the token's span current; a plain await for None."""
     if token is None:
         return await fn(msg)
-    attached = otel_context.attach(token.context)
+    attached = otel_context.attach(token[1])
     try:
         return await fn(msg)
     finally:
@@ -218,8 +218,9 @@ class TaskInstrumentation:
         client_id: str | None = None,
     ) -> None:
         self.spec = spec
-        self.enabled = True
-        """Always True: ``start`` also strips envelopes and notices a later SDK."""
+        self.timed = False
+        """True when ``end`` records the duration histogram (an SDK MeterProvider is
+        installed), so it must be called for messages ``start`` did not trace too."""
         self._unwrap = getattr(spec, "envelope", None) is not False
         mode = parent_mode or getattr(settings, "trace_parent_mode", "link")
         if mode not in ("link", "parent"):
@@ -242,6 +243,7 @@ class TaskInstrumentation:
         self._by_address: dict[str, dict[str, Any]] = {}
         self._providers = (tracer_provider, meter_provider)
         self._tracer: trace.Tracer = trace.NoOpTracer()
+        self._sdk = False
         self._histogram: metrics.Histogram | None = None
         self._preset: _PresetIds | None = None
         self._mode, self._bound, self._parent_based = _DISABLED, 0, False
@@ -257,6 +259,10 @@ class TaskInstrumentation:
         self._recheck = (not fixed_tp and _is_proxy(tp)) or (not fixed_mp and _is_proxy(mp))
         self._countdown = RECHECK_EVERY
         self._tracer = tp.get_tracer(SCOPE, __version__)
+        # The SDK copies a span's attributes (into BoundedAttributes) and keeps no
+        # reference to the dict, so one dict per address is refilled per message; any
+        # other tracer gets a copy.
+        self._sdk = isinstance(self._tracer, SdkTracer)
         plan = _sampling_plan(tp, self._tracer)
         self._mode, self._bound, self._parent_based, self._preset = plan
         if self._histogram is None and isinstance(mp, SdkMeterProvider):
@@ -266,9 +272,14 @@ class TaskInstrumentation:
                 description="Duration of processing one message (the handler's run time).",
                 explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
             )
+        self.timed = self._histogram is not None
 
     def start(self, msg: Message) -> ProcessToken | None:
-        """Strip a trace envelope off ``msg.body``; start the span if it is sampled."""
+        """Strip a trace envelope off ``msg.body``; start the span if it is sampled.
+
+        Called on one thread only (the worker's event loop): it refills one
+        attribute dict per nsqd address.
+        """
         carrier = None
         if self._unwrap and msg.body.startswith(ENVELOPE_MAGIC):
             msg.body, carrier = unwrap_envelope(msg.body)
@@ -276,29 +287,35 @@ class TaskInstrumentation:
             self._countdown -= 1
             if self._countdown <= 0:
                 self.refresh()
-        if not self._mode:  # _DISABLED
+        mode = self._mode
+        if not mode:  # _DISABLED
             return None
-        parent = None
-        if carrier is not None and self._parent_mode:
-            parent = propagate.extract(carrier)
-        if self._mode == _RATIO and not self._presample(parent):
+        parent, links = None, ()
+        if carrier is not None:
+            parent, links = self._remote(carrier)
+        if mode == _RATIO and not self._presample(parent):
             return None
-        attrs = self._by_address.get(msg.nsqd_address) or self._address_attrs(msg.nsqd_address)
-        attrs = attrs.copy()
+        address = msg.nsqd_address
+        attrs = self._by_address.get(address) or self._address_attrs(address)
+        if not self._sdk:
+            attrs = attrs.copy()
         attrs["messaging.message.id"] = msg.id_bytes.decode()
         attrs["messaging.nsq.message.attempts"] = msg.attempts
         attrs["messaging.message.body.size"] = len(msg.body)
-        links: tuple[Link, ...] = ()
-        if carrier is not None and not self._parent_mode:
-            remote = trace.get_current_span(propagate.extract(carrier)).get_span_context()
-            if remote.is_valid:
-                links = (Link(remote),)
-        span = self._tracer.start_span(self.span_name, parent, SpanKind.CONSUMER, attrs, links)
+        span = self._tracer.start_span(self.span_name, parent, _CONSUMER, attrs, links)
         if self._preset is not None:
             self._preset.local.trace_id = 0  # left over if the tracer is disabled
-        if not span.is_recording():
-            return None
-        return ProcessToken(span, trace.set_span_in_context(span, parent), msg)
+        if type(span) is NonRecordingSpan or not (self._sdk or span.is_recording()):
+            return None  # the SDK's sampler dropped it (an SDK span is recording when new)
+        return span, context_with(span, parent), msg
+
+    def _remote(self, carrier: dict[str, str]) -> tuple[otel_context.Context | None, Any]:
+        """``(parent, links)`` for an envelope's trace headers, as ``parent_mode`` says."""
+        remote = propagate.extract(carrier)
+        if self._parent_mode:
+            return remote, ()
+        span_context = trace.get_current_span(remote).get_span_context()
+        return None, (Link(span_context),) if span_context.is_valid else ()
 
     def _presample(self, parent: otel_context.Context | None) -> bool:
         """Decide as the SDK's sampler will, before paying for attributes and a span."""
@@ -311,10 +328,10 @@ class TaskInstrumentation:
                 return (span_ctx.trace_id & _LIMIT) < self._bound
         if self._preset is None:  # AlwaysOff
             return False
-        trace_id = getrandbits(128) or 1
-        if (trace_id & _LIMIT) >= self._bound:
+        low = getrandbits(64)  # the half the sampler compares; the rest only if sampled
+        if low >= self._bound:
             return False
-        self._preset.local.trace_id = trace_id
+        self._preset.local.trace_id = (getrandbits(64) << 64 | low) or 1
         return True
 
     def _address_attrs(self, address: str) -> dict[str, Any]:
@@ -344,13 +361,13 @@ class TaskInstrumentation:
             self._histogram.record(duration, attrs)
         if token is None:
             return
-        span = token.span
-        touches = token.message.touch_count
+        span, _, msg = token
+        touches = msg.touch_count
         if touches:  # absent means none: an attribute set after start costs a few us
             span.set_attribute("messaging.nsq.message.touches", touches)
         failed = error is not None
         if outcome is FINISH:
-            span.add_event("fin")
+            add_plain_event(span, "fin")
         elif isinstance(outcome, Requeue):
             event: dict[str, Any] = {"messaging.nsq.requeue.backoff": outcome.backoff}
             if outcome.delay is not None:

@@ -28,7 +28,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from time import perf_counter
-from typing import Any, Protocol, Self, cast
+from typing import Any, Protocol, Self
 
 from opentelemetry import context as otel_context
 
@@ -112,10 +112,11 @@ class WorkerStats:
 
 
 class Instrumentation(Protocol):
-    """``telemetry.TaskInstrumentation``: ``start`` returns None or a token whose
-    ``context`` is attached while the handler runs; ``end`` follows every ``start``."""
+    """``telemetry.TaskInstrumentation``: ``start`` returns None or a token
+    ``(span, context, msg)`` whose context is attached while the handler runs; ``end``
+    follows every ``start`` that returned a token, and every one when ``timed``."""
 
-    enabled: bool
+    timed: bool
 
     def start(self, msg: Message) -> Any: ...
 
@@ -125,10 +126,7 @@ class Instrumentation(Protocol):
 def _instrumentation(spec: TaskSpec, settings: Settings) -> Instrumentation:
     from nsqworker.telemetry import TaskInstrumentation
 
-    inst: Any = TaskInstrumentation(spec, settings)
-    if not hasattr(inst, "enabled"):  # checked once per message: False skips telemetry
-        inst.enabled = True
-    return cast(Instrumentation, inst)
+    return TaskInstrumentation(spec, settings)
 
 
 # --- one task ------------------------------------------------------------------------
@@ -170,8 +168,7 @@ class _TaskRunner:
         A handler that never awaits is finished before this returns, in the same read
         burst; that is the throughput path, so it is kept free of extra coroutines.
         """
-        inst = self.inst
-        token = inst.start(msg) if inst.enabled else None
+        token = self.inst.start(msg)
         if token is not None:
             return self.call_asyncrun_traced(msg, token)  # a coroutine, run eagerly too
         start = perf_counter()
@@ -196,7 +193,7 @@ class _TaskRunner:
 
     async def call_asyncrun_traced(self, msg: Message, token: Any) -> Outcome | None:
         """An async handler run with its process span current."""
-        attached = otel_context.attach(token.context)
+        attached = otel_context.attach(token[1])
         start = perf_counter()
         try:
             await self.func(msg)
@@ -219,7 +216,7 @@ class _TaskRunner:
             self.log_done(msg, outcome, duration)
         if attached is not None:
             otel_context.detach(attached)
-        if self.inst.enabled:
+        if token is not None or self.inst.timed:
             self.inst.end(token, outcome, None, duration)
         return outcome
 
@@ -229,8 +226,7 @@ class _TaskRunner:
         if owner is not self.owner and owner is not None:
             self.owner, self.proxy = owner, LoopOwner(self.loop, owner)
         msg._owner = self.proxy
-        inst = self.inst
-        token = inst.start(msg) if inst.enabled else None
+        token = self.inst.start(msg)
         assert self.pool is not None
         self.pool.submit(msg, _copy_context(), token)
         return DEFERRED
@@ -248,7 +244,7 @@ class _TaskRunner:
             outcome = None if msg._responded else FINISH
             if self.log_info:
                 ctx.run(run_traced, token, self.log_done, msg, outcome, duration)
-            if self.inst.enabled:
+            if token is not None or self.inst.timed:
                 self.inst.end(token, outcome, None, duration)
         self.consumer.complete(msg, outcome)
 
@@ -270,8 +266,7 @@ class _TaskRunner:
             ctx.run(run_traced, token, self.log_failure, msg, exc, outcome, duration)
         if attached is not None:
             otel_context.detach(attached)
-        if self.inst.enabled:
-            self.inst.end(token, outcome, exc, duration)
+        self.inst.end(token, outcome, exc, duration)
         return outcome
 
     def log_failure(

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.common import CHANNEL, Clock, loop_label, memory_fields, run_on
@@ -26,11 +27,61 @@ NSQD_BUFFERING: dict[str, Any] = {"output_buffer_size": 16384, "output_buffer_ti
 
 def worker(params: dict[str, Any]) -> dict[str, Any]:
     """The full @task path: Registry, Worker, a no-op handler (``params["mode"]``:
-    "async" or "sync"), tracing off, logs at warning."""
+    "async" or "sync"), logs at warning. ``params["tracing"]`` (see
+    :func:`tracing`): absent, no OpenTelemetry SDK at all."""
     loop = params.get("loop", "uvloop")
     result = run_on(loop, _worker(params))
     threads = threading.active_count()
     return {**result, **memory_fields(), "loop": loop_label(loop), "threads": threads}
+
+
+def tracing(mode: str) -> Callable[[], None] | None:
+    """Set up the SDK of a traced run; returns what the handler calls per message.
+
+    "full" and "ratio" install a global SDK TracerProvider, so the worker traces: every
+    message (the default ParentBased(AlwaysOn)) or 1% (ParentBased(
+    TraceIdRatioBased(0.01))). "bare" installs none (the worker does not trace) and
+    returns a function that makes one bare SDK span with the process span's 11
+    attributes (``start_span`` + ``end``), for the handler to call: the floor the
+    traced runs are compared with, paid under the same conditions. Spans go through a
+    BatchSpanProcessor to an exporter that drops them.
+    """
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    from opentelemetry.trace import SpanKind
+
+    class Drop(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    sampler = ParentBased(TraceIdRatioBased(0.01)) if mode == "ratio" else None
+    provider = TracerProvider(sampler=sampler) if sampler is not None else TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Drop(), max_queue_size=65536))
+    if mode != "bare":
+        trace.set_tracer_provider(provider)
+        return None
+    start_span = provider.get_tracer("bench-bare").start_span
+    name, kind = "process bench", SpanKind.CONSUMER
+    attrs: dict[str, Any] = {
+        "messaging.system": "nsq",
+        "messaging.operation.name": "process",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": "bench",
+        "messaging.consumer.group.name": CHANNEL,
+        "messaging.client.id": "bench",
+        "server.address": "127.0.0.1",
+        "server.port": 4150,
+        "messaging.message.id": "0000000000000000",
+        "messaging.nsq.message.attempts": 1,
+        "messaging.message.body.size": 100,
+    }
+
+    def bare_span() -> None:
+        start_span(name, kind=kind, attributes=attrs).end()
+
+    return bare_span
 
 
 async def _worker(params: dict[str, Any]) -> dict[str, Any]:
@@ -51,7 +102,15 @@ async def _worker(params: dict[str, Any]) -> dict[str, Any]:
     declare = registry.task(
         params["topic"], channel=CHANNEL, max_in_flight=params["max_in_flight"], name="bench"
     )
-    if params["mode"] == "async":
+    bare_span = tracing(params["tracing"]) if params.get("tracing") else None
+    if bare_span is not None:
+
+        async def handle_with_span(msg: Any) -> None:
+            bare_span()
+            hit()
+
+        declare(handle_with_span)
+    elif params["mode"] == "async":
 
         async def handle(msg: Any) -> None:
             hit()

@@ -137,3 +137,49 @@ async def test_parent_mode_through_the_producer(
     assert process.context.trace_id == send_span.context.trace_id == current.trace_id
     assert process.parent is not None and process.parent.span_id == send_span.context.span_id
     assert [e.name for e in process.events] == ["fin"]
+
+
+async def test_duration_histogram_counts_untraced_messages_too(
+    nsqd: NsqdProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Metrics without tracing: start() gives no token, yet every message is timed.
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    monkeypatch.setattr(metrics, "get_meter_provider", lambda: meter_provider)
+    reg = Registry()
+    done: list[str] = []
+
+    @reg.task("timed_async", channel=CHANNEL)
+    async def handle_async(msg: Message) -> None:
+        done.append("async")
+
+    @reg.task("timed_sync", channel=CHANNEL)
+    def handle_sync(msg: Message) -> None:
+        done.append("sync")
+
+    for topic in ("timed_async", "timed_sync"):
+        nsqd.create_channel(topic, CHANNEL)
+        for n in range(3):
+            nsqd.publish(topic, b"%d" % n)
+    async with Worker(reg, settings(nsqd)):
+        await wait_until(lambda: len(done) == 6)
+        await wait_until(lambda: sum(_durations(reader).values()) == 6)
+    assert _durations(reader) == {"timed_async": 3, "timed_sync": 3}
+    meter_provider.shutdown()
+
+
+def _durations(reader: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == "messaging.process.duration":
+                    for point in metric.data.data_points:
+                        topic = str(point.attributes["messaging.destination.name"])
+                        counts[topic] = counts.get(topic, 0) + point.count
+    return counts

@@ -86,7 +86,7 @@ def test_success_span_has_the_messaging_attributes_from_the_start(
     msg = make_msg(attempts=2)
     token = inst.start(msg)
     assert token is not None
-    assert token.span.is_recording()
+    assert token[0].is_recording()
     inst.end(token, FINISH, None, 0.01)
 
     span = only_span(exporter)
@@ -349,7 +349,7 @@ def test_ratio_sampling_follows_a_sampled_parent(exporter: InMemorySpanExporter)
     inst = instrument(provider, parent_mode="parent")
     token = inst.start(make_msg(wrapped))
     assert token is not None
-    assert token.span.get_span_context().trace_id == sent.trace_id
+    assert token[0].get_span_context().trace_id == sent.trace_id
     assert instrument(provider).start(make_msg(wrapped)) is None  # link mode: a root
 
 
