@@ -169,43 +169,43 @@ class _TaskRunner:
         burst; that is the throughput path, so it is kept free of extra coroutines.
         """
         token = self.inst.start(msg)
-        if token is not None:
-            return self.call_asyncrun_traced(msg, token)  # a coroutine, run eagerly too
         start = perf_counter()
         context = _copy_context()
+        if token is not None:
+            # The span is made current in this message's own Context only: the handler,
+            # and the Task that finishes it if it suspends, run in it; nothing to detach.
+            context.run(otel_context.attach, token[1])
         try:
             coro = self.func(msg)
             yielded = context.run(coro.send, None)
         except StopIteration:
-            return self.succeeded(msg, perf_counter() - start, None)
+            return self.succeeded(msg, perf_counter() - start, token, context)
         except (Exception, asyncio.CancelledError) as exc:
-            return self.failed(msg, exc, perf_counter() - start, None, None, None)
-        return self.loop.create_task(self._rest(coro, yielded, msg, start), context=context)
+            return self.failed(msg, exc, perf_counter() - start, token, context)
+        task = self._rest(coro, yielded, msg, start, token)
+        return self.loop.create_task(task, context=context)
 
     async def _rest(
-        self, coro: Coroutine[Any, Any, Any], yielded: Any, msg: Message, start: float
+        self,
+        coro: Coroutine[Any, Any, Any],
+        yielded: Any,
+        msg: Message,
+        start: float,
+        token: Any,
     ) -> Outcome | None:
         try:
             await resume(coro, yielded)
         except (Exception, asyncio.CancelledError) as exc:
-            return self.failed(msg, exc, perf_counter() - start, None, None, None)
-        return self.succeeded(msg, perf_counter() - start, None)
-
-    async def call_asyncrun_traced(self, msg: Message, token: Any) -> Outcome | None:
-        """An async handler run with its process span current."""
-        attached = otel_context.attach(token[1])
-        start = perf_counter()
-        try:
-            await self.func(msg)
-        except (Exception, asyncio.CancelledError) as exc:
-            return self.failed(msg, exc, perf_counter() - start, token, None, attached)
-        outcome = self.succeeded(msg, perf_counter() - start, token, attached)
-        return outcome
+            return self.failed(msg, exc, perf_counter() - start, token, None)
+        return self.succeeded(msg, perf_counter() - start, token)
 
     def succeeded(
-        self, msg: Message, duration: float, token: Any, attached: Any = None
+        self, msg: Message, duration: float, token: Any, context: Any = None
     ) -> Outcome | None:
-        """The outcome of a handler that returned, with its log line and telemetry."""
+        """The outcome of a handler that returned, with its log line and telemetry.
+
+        ``context``: the handler's own Context, for the log line's trace ids, when this
+        runs outside it."""
         if duration < 0.001:
             self.counts[0] += 1
         else:
@@ -213,9 +213,10 @@ class _TaskRunner:
         self.dur_sum += duration
         outcome = None if msg._responded else FINISH
         if self.log_info:
-            self.log_done(msg, outcome, duration)
-        if attached is not None:
-            otel_context.detach(attached)
+            if token is not None and context is not None:
+                context.run(self.log_done, msg, outcome, duration)
+            else:
+                self.log_done(msg, outcome, duration)
         if token is not None or self.inst.timed:
             self.inst.end(token, outcome, None, duration)
         return outcome
@@ -237,7 +238,7 @@ class _TaskRunner:
     ) -> None:  # fmt: skip
         """On the loop: record a sync handler's result and hand its outcome on."""
         if error is not None:
-            outcome = self.failed(msg, error, duration, token, ctx, None)
+            outcome = self.failed(msg, error, duration, token, ctx)
         else:
             self.counts[bisect_left(self.bounds, duration)] += 1
             self.dur_sum += duration
@@ -254,9 +255,12 @@ class _TaskRunner:
 
     def failed(
         self, msg: Message, exc: BaseException, duration: float, token: Any,
-        ctx: contextvars.Context | None, attached: Any,
+        ctx: contextvars.Context | None,
     ) -> Outcome | None:  # fmt: skip
-        """The outcome of a handler that raised, with its log line and telemetry."""
+        """The outcome of a handler that raised, with its log line and telemetry.
+
+        ``ctx``: the handler's Context, to log in (with the span current), when this
+        runs outside it."""
         self.counts[bisect_left(self.bounds, duration)] += 1
         self.dur_sum += duration
         outcome = outcome_of_error(msg, exc)
@@ -264,8 +268,6 @@ class _TaskRunner:
             self.log_failure(msg, exc, outcome, duration)
         else:
             ctx.run(run_traced, token, self.log_failure, msg, exc, outcome, duration)
-        if attached is not None:
-            otel_context.detach(attached)
         self.inst.end(token, outcome, exc, duration)
         return outcome
 

@@ -183,3 +183,54 @@ def _durations(reader: Any) -> dict[str, int]:
                         topic = str(point.attributes["messaging.destination.name"])
                         counts[topic] = counts.get(topic, 0) + point.count
     return counts
+
+
+async def test_worker_log_lines_carry_the_process_span(
+    nsqd: NsqdProcess, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    import io
+    import json
+
+    from nsqworker.logging import configure_logging
+
+    _, exporter = spans
+    out = io.StringIO()
+    configure_logging("info", "json", out)
+    reg = Registry()
+
+    @reg.task("logs_eager", channel=CHANNEL)
+    async def eager(msg: Message) -> None:
+        pass
+
+    @reg.task("logs_suspends", channel=CHANNEL)
+    async def suspends(msg: Message) -> None:
+        await asyncio.sleep(0)
+
+    @reg.task("logs_sync", channel=CHANNEL)
+    def in_thread(msg: Message) -> None:
+        pass
+
+    @reg.task("logs_fails", channel=CHANNEL, max_attempts=1)
+    async def fails(msg: Message) -> None:
+        raise ValueError("boom")
+
+    topics = ("logs_eager", "logs_suspends", "logs_sync", "logs_fails")
+    for topic in topics:
+        nsqd.create_channel(topic, CHANNEL)
+        nsqd.publish(topic, b"x")
+    async with Worker(reg, settings(nsqd, log_level="info")):
+        await wait_until(lambda: sum(len(named(exporter, f"process {t}")) for t in topics) == 4)
+    spans_by_id = {
+        str(s.attributes["messaging.message.id"]): s.context  # type: ignore[index]
+        for t in topics
+        for s in named(exporter, f"process {t}")
+    }
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    about_messages = {
+        line["task"].rpartition(".")[2]: line for line in lines if "id" in line and "task" in line
+    }
+    assert set(about_messages) == {"eager", "suspends", "in_thread", "fails"}, lines
+    for task, line in about_messages.items():
+        context = spans_by_id[line["id"]]
+        assert line.get("trace_id") == format(context.trace_id, "032x"), task
+        assert line.get("span_id") == format(context.span_id, "016x"), task
