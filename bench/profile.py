@@ -16,7 +16,9 @@ Two ways to drive the hot path, with or without a profiler:
 ``worker-async`` or ``worker-sync`` (the @task path with a no-op handler), ``lean`` (the
 floor, offline only); or the Producer publishing ``--messages`` to a real nsqd:
 ``pub`` (one PUB at a time), ``concurrent`` (1000 at once), ``mpub`` (MPUB of 100).
-``--profiler`` is ``none`` (just time it), ``cprofile`` (exact call counts, per-message
+``--tracing`` (worker paths) installs an OpenTelemetry SDK as ``make bench``'s
+telemetry section does: ``ratio`` (1%) or ``full`` sampling, or ``bare``: no tracing by
+the worker, the handler makes one bare SDK span. ``--profiler`` is ``none`` (just time it), ``cprofile`` (exact call counts, per-message
 cost of each function, inflated by the profiler) or ``pyinstrument`` (sampling, call
 tree). The offline feed reaches into Consumer internals (``_Link``, ``_Session``): it
 is a diagnostic tool and may need updating when those change.
@@ -45,6 +47,8 @@ from nsqworker.message import FINISH, Finish, Message
 PATHS = ("lean", "consumer", "worker-async", "worker-sync")
 PUBLISH_PATHS = ("pub", "concurrent", "mpub")
 CHUNK = 256 * 1024
+BARE_SPAN: list[Callable[[], None] | None] = [None]
+"""What the worker paths' handler calls per message (``--tracing bare``)."""
 TOPIC = "profile"
 
 
@@ -221,10 +225,16 @@ async def consume(
         registry = Registry()
         declare = registry.task(topic, channel=CHANNEL, max_in_flight=2500, name="profile")
 
+        bare_span = BARE_SPAN[0]
+
         async def handle(msg: Message) -> None:
+            if bare_span is not None:
+                bare_span()
             hit()
 
         def handle_sync(msg: Message) -> None:
+            if bare_span is not None:
+                bare_span()
             hit()
 
         declare(handle if path == "worker-async" else handle_sync)
@@ -352,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profiler", choices=("none", "cprofile", "pyinstrument"), default="none")
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default=default_loop())
+    parser.add_argument("--tracing", choices=("off", "ratio", "full", "bare"), default="off")
     parser.add_argument("--top", type=int, default=25, help="cProfile rows to print")
     parser.add_argument("--interval", type=float, default=0.001, help="pyinstrument, seconds")
     args = parser.parse_args(argv)
@@ -360,13 +371,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cprofile": with_cprofile(args.messages, args.top),
         "pyinstrument": with_pyinstrument(args.interval),
     }[args.profiler]
+    if args.tracing != "off":
+        from bench.clients.consume import tracing
+
+        BARE_SPAN[0] = tracing(args.tracing)
     if args.path in PUBLISH_PATHS:
         args.feed = "nsqd"
     runner = run_offline if args.feed == "offline" else run_nsqd
     elapsed = runner(args.path, args.messages, args.loop, wrap)
     rate = (args.messages - 1) / elapsed
     print(
-        f"{args.path} ({args.feed} feed, {loop_label(args.loop)}, profiler {args.profiler}): "
+        f"{args.path} ({args.feed} feed, {loop_label(args.loop)}, profiler {args.profiler}, "
+        f"tracing {args.tracing}): "
         f"{args.messages} messages in {elapsed:.3f}s = {rate:,.0f} msgs/s, "
         f"{elapsed / args.messages * 1e6:.2f} us/message"
     )

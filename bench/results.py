@@ -202,6 +202,24 @@ TARGETS: list[tuple[str, str, str, Check]] = [
         _at_most("latency/1000-p99", 5.0, "ms"),
     ),
     ("idle RSS <= 80 MB", "<= 80 MB", "memory/idle", _at_most("memory/idle", 80.0, "MB")),
+    (
+        "tracing, no SDK: < 1 us per message (in process)",
+        "< 1 us",
+        "telemetry/no-sdk-global-proxies",
+        _at_most("telemetry/no-sdk-global-proxies", 1.0, "us"),
+    ),
+    (
+        "tracing, 1% sampled: < 3 us per message (through nsqd)",
+        "< 3 us",
+        "telemetry/consume-cost-ratio",
+        _at_most("telemetry/consume-cost-ratio", 3.0, "us"),
+    ),
+    (
+        "tracing, 100% sampled: <= 5 us more than a bare SDK span (through nsqd)",
+        "<= bare + 5 us",
+        "telemetry/consume-full-over-bare",
+        _at_most("telemetry/consume-full-over-bare", 5.0, "us"),
+    ),
 ]
 
 

@@ -25,16 +25,16 @@ and ``end`` records the duration histogram). Calling it anyway is harmless.
 Producer side: :func:`producer_instrumentation` is the hook ``nsqworker.producer``
 loads (see :class:`ProducerInstrumentation`). Metrics are read, never counted twice:
 :func:`register_worker_metrics` turns the worker's own stats into observable
-instruments. :func:`configure_from_env` installs the SDK from ``OTEL_*`` variables.
+instruments. ``nsqworker.otel_setup.configure_from_env`` installs the SDK from
+``OTEL_*`` variables.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from random import getrandbits
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -44,7 +44,6 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.trace import Tracer as SdkTracer
-from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.sdk.trace import sampling
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
@@ -64,7 +63,6 @@ __all__ = [
     "ProcessToken",
     "ProducerInstrumentation",
     "TaskInstrumentation",
-    "configure_from_env",
     "producer_instrumentation",
     "register_worker_metrics",
     "run_async",
@@ -146,7 +144,7 @@ def _no_sdk(provider: trace.TracerProvider) -> bool:
     return isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
 
-def _is_proxy(provider: object) -> bool:
+def is_proxy(provider: object) -> bool:
     """A global provider nobody installed yet (tracing or metrics)."""
     name = type(provider).__name__
     return isinstance(provider, trace.ProxyTracerProvider) or name == "_ProxyMeterProvider"
@@ -256,7 +254,7 @@ class TaskInstrumentation:
         fixed_tp, fixed_mp = self._providers
         tp = fixed_tp or trace.get_tracer_provider()
         mp = fixed_mp or metrics.get_meter_provider()
-        self._recheck = (not fixed_tp and _is_proxy(tp)) or (not fixed_mp and _is_proxy(mp))
+        self._recheck = (not fixed_tp and is_proxy(tp)) or (not fixed_mp and is_proxy(mp))
         self._countdown = RECHECK_EVERY
         self._tracer = tp.get_tracer(SCOPE, __version__)
         # The SDK copies a span's attributes (into BoundedAttributes) and keeps no
@@ -628,68 +626,3 @@ def register_worker_metrics(
         hub.forget()
 
     return unregister
-
-
-# --- SDK setup for `nsqworker run` --------------------------------------------------
-
-
-def configure_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Install SDK providers from the standard ``OTEL_*`` variables, when asked to.
-
-    Traces go over OTLP/HTTP through a BatchSpanProcessor when
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set
-    (``OTEL_TRACES_EXPORTER=console`` prints them, ``none`` turns them off); the SDK
-    reads ``OTEL_TRACES_SAMPLER``/``_ARG``, ``OTEL_SERVICE_NAME`` and
-    ``OTEL_RESOURCE_ATTRIBUTES`` itself (the service is ``nsqworker`` if unnamed).
-    Metrics likewise, with ``OTEL_METRICS_EXPORTER`` and ``..._METRICS_ENDPOINT``.
-    Providers the application installed are left alone, as is everything when
-    ``OTEL_SDK_DISABLED=true``. Returns what it installed: ``{"traces": "otlp", ...}``.
-    """
-    env = os.environ if environ is None else environ
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return {}
-    tracing = _pick(env, "TRACES") if _is_proxy(trace.get_tracer_provider()) else None
-    metric = _pick(env, "METRICS") if _is_proxy(metrics.get_meter_provider()) else None
-    if not tracing and not metric:
-        return {}
-    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-
-    resource = Resource.create()
-    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({SERVICE_NAME: "nsqworker"}))
-    if tracing:
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-
-        provider = SdkTracerProvider(resource=resource)
-        provider.add_span_processor(BatchSpanProcessor(
-            ConsoleSpanExporter() if tracing == "console" else _otlp("trace_exporter", "Span")
-        ))  # fmt: skip
-        trace.set_tracer_provider(provider)
-    if metric:
-        from opentelemetry.sdk.metrics.export import (
-            ConsoleMetricExporter,
-            PeriodicExportingMetricReader,
-        )
-
-        kind = "metric_exporter", "Metric"
-        reader = PeriodicExportingMetricReader(
-            ConsoleMetricExporter() if metric == "console" else _otlp(*kind)
-        )
-        metrics.set_meter_provider(SdkMeterProvider(metric_readers=[reader], resource=resource))
-    return {k: v for k, v in (("traces", tracing), ("metrics", metric)) if v}
-
-
-def _pick(env: Mapping[str, str], signal: str) -> str | None:
-    choice = env.get(f"OTEL_{signal}_EXPORTER", "otlp").split(",")[0].strip().lower()
-    endpoints = ("OTEL_EXPORTER_OTLP_ENDPOINT", f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
-    if choice == "otlp" and any(env.get(name) for name in endpoints):
-        return "otlp"
-    return "console" if choice == "console" else None
-
-
-def _otlp(module: str, kind: str) -> Any:
-    """``OTLP<kind>Exporter()`` over HTTP; it reads its ``OTEL_EXPORTER_OTLP_*`` itself."""
-    import importlib
-
-    exporters = importlib.import_module(f"opentelemetry.exporter.otlp.proto.http.{module}")
-    return getattr(exporters, f"OTLP{kind}Exporter")()

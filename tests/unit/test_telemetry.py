@@ -513,7 +513,7 @@ def test_sent_messages_are_read_from_the_producers(
 _PROBE = """
 import json, sys
 from opentelemetry import trace
-from nsqworker.telemetry import configure_from_env
+from nsqworker.otel_setup import configure_from_env
 if sys.argv[1] == "app":
     from opentelemetry.sdk.trace import TracerProvider
     trace.set_tracer_provider(app := TracerProvider())
