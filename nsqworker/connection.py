@@ -200,6 +200,14 @@ def _expire(future: asyncio.Future[bytes], timeout: float) -> None:
         future.set_exception(TimeoutError(f"no answer from nsqd within {timeout} s"))
 
 
+# The deadline sweep may run up to the loop's clock resolution early (uvloop counts in
+# whole milliseconds); what is due within this much counts as due, as a timer would.
+_SWEEP_SLACK = 0.001
+
+# A request waiting for its answer: (future, is it a publish, timeout or None, deadline).
+_Request = tuple[asyncio.Future[bytes], bool, float | None, float]
+
+
 def _ignore(*_: Any) -> None:
     pass
 
@@ -244,7 +252,13 @@ class Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._decoder = protocol.Decoder(self.config.max_frame_size)
         self._transport: asyncio.Transport | None = None
-        self._pending: collections.deque[tuple[asyncio.Future[bytes], bool]] = collections.deque()
+        self._pending: collections.deque[_Request] = collections.deque()
+        # The pending requests with a timeout, in the order sent, deadlines never
+        # decreasing: one timer (_sweep), armed for the first, stands for a timer per
+        # request. An answered request leaves both queues at once.
+        self._deadlines: collections.deque[_Request] = collections.deque()
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_at = 0.0
         self._wbuf: list[bytes] = []
         # FIN ids are joined into the write buffer in one go, at the next flush or
         # before the next other command, so the order on the wire is kept.
@@ -530,7 +544,11 @@ class Connection(asyncio.Protocol):
             if frame.data == protocol.HEARTBEAT:
                 self.send(_NOP)
             elif self._pending:
-                future, _ = self._pending.popleft()
+                request = self._pending.popleft()
+                deadlines = self._deadlines
+                if deadlines and deadlines[0] is request:
+                    deadlines.popleft()
+                future = request[0]
                 # A cancelled or timed-out request still owns its answer.
                 if not future.done():
                     future.set_result(frame.data)
@@ -546,7 +564,11 @@ class Connection(asyncio.Protocol):
             self._on_error(self, error)
             return
         if self._pending:
-            future, is_publish = self._pending.popleft()
+            request = self._pending.popleft()
+            deadlines = self._deadlines
+            if deadlines and deadlines[0] is request:
+                deadlines.popleft()
+            future, is_publish, _, _ = request
             if is_publish and type(error) is NSQDError:
                 error = PublishError(error.code, error.message)
             if not future.done():
@@ -646,26 +668,84 @@ class Connection(asyncio.Protocol):
             if self._lost:
                 raise self._closed_error()
 
+    @property
+    def write_paused(self) -> bool:
+        """True while the transport's buffer is above its high-water mark: :meth:`drain`
+        would wait."""
+        return self._write_paused
+
     async def request(self, command: bytes, timeout: float | None = None) -> bytes:
         """Send a command nsqd answers (PUB, MPUB, DPUB, SUB, CLS) and return the answer.
 
         Raises :class:`NSQDError` (:class:`PublishError` for a refused publish),
         :class:`ConnectionClosed`, or :class:`TimeoutError` after ``timeout`` seconds.
         """
+        return await self.submit(command, timeout)
+
+    def submit(self, command: bytes, timeout: float | None = None) -> asyncio.Future[bytes]:
+        """Send a command nsqd answers; return the future of the answer.
+
+        :meth:`request` without the coroutine: the future fails as :meth:`request`
+        would raise. Cancelling it does not unsend the command.
+
+        Raises:
+            ConnectionClosed: not connected.
+        """
         if not self._open:
             raise self._closed_error()
-        future: asyncio.Future[bytes] = self._loop.create_future()
-        self._pending.append((future, command[:4] in _PUBLISH_PREFIXES))
-        self.send(command)
+        loop = self._loop
+        future: asyncio.Future[bytes] = loop.create_future()
+        is_publish = command[:4] in _PUBLISH_PREFIXES
+        # send() inlined, and the usual case of _watch(): this runs once per publish.
+        if self._fins:
+            self._take_fins()
+        self._wbuf.append(command)
+        if not self._in_read and not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
         if timeout is None:
-            return await future
-        # A timer on the future, not wait_for (a Task and two futures per publish); a
-        # request that timed out keeps its FIFO slot, so the next answer is not misread.
+            self._pending.append((future, is_publish, None, 0.0))
+            return future
+        deadline = loop.time() + timeout
+        request = (future, is_publish, timeout, deadline)
+        self._pending.append(request)
+        deadlines = self._deadlines
+        if deadlines and deadline < deadlines[-1][3]:
+            self._watch(future, timeout)
+        else:
+            deadlines.append(request)
+            if self._sweep is None or deadline < self._sweep_at:
+                self._arm_sweep(deadline)
+        return future
+
+    def _watch(self, future: asyncio.Future[bytes], timeout: float) -> None:
+        """Fail ``future`` with TimeoutError unless answered within ``timeout``: a timer
+        of its own, for a request due before one sent earlier (out of the sweep's order).
+
+        A request that timed out keeps its FIFO slot, so the next answer is not misread.
+        """
         timer = self._loop.call_later(timeout, _expire, future, timeout)
-        try:
-            return await future
-        finally:
-            timer.cancel()
+        future.add_done_callback(lambda _: timer.cancel())
+
+    def _arm_sweep(self, when: float) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+        self._sweep_at = when
+        self._sweep = self._loop.call_at(when, self._expire_due)
+
+    def _expire_due(self) -> None:
+        """Fail the requests whose deadline passed; re-arm for the next one."""
+        self._sweep = None
+        deadlines = self._deadlines
+        due = self._loop.time() + _SWEEP_SLACK
+        while deadlines:
+            future, _, timeout, deadline = deadlines[0]
+            if not future.done():  # else cancelled; its answer is still expected
+                if deadline > due:
+                    self._arm_sweep(deadline)
+                    return
+                future.set_exception(TimeoutError(f"no answer from nsqd within {timeout} s"))
+            deadlines.popleft()
 
     async def subscribe(self, topic: str, channel: str) -> None:
         """``SUB topic channel``; messages flow once RDY is raised."""
@@ -756,8 +836,12 @@ class Connection(asyncio.Protocol):
         self._transport = None
         if self._liveness is not None:
             self._liveness.cancel()
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        self._deadlines.clear()
         while self._pending:
-            future, _ = self._pending.popleft()
+            future = self._pending.popleft()[0]
             if not future.done():
                 future.set_exception(ConnectionClosed(reason.reason, reason.error))
         self._wake(self._waiter)

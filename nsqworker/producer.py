@@ -36,9 +36,10 @@ import logging
 import math
 import os
 import re
+import struct
 import threading
 from collections.abc import Callable, Coroutine, Iterable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, cast
@@ -78,6 +79,9 @@ _STABLE_AFTER: Final = 1.0  # a connection that lived this long resets the backo
 _TOO_BIG: Final = re.compile(r"\b(message|body) too big (\d+) > (\d+)")
 # nsqd failed to store the message (exiting, disk); nothing was kept, another nsqd may take it.
 _RETRYABLE: Final = frozenset({"E_PUB_FAILED", "E_MPUB_FAILED", "E_DPUB_FAILED"})
+_SIZE: Final = struct.Struct(">I")
+# Topics a producer validated, with their "PUB topic\n" line; emptied when this full.
+_TOPIC_CACHE_SIZE: Final = 1024
 
 
 # --- pure helpers -------------------------------------------------------------------
@@ -181,6 +185,7 @@ class PublishCall:
 
 
 Instrumentation = Callable[[PublishCall], AbstractContextManager[object]]
+_NO_HOOK: Final[AbstractContextManager[object]] = nullcontext()
 
 
 def _load_instrumentation(envelope: bool) -> Instrumentation | None:
@@ -210,7 +215,8 @@ class _Node:
 
     @property
     def healthy(self) -> bool:
-        return self.conn is not None and self.conn.connected and not self.conn.closed
+        # A connection is only ever connected while not closed.
+        return self.conn is not None and self.conn.connected
 
 
 class Producer:
@@ -264,9 +270,12 @@ class Producer:
         self._next = 0
         self._started = False
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop  # set by _start(), before any publish
         self._changed: asyncio.Event | None = None
         self._inflight = 0
-        self._idle: asyncio.Event | None = None
+        # Created by close() when calls are in flight; the last one to end resolves it.
+        self._idle: asyncio.Future[None] | None = None
+        self._pub_lines: dict[str, bytes] = {}
 
     def __repr__(self) -> str:
         up = sum(n.healthy for n in self._nodes)
@@ -302,9 +311,8 @@ class Producer:
         if self._started:
             return
         self._started = True
+        self._loop = asyncio.get_running_loop()
         self._changed = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
         for node in self._nodes:
             node.task = asyncio.create_task(self._keep(node), name=f"nsq-producer {node.address}")
 
@@ -326,11 +334,12 @@ class Producer:
         self._closed = True
         if not self._started:
             return
-        assert self._idle is not None
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            pass
+        if self._inflight:
+            self._idle = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self._idle, timeout)
+            except TimeoutError:
+                pass
         tasks = [n.task for n in self._nodes if n.task is not None]
         for task in tasks:
             task.cancel()
@@ -402,19 +411,27 @@ class Producer:
 
         return on_close
 
-    async def _pick(
-        self, deadline: float, avoid: _Node | None, timeout: float
-    ) -> tuple[_Node, Connection]:
-        """The next healthy connection (round-robin), preferring one not ``avoid``."""
+    def _choose(self, avoid: _Node | None) -> _Node | None:
+        """The next node with a live connection (round-robin), preferring one not
+        ``avoid``; None while none is up."""
+        nodes = self._nodes
+        if len(nodes) == 1:
+            conn = nodes[0].conn  # healthy, inlined: this runs once per publish
+            return nodes[0] if conn is not None and conn.connected else None
+        healthy = [n for n in nodes if n.healthy]
+        if not healthy:
+            return None
+        choices = [n for n in healthy if n is not avoid] or healthy
+        self._next += 1
+        return choices[self._next % len(choices)]
+
+    async def _pick(self, deadline: float, avoid: _Node | None, timeout: float) -> _Node:
+        """:meth:`_choose`, waiting up to ``deadline`` for a connection to come up."""
         loop = asyncio.get_running_loop()
         while True:
-            healthy = [n for n in self._nodes if n.healthy]
-            if healthy:
-                choices = [n for n in healthy if n is not avoid] or healthy
-                self._next += 1
-                node = choices[self._next % len(choices)]
-                assert node.conn is not None
-                return node, node.conn
+            node = self._choose(avoid)
+            if node is not None:
+                return node
             remaining = deadline - loop.time()
             changed = self._changed
             if self._closed or remaining <= 0 or changed is None:
@@ -446,12 +463,71 @@ class Producer:
             NoConnection: no nsqd reachable within the timeout.
             TimeoutError: no answer within the timeout (it may still have been stored).
         """
+        # The producer's hot path, hence its shape: the topic is checked once per
+        # producer, no PublishCall is built without a hook, and the first attempt is
+        # awaited here rather than in _request (one coroutine less per message).
+        line = self._pub_lines.get(topic) if type(topic) is str else None
+        if line is None:
+            line = self._check_topic(topic)
+        if delay is not None:
+            delay_ms = delay_to_ms(delay)
+            await self._run(
+                PublishCall(topic, [to_bytes(body)], "DPUB", delay_ms, self.envelope), timeout
+            )
+            return
+        if type(body) is not bytes:
+            body = to_bytes(body)
+        if not self._started or self._closed:
+            self._start()
+        timeout = timeout or self.timeout
+        self._inflight += 1
+        try:
+            call = None
+            scope = _NO_HOOK
+            if self._instrument is not None:
+                call = PublishCall(topic, [body], "PUB", None, self.envelope)
+                scope = self._instrument(call)
+            with scope:
+                if call is not None:
+                    body = call.bodies[0]  # the hook may have wrapped it
+                command = self._pub(line, topic, body)
+                node = self._choose(None)
+                if node is None or (conn := node.conn) is None or conn.write_paused:
+                    address = await self._request(command, "PUB", timeout)
+                else:
+                    deadline = self._loop.time() + timeout
+                    answer: bytes | None
+                    try:
+                        answer = await conn.submit(command, timeout)
+                    except Exception as exc:
+                        self._check_retry(exc, node, "PUB", last=False)
+                        answer = None
+                    if answer is None:  # retried after the except block: not chained to it
+                        address = await self._request(command, "PUB", timeout, deadline, node)
+                    else:
+                        address = self._acknowledged(node, "PUB", answer)
+                if call is not None:
+                    call.nsqd_address, call.published = address, 1
+        finally:
+            self._inflight -= 1
+            if self._idle is not None and not self._inflight:
+                self._wake_close()
+
+    def _check_topic(self, topic: str) -> bytes:
+        """Validate ``topic`` (raising InvalidName) and remember its PUB line."""
         protocol.check_topic(topic)
-        delay_ms = None if delay is None else delay_to_ms(delay)
-        call = PublishCall(
-            topic, [to_bytes(body)], "PUB" if delay_ms is None else "DPUB", delay_ms, self.envelope
-        )
-        await self._run(call, timeout)
+        lines = self._pub_lines
+        if len(lines) >= _TOPIC_CACHE_SIZE:
+            lines.clear()
+        line = lines[topic] = b"PUB " + topic.encode() + b"\n"
+        return line
+
+    def _pub(self, line: bytes, topic: str, body: bytes) -> bytes:
+        """The PUB command of ``body`` (``line`` is ``topic``'s), checked like protocol.pub."""
+        limit = self.max_message_size
+        if type(body) is bytes and body and (limit is None or len(body) <= limit):
+            return line + _SIZE.pack(len(body)) + body
+        return protocol.pub(topic, body, limit)  # raises what is wrong with the body
 
     async def publish_json(
         self, topic: str, obj: Any, delay: float | None = None, timeout: float | None = None
@@ -470,7 +546,8 @@ class Producer:
         split batch is not atomic**: if a later part fails, earlier parts stay
         published (the error's notes say how many). ``timeout`` bounds each MPUB.
         """
-        protocol.check_topic(topic)
+        if type(topic) is not str or topic not in self._pub_lines:
+            self._check_topic(topic)
         items = [to_bytes(b) for b in bodies]
         if not items:
             raise LocalProtocolError("publish_many needs at least one message")
@@ -478,10 +555,9 @@ class Producer:
 
     async def _run(self, call: PublishCall, timeout: float | None) -> None:
         """Send ``call`` inside the telemetry hook (if any), counting it as in flight."""
-        self._start()
-        assert self._idle is not None
+        if not self._started or self._closed:
+            self._start()
         self._inflight += 1
-        self._idle.clear()
         try:
             if self._instrument is None:
                 await self._send(call, timeout or self.timeout)
@@ -490,8 +566,13 @@ class Producer:
                     await self._send(call, timeout or self.timeout)
         finally:
             self._inflight -= 1
-            if not self._inflight:
-                self._idle.set()
+            if self._idle is not None and not self._inflight:
+                self._wake_close()
+
+    def _wake_close(self) -> None:
+        """Tell close() that nothing is in flight any more."""
+        if self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
 
     async def _send(self, call: PublishCall, timeout: float) -> None:
         """Encode every command first (so local errors send nothing), then send them."""
@@ -519,41 +600,64 @@ class Producer:
                 raise
             call.published += count
 
-    async def _request(self, command: bytes, operation: str, timeout: float) -> str:
+    async def _request(
+        self,
+        command: bytes,
+        operation: str,
+        timeout: float,
+        deadline: float | None = None,
+        failed: _Node | None = None,
+    ) -> str:
         """Send one command until nsqd says OK; retried once if the connection died.
 
-        Returns the address of the nsqd that acknowledged it.
+        ``deadline`` (loop time) bounds the whole call; by default ``timeout`` from now.
+        ``failed``: the caller's first attempt failed there (and may be retried), so
+        this is the last attempt, on another nsqd when one is up. Returns the address
+        of the nsqd that acknowledged the command.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        avoid: _Node | None = None
-        for attempt in (1, 2):
-            node, conn = await self._pick(deadline, avoid, timeout)
+        loop = self._loop
+        if deadline is None:
+            deadline = loop.time() + timeout
+        avoid = failed
+        while True:
+            node = self._choose(avoid) or await self._pick(deadline, avoid, timeout)
+            conn = node.conn
+            assert conn is not None  # chosen connected, nothing awaited since
             try:
-                await conn.drain()
-                answer = await conn.request(command, max(deadline - loop.time(), 0.001))
-            except NSQDError as exc:
-                if exc.code in _RETRYABLE and attempt == 1:
-                    avoid = node
-                    continue
-                raise self._publish_error(exc) from exc
-            except TimeoutError:
-                raise TimeoutError(
-                    f"nsqd {node.address} did not acknowledge {operation} in time; "
-                    "the message may or may not have been stored"
-                ) from None
-            except (ConnectionClosed, OSError) as exc:
-                node.last_error = exc
-                if attempt == 1:
-                    avoid = node
-                    continue
-                raise
-            if answer != protocol.OK:
-                raise RemoteProtocolError(
-                    f"nsqd {node.address} answered {operation} with {answer!r}"
-                )
-            return node.address
-        raise AssertionError("unreachable")  # pragma: no cover
+                if conn.write_paused:
+                    await conn.drain()
+                answer = await conn.submit(command, max(deadline - loop.time(), 0.001))
+            except Exception as exc:
+                self._check_retry(exc, node, operation, last=avoid is not None)
+                avoid = node
+                continue
+            return self._acknowledged(node, operation, answer)
+
+    def _check_retry(self, exc: Exception, node: _Node, operation: str, last: bool) -> None:
+        """Raise what the failure ``exc`` of an attempt on ``node`` means, unless the
+        command may be sent once more: not ``last``, and the connection died or nsqd
+        failed to store it."""
+        if isinstance(exc, NSQDError):
+            if exc.code in _RETRYABLE and not last:
+                return
+            raise self._publish_error(exc) from exc
+        if isinstance(exc, TimeoutError):
+            raise TimeoutError(
+                f"nsqd {node.address} did not acknowledge {operation} in time; "
+                "the message may or may not have been stored"
+            ) from None
+        if isinstance(exc, ConnectionClosed | OSError):
+            node.last_error = exc
+            if not last:
+                return
+        raise exc
+
+    @staticmethod
+    def _acknowledged(node: _Node, operation: str, answer: bytes) -> str:
+        """``node``'s address if ``answer`` is nsqd's OK."""
+        if answer != protocol.OK:
+            raise RemoteProtocolError(f"nsqd {node.address} answered {operation} with {answer!r}")
+        return node.address
 
     def _publish_error(self, exc: NSQDError) -> PublishError:
         """nsqd's refusal as PublishError; learn its size limit from "too big"."""

@@ -304,6 +304,7 @@ class Decoder:
         count = 0
         unpack = _MESSAGE_FRAME.unpack_from
         header = _HEADER.unpack_from
+        new = tuple.__new__  # skips NamedTuple's Python-level __new__ (one per PUB's OK)
         max_size = self._max_frame_size
         try:
             while end - pos >= 8:
@@ -330,7 +331,7 @@ class Decoder:
                     break
                 pos = stop
                 if frame_type == FRAME_RESPONSE:
-                    on_frame(Response(data[start + 8 : stop]))
+                    on_frame(new(Response, (data[start + 8 : stop],)))
                 elif frame_type == FRAME_ERROR:
                     on_frame(ErrorFrame(data[start + 8 : stop]))
                 elif frame_type == FRAME_MESSAGE:

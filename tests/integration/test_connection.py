@@ -708,6 +708,77 @@ async def test_timed_out_request_keeps_its_slot() -> None:
         assert await asyncio.wait_for(second, 2) == b"second"
 
 
+async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A peer that negotiates, then reads everything and answers nothing."""
+    await read_identify(reader)
+    writer.write(ok())
+    await reader.read()
+
+
+async def timed(awaitable: Awaitable[Any]) -> tuple[BaseException | None, float]:
+    """What ``awaitable`` raised (or None), and how long it took."""
+    started = time.monotonic()
+    try:
+        await awaitable
+    except BaseException as exc:
+        return exc, time.monotonic() - started
+    return None, time.monotonic() - started
+
+
+async def test_requests_to_a_silent_peer_time_out_on_time() -> None:
+    async with peer(silent) as address, connected(address) as conn:
+        results = await asyncio.gather(
+            *(timed(conn.request(protocol.pub("t", b"%d" % i), timeout=0.2)) for i in range(100))
+        )
+        for error, elapsed in results:
+            assert isinstance(error, TimeoutError)
+            assert 0.18 < elapsed < 0.6
+        # later requests, with a shorter timeout than those before them, too
+        first = asyncio.ensure_future(timed(conn.request(protocol.pub("t", b"a"), timeout=5)))
+        await asyncio.sleep(0.05)
+        error, elapsed = await timed(conn.request(protocol.pub("t", b"b"), timeout=0.1))
+        assert isinstance(error, TimeoutError) and 0.09 < elapsed < 0.5
+        assert not first.done()
+        assert conn.connected
+        await conn.close()
+        error, _ = await first
+        assert isinstance(error, ConnectionClosed)
+        assert not conn._deadlines and conn._sweep is None
+
+
+async def test_short_timeout_after_a_long_one_was_answered() -> None:
+    """The sweep, armed for an answered request due in 5 s, is re-armed earlier."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_identify(reader)
+        writer.write(ok())
+        await reader.readline()
+        await reader.readexactly(5)
+        writer.write(ok())  # the first request only
+        await reader.read()
+
+    async with peer(handler) as address, connected(address) as conn:
+        assert await conn.request(protocol.pub("t", b"1"), timeout=5) == protocol.OK
+        error, elapsed = await timed(conn.request(protocol.pub("t", b"2"), timeout=0.1))
+        assert isinstance(error, TimeoutError) and elapsed < 0.5
+
+
+async def test_answers_clear_the_deadlines_and_cancelled_requests_keep_their_slot(
+    nsqd: NsqdProcess,
+) -> None:
+    async with connected(nsqd.tcp_address) as conn:
+        answers = await asyncio.gather(
+            *(conn.request(protocol.pub("t", b"%d" % i), timeout=5) for i in range(500))
+        )
+        assert answers == [protocol.OK] * 500
+        assert not conn._deadlines  # nothing kept for the sweep once answered
+        cancelled = conn.submit(protocol.pub("t", b"x"), timeout=5)
+        cancelled.cancel()
+        mixed = [conn.submit(protocol.pub("t", b"y"), timeout=t) for t in (5, None, 0.5, 5)]
+        assert await asyncio.gather(*mixed) == [protocol.OK] * 4
+        assert not conn._deadlines and not conn._pending
+
+
 @pytest.mark.parametrize("compression", ["deflate", "snappy"])
 async def test_compressed_ok_in_the_same_segment(compression: str) -> None:
     """nsqd may send the compressed OK right behind the plain IDENTIFY answer."""

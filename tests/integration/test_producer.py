@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from nsqworker.errors import (
     PublishError,
 )
 from nsqworker.producer import Producer, SyncProducer
+from nsqworker.protocol import Response, encode_frame
 from nsqworker.publish_cli import publish_command
 from nsqworker.testing import NsqdFactory, NsqdProcess, free_port, wait_for
 
@@ -205,6 +207,41 @@ async def test_no_connection_within_the_timeout() -> None:
     with pytest.raises(NoConnection):
         async with Producer([address], timeout=0.3):
             pass
+
+
+async def test_an_nsqd_that_never_answers_times_out_within_the_timeout() -> None:
+    """Negotiates, then swallows every command: each publish fails with TimeoutError."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(4)  # magic
+        await reader.readline()  # IDENTIFY
+        (size,) = struct.unpack(">I", await reader.readexactly(4))
+        await reader.readexactly(size)
+        writer.write(encode_frame(Response(b"OK")))
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with Producer([address], timeout=0.3) as producer:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError, match="may or may not have been stored"):
+                await producer.publish("t", b"x")
+            assert 0.25 < time.monotonic() - started < 1.0
+            started = time.monotonic()
+            results = await asyncio.gather(
+                *(producer.publish("t", b"%d" % i) for i in range(200)), return_exceptions=True
+            )
+            assert all(isinstance(r, TimeoutError) for r in results)
+            assert 0.25 < time.monotonic() - started < 1.0
+            with pytest.raises(TimeoutError):
+                await producer.publish("t", b"x", timeout=0.1)  # shorter than those before
+            with pytest.raises(TimeoutError):
+                await producer.publish_many("t", [b"a", b"b"])
+            assert producer.connected == [address]  # a timeout does not drop the connection
+    finally:
+        server.close()
 
 
 async def test_nsqd_started_late_is_used_once_it_listens(nsqd_factory: NsqdFactory) -> None:

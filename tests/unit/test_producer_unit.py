@@ -21,6 +21,7 @@ from nsqworker import protocol
 from nsqworker.errors import (
     ConfigurationError,
     ConnectionClosed,
+    InvalidName,
     LocalProtocolError,
     MessageTooLarge,
     NoConnection,
@@ -115,6 +116,7 @@ class FakeNsqd:
         self.up = True
         self.received: list[bytes] = []
         self.script: list[str | NSQDError] = []  # "ok", "drop" or an error, per request
+        self.gate: asyncio.Event | None = None  # when set up, answers wait for it
         self.connections: list[FakeConnection] = []
         self.dials = 0
 
@@ -129,6 +131,7 @@ class FakeConnection:
         self.on_close = on_close
         self.connected = False
         self.closed = False
+        self.write_paused = False
         self.done = asyncio.Event()
 
     async def connect(self) -> None:
@@ -141,11 +144,17 @@ class FakeConnection:
     async def drain(self) -> None:
         if self.closed:
             raise ConnectionClosed("closed")
+        self.write_paused = False
 
-    async def request(self, command: bytes, timeout: float | None = None) -> bytes:
+    def submit(self, command: bytes, timeout: float | None = None) -> asyncio.Future[bytes]:
         if not self.connected:
             raise ConnectionClosed(f"connection to nsqd at {self.address} is closed")
+        return asyncio.ensure_future(self._answer(command))
+
+    async def _answer(self, command: bytes) -> bytes:
         await asyncio.sleep(0)
+        if self.nsqd.gate is not None:
+            await self.nsqd.gate.wait()
         step = self.nsqd.script.pop(0) if self.nsqd.script else None
         if step == "drop":
             self.lose()
@@ -326,6 +335,95 @@ async def test_closed_producer_refuses(nsqds: dict[str, FakeNsqd]) -> None:
     await producer.close()
     with pytest.raises(ConnectionClosed):
         await producer.publish("t", b"x")
+
+
+async def test_topic_check_is_cached_but_lets_no_invalid_name_through(
+    nsqds: dict[str, FakeNsqd], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked: list[object] = []
+    check = protocol.check_topic
+    monkeypatch.setattr(protocol, "check_topic", lambda t: checked.append(t) or check(t))
+    monkeypatch.setattr(producer_module, "_TOPIC_CACHE_SIZE", 3)
+    bad: list[Any] = ["bad topic", "", "x" * 65, "a\n", "t#nope", 12, None, b"t", ["t"]]
+    async with Producer("a:1", timeout=1) as producer:
+        for _ in range(3):
+            await producer.publish("t", b"x")
+        assert checked == ["t"]  # a valid name is checked once
+        await producer.publish_many("t", [b"y"])
+        await producer.publish("t", b"z", delay=1)
+        for _ in range(3):
+            for name in bad:
+                with pytest.raises(InvalidName):
+                    await producer.publish(name, b"x")
+                with pytest.raises(InvalidName):
+                    await producer.publish(name, b"x", delay=1)
+                with pytest.raises(InvalidName):
+                    await producer.publish_many(name, [b"x"])
+        assert checked.count("bad topic") == 9  # an invalid one every time
+        for i in range(10):  # the cache stays bounded
+            await producer.publish(f"t{i}", b"x")
+        assert len(producer._pub_lines) <= 3
+        await producer.publish("t", b"x")
+    assert nsqds["a:1"].received.count(b"PUB t\n\x00\x00\x00\x01x") == 4
+    assert len(nsqds["a:1"].received) == 3 + 2 + 10 + 1  # no invalid name was sent
+
+
+async def test_close_waits_for_publishes_in_flight(nsqds: dict[str, FakeNsqd]) -> None:
+    a = nsqds["a:1"]
+    a.gate = asyncio.Event()
+    producer = Producer("a:1", timeout=2)
+    await producer.connect()
+    publishes = asyncio.gather(
+        producer.publish("t", b"1"), producer.publish_many("t", [b"2"]), producer.publish("t", b"3")
+    )
+    await asyncio.sleep(0.01)
+    closing = asyncio.create_task(producer.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done() and a.connections  # held open while the publishes wait
+    a.gate.set()
+    await publishes
+    await asyncio.wait_for(closing, 1)
+    assert not a.connections
+    assert pubs(a) == [b"1", b"3"]
+
+
+async def test_close_gives_up_waiting_after_its_timeout(nsqds: dict[str, FakeNsqd]) -> None:
+    nsqds["a:1"].gate = asyncio.Event()  # never answers
+    producer = Producer("a:1", timeout=5)
+    publish = asyncio.create_task(producer.publish("t", b"x"))
+    await asyncio.sleep(0.05)
+    started = asyncio.get_running_loop().time()
+    await producer.close(timeout=0.1)
+    assert asyncio.get_running_loop().time() - started < 1
+    publish.cancel()
+
+
+async def test_a_paused_connection_is_drained_first(nsqds: dict[str, FakeNsqd]) -> None:
+    async with Producer("a:1", timeout=1) as producer:
+        conn = nsqds["a:1"].connections[0]
+        conn.write_paused = True
+        await producer.publish("t", b"x")
+        assert not conn.write_paused
+    assert pubs(nsqds["a:1"]) == [b"x"]
+
+
+async def test_instrumentation_sees_the_retry(nsqds: dict[str, FakeNsqd]) -> None:
+    seen: list[tuple[int, str | None]] = []
+
+    @contextlib.contextmanager
+    def instrument(call: PublishCall) -> Iterator[None]:
+        yield
+        seen.append((call.published, call.nsqd_address))
+
+    a, b = nsqds["a:1"], nsqds["b:2"]
+    async with Producer(["a:1", "b:2"], timeout=1) as producer:
+        await up(producer, 2)
+        producer._instrument = instrument
+        a.script = ["drop"]
+        await producer.publish("t", b"x")  # one of these two goes to a: dropped, retried on b
+        await producer.publish("t", b"x")
+    assert seen == [(1, "b:2"), (1, "b:2")]
+    assert pubs(b) == [b"x", b"x"]
 
 
 def test_addresses(monkeypatch: pytest.MonkeyPatch) -> None:

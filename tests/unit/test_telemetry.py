@@ -411,6 +411,34 @@ def test_hook_without_an_sdk_still_wraps(monkeypatch: pytest.MonkeyPatch) -> Non
     assert call.bodies[0].endswith(b"a") and call.bodies[0] != b"a"
 
 
+def test_hook_without_an_sdk_counts_and_notices_a_provider_installed_later(
+    monkeypatch: pytest.MonkeyPatch, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    installed: list[trace.TracerProvider] = [trace.ProxyTracerProvider()]
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: installed[-1])
+    producer = telemetry.producer_instrumentation()
+    for _ in range(3):
+        call = PublishCall("clicks", [b"a"], "PUB")
+        with producer(call) as span:
+            call.published = 1
+        assert span is None
+    call = PublishCall("clicks", [b"a", b"b", b"c"], "MPUB")
+    with pytest.raises(TimeoutError), producer(call):
+        call.published = 1
+        raise TimeoutError
+    assert producer.sent_counts() == {("clicks", None): 4, ("clicks", "TimeoutError"): 2}
+    installed.append(provider)
+    spans = []
+    for _ in range(telemetry.RECHECK_EVERY):
+        call = PublishCall("clicks", [b"a"], "PUB")
+        with producer(call) as span:
+            call.published = 1
+        spans.append(span)
+    assert spans[0] is None and spans[-1] is not None
+    assert len(exporter.get_finished_spans()) == sum(s is not None for s in spans)
+    assert producer.sent_counts()[("clicks", None)] == 4 + telemetry.RECHECK_EVERY
+
+
 # --- metrics --------------------------------------------------------------------------
 
 
