@@ -82,6 +82,9 @@ _LIMIT = (1 << 64) - 1  # TraceIdRatioBased compares the low 64 bits of the trac
 _DISABLED, _GENERIC, _RATIO = 0, 1, 2
 _SYSTEM = {"messaging.system": "nsq"}
 _CONSUMER = SpanKind.CONSUMER
+_ROOT = otel_context.Context()
+"""The parent of a process span without a remote parent: none. Whatever span is
+current where the worker runs (one around its startup, say) is not a message's parent."""
 
 
 ProcessToken = tuple[Span, otel_context.Context, Message]
@@ -288,11 +291,18 @@ class TaskInstrumentation:
         mode = self._mode
         if not mode:  # _DISABLED
             return None
-        parent, links = None, ()
+        parent, links = _ROOT, ()
         if carrier is not None:
             parent, links = self._remote(carrier)
-        if mode == _RATIO and not self._presample(parent):
-            return None
+        if mode == _RATIO:
+            preset = self._preset
+            if carrier is None and preset is not None:  # _presample's usual case, inlined
+                low = getrandbits(64)
+                if low >= self._bound:
+                    return None
+                preset.local.trace_id = (getrandbits(64) << 64 | low) or 1
+            elif not self._presample(parent):
+                return None
         address = msg.nsqd_address
         attrs = self._by_address.get(address) or self._address_attrs(address)
         if not self._sdk:
@@ -307,19 +317,18 @@ class TaskInstrumentation:
             return None  # the SDK's sampler dropped it (an SDK span is recording when new)
         return span, context_with(span, parent), msg
 
-    def _remote(self, carrier: dict[str, str]) -> tuple[otel_context.Context | None, Any]:
+    def _remote(self, carrier: dict[str, str]) -> tuple[otel_context.Context, Any]:
         """``(parent, links)`` for an envelope's trace headers, as ``parent_mode`` says."""
         remote = propagate.extract(carrier)
         if self._parent_mode:
             return remote, ()
         span_context = trace.get_current_span(remote).get_span_context()
-        return None, (Link(span_context),) if span_context.is_valid else ()
+        return _ROOT, (Link(span_context),) if span_context.is_valid else ()
 
-    def _presample(self, parent: otel_context.Context | None) -> bool:
+    def _presample(self, parent: otel_context.Context) -> bool:
         """Decide as the SDK's sampler will, before paying for attributes and a span."""
-        ctx = otel_context.get_current() if parent is None else parent
-        if ctx:  # an empty Context holds no parent span: skip the lookup
-            span_ctx = trace.get_current_span(ctx).get_span_context()
+        if parent:  # an empty Context holds no parent span: skip the lookup
+            span_ctx = trace.get_current_span(parent).get_span_context()
             if span_ctx.is_valid:
                 if self._parent_based:
                     return span_ctx.trace_flags.sampled

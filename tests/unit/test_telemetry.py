@@ -583,3 +583,23 @@ def test_configure_installs_otlp_with_the_env_sampler() -> None:
 def test_configure_leaves_an_application_provider_alone() -> None:
     result = probe({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}, mode="app")
     assert result["done"] == {} and result["app"] is True
+
+
+@pytest.mark.parametrize(
+    "sampler", [None, ParentBased(TraceIdRatioBased(0.5))], ids=["always-on", "ratio"]
+)
+def test_a_span_current_around_the_worker_is_not_the_parent(
+    exporter: InMemorySpanExporter, sampler: Sampler | None
+) -> None:
+    # e.g. a span around the program's startup: every message would join its trace.
+    provider = sdk(exporter, sampler)
+    wrapped, _ = send(sdk(InMemorySpanExporter()), b"x")
+    with provider.get_tracer("app").start_as_current_span("startup") as startup:
+        tokens = [instrument(provider).start(make_msg(n=n)) for n in range(200)]
+        linked = instrument(provider).start(make_msg(wrapped))
+    started = [t for t in [*tokens, linked] if t is not None]
+    assert 40 < len(started) <= 201  # the ratio is the sampler's, not the startup span's
+    for token in started:
+        assert token[0].parent is None  # type: ignore[attr-defined]
+        assert token[0].get_span_context().trace_id != startup.get_span_context().trace_id
+        assert trace.get_current_span(token[1]) is token[0]
