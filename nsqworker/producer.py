@@ -22,7 +22,10 @@ Telemetry seam: when :mod:`nsqworker.telemetry` offers
 ``producer_instrumentation(envelope: bool) -> Instrumentation | None``, every public
 publish call runs inside ``instrumentation(PublishCall(...))``, a context manager that
 may start a ``send <topic>`` span and replace ``call.bodies`` (the trace envelope).
-None (tracing off) costs one attribute test per call.
+None (tracing off) costs one attribute test per call. A hook may also offer
+``quiet() -> bool`` and ``count(topic, sent, failed, error)``: when ``quiet()`` says
+no span or envelope is needed, a PUB skips the context manager and only reports its
+outcome to ``count``.
 """
 
 from __future__ import annotations
@@ -265,6 +268,9 @@ class Producer:
         if envelope is None:
             envelope = bool(getattr(settings, "tracing_envelope", False))
         self.envelope = envelope
+        self._hook: Instrumentation | None = None
+        self._quiet: Callable[[], bool] | None = None
+        self._count: Callable[[str, int, int, BaseException | None], None] | None = None
         self._instrument = _load_instrumentation(envelope)
         self._nodes = [_Node(a) for a in self.addresses]
         self._next = 0
@@ -276,6 +282,19 @@ class Producer:
         # Created by close() when calls are in flight; the last one to end resolves it.
         self._idle: asyncio.Future[None] | None = None
         self._pub_lines: dict[str, bytes] = {}
+
+    @property
+    def _instrument(self) -> Instrumentation | None:
+        """The telemetry hook (see the module docstring); None when there is none."""
+        return self._hook
+
+    @_instrument.setter
+    def _instrument(self, hook: Instrumentation | None) -> None:
+        quiet, count = getattr(hook, "quiet", None), getattr(hook, "count", None)
+        both = callable(quiet) and callable(count)
+        self._hook = hook
+        self._quiet = quiet if both else None
+        self._count = count if both else None
 
     def __repr__(self) -> str:
         up = sum(n.healthy for n in self._nodes)
@@ -481,12 +500,17 @@ class Producer:
             self._start()
         timeout = timeout or self.timeout
         self._inflight += 1
-        try:
-            call = None
-            scope = _NO_HOOK
-            if self._instrument is not None:
+        call = None
+        scope = _NO_HOOK
+        count = None
+        hook = self._hook
+        if hook is not None:
+            if self._quiet is not None and self._quiet():
+                count = self._count
+            else:
                 call = PublishCall(topic, [body], "PUB", None, self.envelope)
-                scope = self._instrument(call)
+                scope = hook(call)
+        try:
             with scope:
                 if call is not None:
                     body = call.bodies[0]  # the hook may have wrapped it
@@ -508,6 +532,13 @@ class Producer:
                         address = self._acknowledged(node, "PUB", answer)
                 if call is not None:
                     call.nsqd_address, call.published = address, 1
+        except BaseException as exc:
+            if count is not None:
+                count(topic, 0, 1, exc)
+            raise
+        else:
+            if count is not None:
+                count(topic, 1, 0, None)
         finally:
             self._inflight -= 1
             if self._idle is not None and not self._inflight:

@@ -492,6 +492,28 @@ class ProducerInstrumentation:
             span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
         span.end()
 
+    def quiet(self) -> bool:
+        """True when a publish needs neither a span nor an envelope (no SDK installed;
+        looked at again every 256 calls). The producer then skips the context manager
+        and reports the outcome with :meth:`count`."""
+        if self._tracing or self.envelope:
+            return False
+        self._countdown -= 1
+        if self._countdown > 0:
+            return True
+        self._refresh()
+        return not self._tracing
+
+    def count(self, topic: str, sent: int, failed: int, error: BaseException | None) -> None:
+        """Count ``sent`` and ``failed`` messages of ``topic`` (a quiet publish)."""
+        counts = self._sent
+        if sent:
+            ok: tuple[str, str | None] = (topic, None)
+            counts[ok] = counts.get(ok, 0) + sent
+        if failed:
+            bad = (topic, None if error is None else type(error).__qualname__)
+            counts[bad] = counts.get(bad, 0) + failed
+
     def sent_counts(self) -> dict[tuple[str, str | None], int]:
         """Messages sent so far by ``(topic, error type or None)``."""
         return dict(self._sent)

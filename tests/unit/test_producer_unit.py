@@ -554,3 +554,20 @@ def test_publish_command_summary(monkeypatch: pytest.MonkeyPatch) -> None:
     assert run.summary() == "published 10,000 messages to clicks in 0.42 s (23,810 msg/s)"
     run.count, run.delay = 1, 5.0
     assert run.summary() == "published 1 message delayed 5 s to clicks in 0.42 s"
+
+
+async def test_quiet_publishes_are_still_counted(nsqds: dict[str, FakeNsqd]) -> None:
+    # No SDK installed: PUB skips the hook's context manager but reports its outcome.
+    from nsqworker.telemetry import ProducerInstrumentation
+
+    async with Producer("a:1", timeout=1) as producer:
+        hook = producer._instrument
+        assert isinstance(hook, ProducerInstrumentation)
+        assert producer._quiet is not None and producer._quiet()
+        for _ in range(3):
+            await producer.publish("t", b"x")
+        nsqds["a:1"].script = [NSQDError("E_BAD_TOPIC", "no")]
+        with pytest.raises(PublishError):
+            await producer.publish("t", b"x")
+        await producer.publish("t", b"x", delay=1)  # DPUB: through the context manager
+    assert hook.sent_counts() == {("t", None): 4, ("t", "PublishError"): 1}
