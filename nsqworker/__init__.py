@@ -20,8 +20,9 @@ from nsqworker.errors import (
     PublishError,
 )
 from nsqworker.message import Message
-from nsqworker.producer import Producer, SyncProducer
+from nsqworker.producer import Producer
 from nsqworker.settings import Settings, SettingsError
+from nsqworker.sync_producer import SyncProducer
 from nsqworker.task import (
     Registry,
     Reject,

@@ -20,9 +20,10 @@ from nsqworker.errors import (
     NoConnection,
     PublishError,
 )
-from nsqworker.producer import Producer, SyncProducer
+from nsqworker.producer import Producer
 from nsqworker.protocol import Response, encode_frame
 from nsqworker.publish_cli import publish_command
+from nsqworker.sync_producer import SyncProducer
 from nsqworker.testing import NsqdFactory, NsqdProcess, free_port, wait_for
 
 pytestmark = pytest.mark.integration

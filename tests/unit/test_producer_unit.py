@@ -31,12 +31,12 @@ from nsqworker.errors import (
 from nsqworker.producer import (
     Producer,
     PublishCall,
-    SyncProducer,
     delay_to_ms,
     parse_size_limit,
     split_batches,
     to_bytes,
 )
+from nsqworker.sync_producer import SyncProducer
 
 # --- pure helpers ------------------------------------------------------------------
 
