@@ -87,8 +87,7 @@ def instrumented(inst: TaskInstrumentation) -> Callable[[list[Message]], None]:
             token = start(msg)
             if token is not None:
                 detach(attach(token[1]))  # the handler would run in between
-                end(token, FINISH, None, 0.001)
-            elif inst.timed:
+            if token is not None or inst.timed:
                 end(token, FINISH, None, 0.001)
 
     return run

@@ -4,8 +4,8 @@ With every message sampled, nsqworker does per message, besides the span itself:
 make the Context the handler runs in, and record the outcome event. Measured in a
 loop on the CI machine (opentelemetry-sdk 1.45, a span with 11 attributes ~57 us):
 
-* ``trace.set_span_in_context(span)`` copies the current Context twice: 2.0 us. When
-  that Context is empty (the worker's, unless a handler runs under a user's span)
+* ``trace.set_span_in_context(span, parent)`` copies ``parent`` twice: 2.0 us. When
+  it is empty (a process span without a remote parent, the usual case)
   :func:`context_with` builds the one-entry Context directly: 1.1 us. The key is
   learned once through the public API, not imported from a private name.
 * ``span.add_event("fin")`` wraps the absent attributes in a fresh BoundedAttributes
@@ -15,7 +15,7 @@ loop on the CI machine (opentelemetry-sdk 1.45, a span with 11 attributes ~57 us
 The event shortcut uses SDK internals (``Span._events``, ``Event``'s fields). It is
 checked once, at import, against what the public API produces, and once per span
 class; anything that does not match (another SDK version, a vendor's span) takes the
-public call. ``tests/unit/test_telemetry.py`` fails if the shortcut stops being taken
+public call. ``tests/unit/test_otel_shortcuts.py`` fails if the shortcut stops being taken
 with the pinned SDK, so an upgrade that breaks it is noticed, not silently slower.
 """
 
@@ -25,7 +25,7 @@ from time import time_ns
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.context import Context, get_current
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event
 from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.util import BoundedList
@@ -36,11 +36,10 @@ _SPAN_KEY: str = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, Context
 _NO_ATTRIBUTES = BoundedAttributes(immutable=True)  # what add_event(name) stores, shared
 
 
-def context_with(span: trace.Span, parent: Context | None = None) -> Context:
-    """``trace.set_span_in_context(span, parent)``, one copy cheaper for an empty base."""
-    base = get_current() if parent is None else parent
-    if base:
-        return trace.set_span_in_context(span, base)
+def context_with(span: trace.Span, parent: Context) -> Context:
+    """``trace.set_span_in_context(span, parent)``, one copy cheaper for an empty one."""
+    if parent:
+        return trace.set_span_in_context(span, parent)
     return Context({_SPAN_KEY: span})
 
 

@@ -428,17 +428,22 @@ class ProducerInstrumentation:
             self._provider, self._tracer = provider, provider.get_tracer(SCOPE, __version__)
         self._tracing = not (_no_sdk(provider) or isinstance(self._tracer, trace.NoOpTracer))
 
+    def _tracing_now(self) -> bool:
+        """Is a tracing SDK installed? Without one, looked at again every 256 calls."""
+        if self._tracing:
+            return True
+        self._countdown -= 1
+        if self._countdown > 0:
+            return False
+        self._refresh()
+        return self._tracing
+
     def start_send(
         self, topic: str, count: int = 1, address: str | None = None, *, batch: bool = False
     ) -> Span | None:
         """Start the PRODUCER span of one publish (``batch``: one MPUB of ``count``)."""
-        if not self._tracing:
-            self._countdown -= 1
-            if self._countdown > 0:
-                return None
-            self._refresh()
-            if not self._tracing:
-                return None
+        if not self._tracing_now():
+            return None
         attrs: dict[str, Any] = {
             **_SYSTEM,
             "messaging.operation.name": "send",
@@ -473,21 +478,14 @@ class ProducerInstrumentation:
         failed: int = 0,
     ) -> None:
         """End the span; count ``sent`` and ``failed`` messages of ``topic``."""
-        error_type = None if error is None else type(error).__qualname__
         if topic is not None:
-            counts = self._sent
-            if sent:
-                ok: tuple[str, str | None] = (topic, None)
-                counts[ok] = counts.get(ok, 0) + sent
-            if failed:
-                bad = (topic, error_type)
-                counts[bad] = counts.get(bad, 0) + failed
+            self.count(topic, sent, failed, error)
         if span is None:
             return
         if address:
             span.set_attributes(_server({}, address))
         if error is not None:
-            span.set_attribute("error.type", error_type or "")
+            span.set_attribute("error.type", type(error).__qualname__)
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
         span.end()
@@ -496,16 +494,10 @@ class ProducerInstrumentation:
         """True when a publish needs neither a span nor an envelope (no SDK installed;
         looked at again every 256 calls). The producer then skips the context manager
         and reports the outcome with :meth:`count`."""
-        if self._tracing or self.envelope:
-            return False
-        self._countdown -= 1
-        if self._countdown > 0:
-            return True
-        self._refresh()
-        return not self._tracing
+        return not self.envelope and not self._tracing_now()
 
     def count(self, topic: str, sent: int, failed: int, error: BaseException | None) -> None:
-        """Count ``sent`` and ``failed`` messages of ``topic`` (a quiet publish)."""
+        """Count ``sent`` and ``failed`` (by ``error``'s type) messages of ``topic``."""
         counts = self._sent
         if sent:
             ok: tuple[str, str | None] = (topic, None)
@@ -528,7 +520,8 @@ class ProducerInstrumentation:
 
 class _SendScope:
     """One publish call in :class:`ProducerInstrumentation`; a class rather than a
-    ``@contextmanager`` generator, which cost microseconds per publish."""
+    ``@contextmanager`` generator, which cost microseconds per publish. (A PUB with no
+    SDK installed skips it: see :meth:`ProducerInstrumentation.quiet`.)"""
 
     __slots__ = ("_call", "_inst", "_span")
 
@@ -539,14 +532,10 @@ class _SendScope:
 
     def __enter__(self) -> Span | None:
         inst, call = self._inst, self._call
-        if not inst._tracing and inst._countdown > 1:
-            inst._countdown -= 1  # start_send's own shortcut while no SDK is installed
-            span = None
-        else:
-            batch = call.operation == "MPUB"
-            span = inst.start_send(call.topic, len(call.bodies), call.nsqd_address, batch=batch)
-            if span is not None and call.delay_ms is not None:
-                span.set_attribute("messaging.nsq.message.delay", call.delay_ms / 1000)
+        batch = call.operation == "MPUB"
+        span = inst.start_send(call.topic, len(call.bodies), call.nsqd_address, batch=batch)
+        if span is not None and call.delay_ms is not None:
+            span.set_attribute("messaging.nsq.message.delay", call.delay_ms / 1000)
         if call.envelope:
             call.bodies = inst.wrap(call.bodies, span, getattr(call, "content_type", None))
         self._span = span
@@ -558,20 +547,10 @@ class _SendScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        call, span = self._call, self._span
-        if exc is None and span is None:
-            # end_send() without a span, inlined: the usual case, once per publish.
-            if call.published:
-                counts, key = self._inst._sent, (call.topic, None)
-                counts[key] = counts.get(key, 0) + call.published
-        elif exc is None:
-            self._inst.end_send(
-                span, topic=call.topic, address=call.nsqd_address, sent=call.published
-            )
-        else:
-            unsent = len(call.bodies) - call.published
-            self._inst.end_send(span, exc, topic=call.topic, address=call.nsqd_address,
-                                sent=call.published, failed=unsent)  # fmt: skip
+        call = self._call
+        unsent = 0 if exc is None else len(call.bodies) - call.published
+        self._inst.end_send(self._span, exc, topic=call.topic, address=call.nsqd_address,
+                            sent=call.published, failed=unsent)  # fmt: skip
 
 
 def producer_instrumentation(envelope: bool = False) -> ProducerInstrumentation:
