@@ -34,9 +34,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind
 
-from nsqworker.message import FINISH, Message
+from nsqworker.nsq.message import FINISH, Message
 from nsqworker.task import TaskSpec
-from nsqworker.telemetry import TaskInstrumentation
+from nsqworker.telemetry.tracing import TaskInstrumentation
 
 
 class DropExporter(SpanExporter):

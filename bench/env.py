@@ -282,7 +282,7 @@ class Broker:
 
 async def mpub_load(address: str, topics: Sequence[str], count: int) -> None:
     """Publish ``count`` messages to each topic with a few MPUBs in flight at once."""
-    from nsqworker.producer import Producer
+    from nsqworker.nsq.producer import Producer
 
     body = b"x" * BODY_SIZE
     sizes = [LOAD_BATCH] * (count // LOAD_BATCH)

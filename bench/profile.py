@@ -39,10 +39,10 @@ from functools import partial
 from typing import Any
 
 from bench.common import BODY_SIZE, CHANNEL, Clock, default_loop, loop_label, run_on
-from nsqworker import protocol
-from nsqworker.connection import Connection
-from nsqworker.consumer import Consumer
-from nsqworker.message import FINISH, Finish, Message
+from nsqworker.nsq import protocol
+from nsqworker.nsq.connection import Connection
+from nsqworker.nsq.consumer import Consumer
+from nsqworker.nsq.message import FINISH, Finish, Message
 
 PATHS = ("lean", "consumer", "worker-async", "worker-sync")
 PUBLISH_PATHS = ("pub", "concurrent", "mpub")
@@ -114,7 +114,7 @@ class OfflineFeed:
             Consumer.start, Consumer.stop = start, stop  # type: ignore[method-assign]
 
     async def _attach(self, consumer: Consumer) -> None:
-        from nsqworker.consumer import _Link, _Session
+        from nsqworker.nsq.consumer import _Link, _Session
 
         loop = asyncio.get_running_loop()
         consumer._started, consumer._loop, consumer._time = True, loop, loop.time
@@ -281,7 +281,7 @@ def run_nsqd(
 
 async def publish(path: str, count: int, address: str, topic: str) -> float:
     """Publish ``count`` messages with our Producer in the shape ``path``; seconds taken."""
-    from nsqworker.producer import Producer
+    from nsqworker.nsq.producer import Producer
 
     body = b"x" * BODY_SIZE
     async with Producer([address], envelope=False, timeout=30) as producer:

@@ -5,8 +5,7 @@ Mark functions with ``@task("topic", channel=...)`` and run them with
 :class:`SyncProducer`.
 """
 
-__version__ = "0.1.0"
-
+from nsqworker._version import __version__
 from nsqworker.errors import (
     AlreadyResponded,
     AuthError,
@@ -19,10 +18,11 @@ from nsqworker.errors import (
     NSQWorkerError,
     PublishError,
 )
-from nsqworker.message import Message
-from nsqworker.producer import Producer
+from nsqworker.nsq import publishing as _publishing
+from nsqworker.nsq.message import Message
+from nsqworker.nsq.producer import Producer
+from nsqworker.nsq.sync_producer import SyncProducer
 from nsqworker.settings import Settings, SettingsError
-from nsqworker.sync_producer import SyncProducer
 from nsqworker.task import (
     Registry,
     Reject,
@@ -35,6 +35,16 @@ from nsqworker.task import (
     task,
 )
 from nsqworker.worker import Worker
+
+
+def _producer_instrumentation(envelope: bool) -> _publishing.Instrumentation:
+    # Imported on the first Producer, not with the package: the SDK costs ~0.3 s.
+    from nsqworker.telemetry.tracing import producer_instrumentation
+
+    return producer_instrumentation(envelope=envelope)
+
+
+_publishing.set_instrumentation_factory(_producer_instrumentation)
 
 __all__ = [  # noqa: RUF022 - grouped by theme, not sorted
     # tasks

@@ -14,7 +14,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from nsqworker.logging import get_logger
-from nsqworker.message import Message, MessageOwner, Outcome
+from nsqworker.nsq.message import Message, MessageOwner, Outcome
 
 __all__ = ["GROW_CHECK", "LoopOwner", "ThreadPool", "awaitable_returned", "run_traced"]
 

@@ -29,9 +29,9 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from nsqworker import protocol
 from nsqworker.errors import ConfigurationError, NSQWorkerError
-from nsqworker.producer import Producer
+from nsqworker.nsq import protocol
+from nsqworker.nsq.producer import Producer
 
 __all__ = ["publish_command"]
 
@@ -62,7 +62,7 @@ def publish_command(
     try:
         protocol.check_topic(topic)
         if delay is not None:
-            from nsqworker.producer import delay_to_ms
+            from nsqworker.nsq.publishing import delay_to_ms
 
             delay_to_ms(delay)
         if batch_size < 1:

@@ -128,7 +128,7 @@ def _child_main(spec: _ChildSpec, conn: Connection) -> None:
 
 def configure_telemetry() -> None:
     """Set up OpenTelemetry from the ``OTEL_*`` environment variables."""
-    from nsqworker.otel_setup import configure_from_env
+    from nsqworker.telemetry.setup import configure_from_env
 
     configure_from_env()
 

@@ -1,6 +1,6 @@
 """One worker process: a Registry's tasks, each on its own Consumer, on one event loop.
 
-``Worker(registry, settings)`` builds a :class:`~nsqworker.consumer.Consumer` per task.
+``Worker(registry, settings)`` builds a :class:`~nsqworker.nsq.consumer.Consumer` per task.
 Its callback runs the handler and turns the result into an outcome (see
 :mod:`nsqworker.task`); its give-up hook is the dead-letter path. Async handlers are
 awaited on the loop; the consumer starts them eagerly, so one that never suspends
@@ -32,14 +32,14 @@ from typing import Any, Protocol, Self
 
 from opentelemetry import context as otel_context
 
-from nsqworker.connection import ConnectionConfig
-from nsqworker.consumer import DEFERRED, Consumer
-from nsqworker.eager import resume
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import configure_logging, get_logger
-from nsqworker.message import FINISH, Message, MessageOwner, Outcome
+from nsqworker.nsq.connection import ConnectionConfig
+from nsqworker.nsq.consumer import DEFERRED, Consumer
+from nsqworker.nsq.eager import resume
+from nsqworker.nsq.message import FINISH, Message, MessageOwner, Outcome
+from nsqworker.nsq.producer import Producer
 from nsqworker.pool import LoopOwner, ThreadPool, run_traced
-from nsqworker.producer import Producer
 from nsqworker.settings import Settings
 from nsqworker.task import Registry, Reject, Retry, TaskSpec, describe_outcome, outcome_of_error
 
@@ -124,7 +124,7 @@ class Instrumentation(Protocol):
 
 
 def _instrumentation(spec: TaskSpec, settings: Settings) -> Instrumentation:
-    from nsqworker.telemetry import TaskInstrumentation
+    from nsqworker.telemetry.tracing import TaskInstrumentation
 
     return TaskInstrumentation(spec, settings)
 
@@ -408,7 +408,7 @@ class Worker:
         if errors:
             await self.stop(0)
             raise errors[0]
-        from nsqworker.telemetry import register_worker_metrics  # OpenTelemetry metrics
+        from nsqworker.telemetry.metrics import register_worker_metrics
 
         self._unregister_metrics = register_worker_metrics(self)
         log.info("worker started", pid=os.getpid(), tasks=[s.name for s in self.registry])

@@ -38,7 +38,7 @@ async def _publisher(params: dict[str, Any]) -> dict[str, Any]:
     counted as they come, so the publisher never limits the offered rate; the
     Producer's own speed is what the publish case measures.
     """
-    from nsqworker import protocol
+    from nsqworker.nsq import protocol
 
     rate, total, topic = params["rate"], params["count"], params["topic"]
     host, _, port = params["address"].rpartition(":")
@@ -62,7 +62,7 @@ async def _count_acks(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, total: int
 ) -> int:
     """Read nsqd's answers until ``total`` PUBs were answered; return the errors."""
-    from nsqworker import protocol
+    from nsqworker.nsq import protocol
 
     decoder = protocol.Decoder()
     answered = errors = 0
@@ -86,7 +86,7 @@ def worker(params: dict[str, Any]) -> dict[str, Any]:
 
 async def _worker(params: dict[str, Any]) -> dict[str, Any]:
     from nsqworker.logging import configure_logging
-    from nsqworker.message import Message
+    from nsqworker.nsq.message import Message
     from nsqworker.settings import Settings
     from nsqworker.task import Registry
     from nsqworker.worker import Worker

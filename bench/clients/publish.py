@@ -44,7 +44,7 @@ def ours(params: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _ours(params: dict[str, Any]) -> dict[str, Any]:
-    from nsqworker.producer import Producer
+    from nsqworker.nsq.producer import Producer
 
     logging.basicConfig(level=logging.WARNING)
     topic, mode = params["topic"], params["mode"]

@@ -1,4 +1,4 @@
-"""nsqworker.connection against a real nsqd v1.3.0, and against misbehaving peers."""
+"""nsqworker.nsq.connection against a real nsqd v1.3.0, and against misbehaving peers."""
 
 from __future__ import annotations
 
@@ -21,8 +21,6 @@ import pytest
 import snappy
 import trustme
 
-from nsqworker import protocol
-from nsqworker.connection import Connection, ConnectionConfig, ServerInfo
 from nsqworker.errors import (
     AuthError,
     ConfigurationError,
@@ -30,7 +28,9 @@ from nsqworker.errors import (
     NSQDError,
     PublishError,
 )
-from nsqworker.protocol import MessageFrame, Response, encode_frame
+from nsqworker.nsq import protocol
+from nsqworker.nsq.connection import Connection, ConnectionConfig, ServerInfo
+from nsqworker.nsq.protocol import MessageFrame, Response, encode_frame
 from nsqworker.testing import NsqdFactory, NsqdProcess
 
 pytestmark = pytest.mark.integration
@@ -410,7 +410,7 @@ async def test_auth_without_secret(
 async def test_secret_without_auth_warns(
     nsqd: NsqdProcess, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("nsqworker.connection._warned_unused_secret", False)
+    monkeypatch.setattr("nsqworker.nsq.handshake._warned_unused_secret", False)
     async with connected(nsqd.tcp_address, ConnectionConfig(auth_secret="unused")) as conn:
         assert not conn.server.auth_required
     async with connected(nsqd.tcp_address, ConnectionConfig(auth_secret="unused")):

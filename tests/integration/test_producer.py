@@ -12,7 +12,6 @@ from collections.abc import Callable
 import pytest
 from rich.console import Console
 
-from nsqworker.connection import Connection
 from nsqworker.errors import (
     InvalidName,
     LocalProtocolError,
@@ -20,10 +19,11 @@ from nsqworker.errors import (
     NoConnection,
     PublishError,
 )
-from nsqworker.producer import Producer
-from nsqworker.protocol import Response, encode_frame
+from nsqworker.nsq.connection import Connection
+from nsqworker.nsq.producer import Producer
+from nsqworker.nsq.protocol import Response, encode_frame
+from nsqworker.nsq.sync_producer import SyncProducer
 from nsqworker.publish_cli import publish_command
-from nsqworker.sync_producer import SyncProducer
 from nsqworker.testing import NsqdFactory, NsqdProcess, free_port, wait_for
 
 pytestmark = pytest.mark.integration

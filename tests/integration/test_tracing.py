@@ -15,11 +15,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from nsqworker.message import Message
-from nsqworker.producer import Producer
+from nsqworker.nsq.message import Message
+from nsqworker.nsq.producer import Producer
 from nsqworker.settings import Settings
 from nsqworker.task import Registry
-from nsqworker.telemetry import ProducerInstrumentation
+from nsqworker.telemetry.tracing import ProducerInstrumentation
 from nsqworker.testing import NsqdProcess
 from nsqworker.worker import Worker
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nsqworker.backoff import BackoffPhase, BackoffState, reconnect_delay, requeue_delay
+from nsqworker.nsq.backoff import BackoffPhase, BackoffState, reconnect_delay, requeue_delay
 
 
 def test_requeue_delay_grows_exponentially_and_is_capped() -> None:

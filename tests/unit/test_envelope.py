@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from nsqworker.envelope import (
+from nsqworker.telemetry.envelope import (
     ENVELOPE_MAGIC,
     is_envelope,
     unwrap_envelope,

@@ -12,10 +12,10 @@ from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from nsqworker.message import FINISH, Message
-from nsqworker.otel_shortcuts import add_plain_event, context_with, direct_events
+from nsqworker.nsq.message import FINISH, Message
 from nsqworker.task import TaskSpec
-from nsqworker.telemetry import TaskInstrumentation
+from nsqworker.telemetry.shortcuts import add_plain_event, context_with, direct_events
+from nsqworker.telemetry.tracing import TaskInstrumentation
 
 
 def provider(exporter: InMemorySpanExporter, **kw: Any) -> TracerProvider:

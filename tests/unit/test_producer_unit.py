@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import importlib
 import io
 import itertools
 from collections.abc import Iterator
@@ -16,8 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-import nsqworker.producer as producer_module
-from nsqworker import protocol
+import nsqworker.nsq.producer as producer_module
 from nsqworker.errors import (
     ConfigurationError,
     ConnectionClosed,
@@ -28,15 +26,16 @@ from nsqworker.errors import (
     NSQDError,
     PublishError,
 )
-from nsqworker.producer import (
-    Producer,
+from nsqworker.nsq import protocol, publishing
+from nsqworker.nsq.producer import Producer
+from nsqworker.nsq.publishing import (
     PublishCall,
     delay_to_ms,
     parse_size_limit,
     split_batches,
     to_bytes,
 )
-from nsqworker.sync_producer import SyncProducer
+from nsqworker.nsq.sync_producer import SyncProducer
 
 # --- pure helpers ------------------------------------------------------------------
 
@@ -343,7 +342,7 @@ async def test_topic_check_is_cached_but_lets_no_invalid_name_through(
     checked: list[object] = []
     check = protocol.check_topic
     monkeypatch.setattr(protocol, "check_topic", lambda t: checked.append(t) or check(t))
-    monkeypatch.setattr(producer_module, "_TOPIC_CACHE_SIZE", 3)
+    monkeypatch.setattr(producer_module, "TOPIC_CACHE_SIZE", 3)
     bad: list[Any] = ["bad topic", "", "x" * 65, "a\n", "t#nope", 12, None, b"t", ["t"]]
     async with Producer("a:1", timeout=1) as producer:
         for _ in range(3):
@@ -474,17 +473,20 @@ async def test_instrumentation_wraps_each_call(nsqds: dict[str, FakeNsqd]) -> No
     assert pubs(nsqds["a:1"]) == [b"env:x"]
 
 
-def test_telemetry_hook_is_loaded_when_offered(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_telemetry_hook_comes_from_the_installed_factory(monkeypatch: pytest.MonkeyPatch) -> None:
     hook = object()
-
-    class Telemetry:
-        @staticmethod
-        def producer_instrumentation(envelope: bool) -> object:
-            return hook if envelope else None
-
-    monkeypatch.setattr(importlib, "import_module", lambda name: Telemetry)
+    monkeypatch.setattr(publishing, "_factory", lambda envelope: hook if envelope else None)
     assert Producer("a:1", envelope=True)._instrument is hook
     assert Producer("a:1", envelope=False)._instrument is None
+    monkeypatch.setattr(publishing, "_factory", None)
+    assert Producer("a:1", envelope=True)._instrument is None
+
+
+def test_nsqworker_installs_the_telemetry_factory() -> None:
+    from nsqworker.telemetry.tracing import ProducerInstrumentation
+
+    hook = Producer("a:1", envelope=True)._instrument
+    assert isinstance(hook, ProducerInstrumentation) and hook.envelope
 
 
 # --- SyncProducer -------------------------------------------------------------------
@@ -558,7 +560,7 @@ def test_publish_command_summary(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def test_quiet_publishes_are_still_counted(nsqds: dict[str, FakeNsqd]) -> None:
     # No SDK installed: PUB skips the hook's context manager but reports its outcome.
-    from nsqworker.telemetry import ProducerInstrumentation
+    from nsqworker.telemetry.tracing import ProducerInstrumentation
 
     async with Producer("a:1", timeout=1) as producer:
         hook = producer._instrument

@@ -1,4 +1,4 @@
-"""nsqworker.protocol at the byte level: encoders, validation, the frame decoder."""
+"""nsqworker.nsq.protocol at the byte level: encoders, validation, the frame decoder."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nsqworker import protocol
 from nsqworker.errors import (
     InvalidName,
     LocalProtocolError,
@@ -17,7 +16,8 @@ from nsqworker.errors import (
     NSQDError,
     RemoteProtocolError,
 )
-from nsqworker.protocol import Decoder, ErrorFrame, Frame, MessageFrame, Response, encode_frame
+from nsqworker.nsq import protocol
+from nsqworker.nsq.protocol import Decoder, ErrorFrame, Frame, MessageFrame, Response, encode_frame
 
 MSG_ID = b"0a1b2c3d4e5f6789"
 

@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nsqworker.rdy import IDLE_AFTER, RDY_SETTLE, ROTATE_AFTER, Mode, Slot, plan
+from nsqworker.nsq.rdy import IDLE_AFTER, RDY_SETTLE, ROTATE_AFTER, Mode, Slot, plan
 
 
 def slots(n: int, max_rdy: int = 2500) -> list[Slot]:

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import structlog
 
-from nsqworker.consumer import DEFERRED
 from nsqworker.errors import AlreadyResponded, ConfigurationError
-from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.nsq.consumer import DEFERRED
+from nsqworker.nsq.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.settings import Settings
 from nsqworker.task import (
     Registry,

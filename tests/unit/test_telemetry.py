@@ -25,15 +25,15 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.trace import SpanKind, StatusCode
 
-from nsqworker import telemetry
-from nsqworker.envelope import wrap_envelope
-from nsqworker.message import FINISH, GiveUp, Message, Requeue
-from nsqworker.producer import PublishCall
+from nsqworker.nsq.message import FINISH, GiveUp, Message, Requeue
+from nsqworker.nsq.publishing import PublishCall
 from nsqworker.task import Reject, Retry, TaskSpec
-from nsqworker.telemetry import (
+from nsqworker.telemetry import tracing as telemetry
+from nsqworker.telemetry.envelope import wrap_envelope
+from nsqworker.telemetry.metrics import register_worker_metrics
+from nsqworker.telemetry.tracing import (
     ProducerInstrumentation,
     TaskInstrumentation,
-    register_worker_metrics,
     run_async,
     run_sync,
 )
@@ -541,7 +541,7 @@ def test_sent_messages_are_read_from_the_producers(
 _PROBE = """
 import json, sys
 from opentelemetry import trace
-from nsqworker.otel_setup import configure_from_env
+from nsqworker.telemetry.setup import configure_from_env
 if sys.argv[1] == "app":
     from opentelemetry.sdk.trace import TracerProvider
     trace.set_tracer_provider(app := TracerProvider())

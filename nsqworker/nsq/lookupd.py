@@ -18,7 +18,7 @@ import httpx
 
 __all__ = ["LookupdPoller", "format_address", "parse_producers"]
 
-log = logging.getLogger("nsqworker.lookupd")
+log = logging.getLogger("nsqworker.nsq.lookupd")
 
 
 def format_address(host: str, port: int) -> str:

@@ -18,8 +18,8 @@ They are unknown until given to the producer or learned from nsqd's first "too b
 answer; from then on an oversized body raises
 :class:`~nsqworker.errors.MessageTooLarge` before anything is sent.
 
-Telemetry seam: when :mod:`nsqworker.telemetry` offers
-``producer_instrumentation(envelope: bool) -> Instrumentation | None``, every public
+Telemetry seam (:mod:`nsqworker.nsq.publishing`): when the layer above installed an
+instrumentation factory (``nsqworker`` installs :mod:`nsqworker.telemetry`'s), every public
 publish call runs inside ``instrumentation(PublishCall(...))``, a context manager that
 may start a ``send <topic>`` span and replace ``call.bodies`` (the trace envelope).
 None (tracing off) costs one attribute test per call. A hook may also offer
@@ -31,21 +31,12 @@ outcome to ``count``.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
-import math
-import re
-import struct
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Self
 
-from nsqworker import protocol
-from nsqworker.backoff import reconnect_delay
-from nsqworker.connection import Connection, ConnectionConfig
 from nsqworker.errors import (
     ConfigurationError,
     ConnectionClosed,
@@ -55,6 +46,24 @@ from nsqworker.errors import (
     PublishError,
     RemoteProtocolError,
 )
+from nsqworker.nsq import protocol
+from nsqworker.nsq.backoff import reconnect_delay
+from nsqworker.nsq.connection import Connection, ConnectionConfig
+from nsqworker.nsq.publishing import (
+    NO_HOOK,
+    RETRYABLE,
+    SIZE,
+    TOPIC_CACHE_SIZE,
+    Body,
+    Instrumentation,
+    PublishCall,
+    delay_to_ms,
+    load_instrumentation,
+    nsqd_addresses,
+    parse_size_limit,
+    split_batches,
+    to_bytes,
+)
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -63,139 +72,9 @@ __all__ = ["Body", "Instrumentation", "Producer", "PublishCall"]
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-Body = bytes | bytearray | memoryview | str
-Operation = Literal["PUB", "MPUB", "DPUB"]
-
-MAX_DELAY: Final = 3600.0
-"""Longest DPUB delay in seconds (nsqd's default ``--max-req-timeout``)."""
 RECONNECT_DELAY: Final = 0.1
 MAX_RECONNECT_DELAY: Final = 30.0
 _STABLE_AFTER: Final = 1.0  # a connection that lived this long resets the backoff
-
-# nsqd 1.3.0: "PUB message too big 1048577 > 1048576" (also DPUB, MPUB: E_BAD_MESSAGE)
-# and "MPUB body too big 5242881 > 5242880" (E_BAD_BODY).
-_TOO_BIG: Final = re.compile(r"\b(message|body) too big (\d+) > (\d+)")
-# nsqd failed to store the message (exiting, disk); nothing was kept, another nsqd may take it.
-_RETRYABLE: Final = frozenset({"E_PUB_FAILED", "E_MPUB_FAILED", "E_DPUB_FAILED"})
-_SIZE: Final = struct.Struct(">I")
-# Topics a producer validated, with their "PUB topic\n" line; emptied when this full.
-_TOPIC_CACHE_SIZE: Final = 1024
-
-
-# --- pure helpers -------------------------------------------------------------------
-
-
-def to_bytes(body: object) -> bytes:
-    """A message body as bytes: bytes-like as is, str encoded as UTF-8.
-
-    Raises:
-        TypeError: anything else (name the type; encode it, or use ``publish_json``).
-    """
-    if isinstance(body, bytes):
-        return body
-    if isinstance(body, str):
-        return body.encode("utf-8")
-    if isinstance(body, bytearray | memoryview):
-        return bytes(body)
-    raise TypeError(
-        f"message body must be bytes or str, got {type(body).__name__}; "
-        "encode it first or use publish_json()"
-    )
-
-
-def delay_to_ms(delay: float) -> int:
-    """A DPUB delay in seconds as whole milliseconds, checked against 0..3600 s."""
-    if isinstance(delay, bool) or not isinstance(delay, int | float) or math.isnan(delay):
-        raise LocalProtocolError(f"delay must be a number of seconds, got {delay!r}")
-    if not 0 <= delay <= MAX_DELAY:
-        raise LocalProtocolError(
-            f"delay must be within 0..{MAX_DELAY:g} seconds (nsqd --max-req-timeout), got {delay:g}"
-        )
-    return round(delay * 1000)
-
-
-def split_batches(bodies: list[bytes], max_body_size: int) -> list[list[bytes]]:
-    """Split ``bodies`` into consecutive MPUB batches that each fit ``max_body_size``.
-
-    Order is kept and batches are filled greedily. A body too large to fit even alone
-    gets a batch of its own (the encoder or nsqd refuses it). Staying within the body
-    size also keeps the count within nsqd's ``(max_body_size - 4) / 5``.
-    """
-    batches: list[list[bytes]] = []
-    current: list[bytes] = []
-    size = 4
-    for body in bodies:
-        cost = 4 + len(body)
-        if current and size + cost > max_body_size:
-            batches.append(current)
-            current, size = [], 4
-        current.append(body)
-        size += cost
-    if current:
-        batches.append(current)
-    return batches
-
-
-def parse_size_limit(message: str) -> tuple[Literal["message", "body"], int] | None:
-    """Read nsqd's limit from a "too big" error text: ``("message", 1048576)``, or None."""
-    match = _TOO_BIG.search(message)
-    if match is None:
-        return None
-    kind = cast(Literal["message", "body"], match.group(1))
-    return kind, int(match.group(3))
-
-
-def _addresses(given: list[str] | str | None, settings: Settings | None) -> list[str]:
-    if given is None:
-        given = [] if settings is None else list(settings.nsqd_tcp_addresses)
-    items = given.split(",") if isinstance(given, str) else list(given)
-    addresses = list(dict.fromkeys(a.strip() for a in items if a.strip()))
-    if not addresses:
-        raise ConfigurationError(
-            "no nsqd address: pass Producer(['127.0.0.1:4150']) or set NSQWORKER_NSQD_TCP_ADDRESSES"
-        )
-    for address in addresses:
-        host, sep, port = address.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigurationError(f"nsqd address {address!r} must be host:port")
-    return addresses
-
-
-# --- telemetry seam ---------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class PublishCall:
-    """One public publish call, as the telemetry hook sees it.
-
-    The hook may replace ``bodies`` (e.g. wrap them in the trace envelope) when it is
-    entered; the producer fills ``nsqd_address`` with the nsqd that acknowledged the
-    last command and ``published`` with how many messages were acknowledged.
-    """
-
-    topic: str
-    bodies: list[bytes]
-    operation: Operation
-    delay_ms: int | None = None
-    envelope: bool = False
-    nsqd_address: str | None = None
-    published: int = 0
-
-
-Instrumentation = Callable[[PublishCall], AbstractContextManager[object]]
-_NO_HOOK: Final[AbstractContextManager[object]] = nullcontext()
-
-
-def _load_instrumentation(envelope: bool) -> Instrumentation | None:
-    try:
-        module = importlib.import_module("nsqworker.telemetry")
-    except ImportError:
-        return None
-    factory = getattr(module, "producer_instrumentation", None)
-    if factory is None:
-        return None
-    return cast("Instrumentation | None", factory(envelope=envelope))
 
 
 # --- the async producer -------------------------------------------------------------
@@ -248,7 +127,7 @@ class Producer:
             from nsqworker.settings import Settings as _Settings
 
             settings = _Settings()  # from the environment and .env
-        self.addresses = _addresses(nsqd_tcp_addresses, settings)
+        self.addresses = nsqd_addresses(nsqd_tcp_addresses, settings)
         if connection_config is None:
             connection_config = (
                 ConnectionConfig() if settings is None else ConnectionConfig.from_settings(settings)
@@ -267,7 +146,7 @@ class Producer:
         self._hook: Instrumentation | None = None
         self._quiet: Callable[[], bool] | None = None
         self._count: Callable[[str, int, int, BaseException | None], None] | None = None
-        self._instrument = _load_instrumentation(envelope)
+        self._instrument = load_instrumentation(envelope)
         self._nodes = [_Node(a) for a in self.addresses]
         self._next = 0
         self._started = False
@@ -497,7 +376,7 @@ class Producer:
         timeout = timeout or self.timeout
         self._inflight += 1
         call = None
-        scope = _NO_HOOK
+        scope = NO_HOOK
         count = None
         hook = self._hook
         if hook is not None:
@@ -544,7 +423,7 @@ class Producer:
         """Validate ``topic`` (raising InvalidName) and remember its PUB line."""
         protocol.check_topic(topic)
         lines = self._pub_lines
-        if len(lines) >= _TOPIC_CACHE_SIZE:
+        if len(lines) >= TOPIC_CACHE_SIZE:
             lines.clear()
         line = lines[topic] = b"PUB " + topic.encode() + b"\n"
         return line
@@ -553,7 +432,7 @@ class Producer:
         """The PUB command of ``body`` (``line`` is ``topic``'s), checked like protocol.pub."""
         limit = self.max_message_size
         if type(body) is bytes and body and (limit is None or len(body) <= limit):
-            return line + _SIZE.pack(len(body)) + body
+            return line + SIZE.pack(len(body)) + body
         return protocol.pub(topic, body, limit)  # raises what is wrong with the body
 
     async def publish_json(
@@ -665,7 +544,7 @@ class Producer:
         command may be sent once more: not ``last``, and the connection died or nsqd
         failed to store it."""
         if isinstance(exc, NSQDError):
-            if exc.code in _RETRYABLE and not last:
+            if exc.code in RETRYABLE and not last:
                 return
             raise self._publish_error(exc) from exc
         if isinstance(exc, TimeoutError):

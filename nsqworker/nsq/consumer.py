@@ -2,7 +2,7 @@
 
 The consumer owns the connections to every nsqd that has the topic (given directly or
 found through nsqlookupd), spreads max_in_flight over them as RDY windows (see
-:mod:`nsqworker.rdy`), runs the callback for each message and turns its outcome into
+:mod:`nsqworker.nsq.rdy`), runs the callback for each message and turns its outcome into
 FIN or REQ. It knows nothing about tasks: the layer above hands it a callback.
 
 Hot path: a message frame goes from the connection's read callback straight into the
@@ -21,25 +21,31 @@ import time
 import types
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
-from nsqworker import protocol
-from nsqworker.backoff import BackoffPhase, BackoffState, reconnect_delay, requeue_delay
-from nsqworker.connection import Connection, ConnectionConfig
-from nsqworker.eager import finish_in_task
-from nsqworker.errors import ConfigurationError, NSQDError
-from nsqworker.lookupd import LookupdPoller
-from nsqworker.message import FINISH, Finish, GiveUp, Message, Outcome, Requeue
-from nsqworker.rdy import Mode, Slot, plan
+from nsqworker.errors import ConfigurationError
+from nsqworker.nsq import protocol
+from nsqworker.nsq.backoff import BackoffPhase, BackoffState, requeue_delay
+from nsqworker.nsq.connection import ConnectionConfig
+from nsqworker.nsq.eager import finish_in_task
+from nsqworker.nsq.lookupd import LookupdPoller
+from nsqworker.nsq.message import FINISH, Finish, GiveUp, Message, Outcome, Requeue
+from nsqworker.nsq.rdy import Mode, plan
+from nsqworker.nsq.subscriptions import (
+    ConnectionStats,
+    ConsumerStats,
+    Subscriptions,
+    _Link,
+    _Session,
+)
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
 __all__ = ["DEFERRED", "Callback", "ConnectionStats", "Consumer", "ConsumerStats", "GiveUpHook"]
 
-log = logging.getLogger("nsqworker.consumer")
+log = logging.getLogger("nsqworker.nsq.consumer")
 
 Callback = Callable[[Message], "Outcome | Awaitable[Outcome | None] | None"]
 GiveUpHook = Callable[[Message, str], "Awaitable[None] | None"]
@@ -66,92 +72,10 @@ _copy_context = contextvars.copy_context
 _monotonic = time.monotonic
 
 
-@dataclass
-class ConnectionStats:
-    """Counters of one nsqd address, over all its reconnects."""
-
-    address: str
-    connected: bool
-    rdy: int
-    in_flight: int
-    received: int
-    finished: int
-    requeued: int
-    given_up: int
-    connects: int
-
-
-@dataclass
-class ConsumerStats:
-    """A snapshot of one consumer."""
-
-    topic: str
-    channel: str
-    max_in_flight: int
-    in_flight: int
-    running: int
-    received: int
-    finished: int
-    requeued: int
-    given_up: int
-    backoff_level: int
-    backoff_phase: str
-    rdy: int
-    connected: int
-    connections: list[ConnectionStats] = field(default_factory=list)
-
-
-class _Link:
-    """One nsqd address the consumer wants: counters and the live session, if any."""
-
-    __slots__ = (
-        "address",
-        "connects",
-        "direct",
-        "finished",
-        "given_up",
-        "listed",
-        "received",
-        "requeued",
-        "session",
-        "task",
-    )
-
-    def __init__(self, address: str, direct: bool) -> None:
-        self.address = address
-        self.direct = direct
-        self.listed = False
-        self.session: _Session | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.received = self.finished = self.requeued = self.given_up = self.connects = 0
-
-    @property
-    def wanted(self) -> bool:
-        return self.direct or self.listed
-
-
-class _Session:
-    """One connection's life: the Connection, its RDY slot, its negotiated limits."""
-
-    __slots__ = ("address", "conn", "link", "max_msg_timeout", "open", "slot", "touch_interval")
-
-    def __init__(self, link: _Link) -> None:
-        self.link = link
-        self.address = link.address
-        self.conn: Connection
-        self.open = False
-        self.slot = Slot(key=self)
-        self.touch_interval = 30.0
-        self.max_msg_timeout = 900.0
-
-    def __str__(self) -> str:
-        return self.address
-
-
-class Consumer:
+class Consumer(Subscriptions):
     """Consumes one topic/channel from every nsqd that has it.
 
-    ``callback(msg)`` returns an :data:`~nsqworker.message.Outcome`, None when it
+    ``callback(msg)`` returns an :data:`~nsqworker.nsq.message.Outcome`, None when it
     answered the message itself, or an awaitable of either. ``on_give_up(msg, reason)``
     runs for messages past ``max_attempts`` and for ``GiveUp`` outcomes, before the FIN;
     if it raises, the message is requeued instead, never lost.
@@ -303,151 +227,6 @@ class Consumer:
     def subscribed(self) -> bool:
         """True while at least one nsqd connection is subscribed."""
         return any(s.open for s in self._sessions)
-
-    # --- connections -----------------------------------------------------------
-
-    def _maintain(self, link: _Link) -> asyncio.Future[Any]:
-        """Start (or find) the task keeping ``link`` connected; a future for its first try."""
-        first: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        if link.task is None or link.task.done():
-            link.task = asyncio.create_task(self._connect_loop(link, first))
-        else:
-            first.set_result(None)
-        if self._first_attempts is not None:
-            self._first_attempts.append(first)
-        return first
-
-    async def _connect_loop(self, link: _Link, first: asyncio.Future[Any]) -> None:
-        settings = self._settings
-        failures = 0
-        try:
-            while self._wants(link):
-                if failures:
-                    delay = reconnect_delay(
-                        failures, settings.reconnect_delay, settings.max_reconnect_delay
-                    )
-                    await asyncio.sleep(delay)
-                    if not self._wants(link):
-                        break
-                session = await self._open(link)
-                if not first.done():
-                    first.set_result(None)
-                if session is None:
-                    failures += 1
-                    continue
-                failures = 0
-                await session.conn.wait_closed()
-                self._on_session_closed(session)
-                failures = 1
-        finally:
-            if not first.done():
-                first.set_result(None)
-
-    def _wants(self, link: _Link) -> bool:
-        return link.wanted and not self._stopping
-
-    async def _open(self, link: _Link) -> _Session | None:
-        session = _Session(link)
-        conn = Connection(
-            link.address,
-            self._config,
-            on_message=partial(self._on_message, session),
-            on_error=self._on_nsqd_error,
-            on_close=partial(self._on_conn_lost, session),
-        )
-        session.conn = conn
-        try:
-            info = await conn.connect()
-            await conn.subscribe(self.topic, self.channel)
-        except Exception as exc:  # every failure means "try again later"
-            conn.abort()
-            log.warning("%s: cannot subscribe on %s: %s", self.name, link.address, exc)
-            if self._poller is not None:
-                self._poller.poll_soon()
-            return None
-        session.open = True
-        session.slot.max_rdy = info.max_rdy_count
-        session.touch_interval = max(info.msg_timeout / 2.0, 0.5)
-        session.max_msg_timeout = info.max_msg_timeout
-        link.session = session
-        link.connects += 1
-        self._sessions.append(session)
-        log.info("%s: subscribed on %s", self.name, link.address)
-        self._replan()
-        return session
-
-    def _on_conn_lost(self, session: _Session, conn: Connection, reason: Exception) -> None:
-        # Runs inside connection_lost, before anything else can try to write to it.
-        session.open = False
-
-    def _on_session_closed(self, session: _Session) -> None:
-        session.open = False
-        link = session.link
-        if link.session is session:
-            link.session = None
-        if session in self._sessions:
-            self._sessions.remove(session)
-        if self._stopping:
-            return
-        if link.wanted and not session.slot.retiring:
-            log.warning("%s: connection to %s lost; reconnecting", self.name, link.address)
-            if self._poller is not None:
-                self._poller.poll_soon()
-        self._replan()
-
-    def _on_producers(self, addresses: set[str]) -> None:
-        if self._stopping:
-            return
-        for address in addresses:
-            link = self._links.get(address)
-            if link is None:
-                link = self._links[address] = _Link(address, direct=False)
-            if not link.listed:
-                link.listed = True
-                if self._started and (link.task is None or link.task.done()):
-                    self._maintain(link)
-        for address, link in list(self._links.items()):
-            if link.listed and address not in addresses and not link.direct:
-                link.listed = False
-                self._retire(link)
-
-    def _retire(self, link: _Link) -> None:
-        """Drop an nsqd that vanished from lookupd, once its messages are done."""
-        log.info("%s: %s left lookupd; closing it when idle", self.name, link.address)
-        session = link.session
-        if session is None:
-            if link.task is not None:
-                link.task.cancel()
-            self._forget(link)
-            return
-        session.slot.retiring = True
-        self._replan()
-        if session.slot.in_flight == 0:
-            self._close_retired(session)
-
-    def _close_retired(self, session: _Session) -> None:
-        link = session.link
-        if link.wanted:  # listed again meanwhile
-            session.slot.retiring = False
-            self._replan()
-            return
-        self._forget(link)
-        closing = asyncio.ensure_future(session.conn.close())
-        self._closing.add(closing)
-        closing.add_done_callback(self._closing.discard)
-
-    def _forget(self, link: _Link) -> None:
-        if self._links.get(link.address) is link:
-            del self._links[link.address]
-            r = self._retired
-            r.received += link.received
-            r.finished += link.finished
-            r.requeued += link.requeued
-            r.given_up += link.given_up
-            r.connects += link.connects
-
-    def _on_nsqd_error(self, conn: Connection, error: NSQDError) -> None:
-        log.warning("%s: nsqd %s: %s", self.name, conn.address, error)
 
     # --- RDY -------------------------------------------------------------------
 

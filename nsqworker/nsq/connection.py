@@ -1,30 +1,22 @@
-"""One TCP connection to nsqd: magic, IDENTIFY, TLS, compression, AUTH, then frames.
+"""One TCP connection to nsqd: after the handshake, frames in and commands out.
 
 :class:`Connection` is an :class:`asyncio.Protocol` (streams cost too much per
-message). Negotiation runs as a coroutine that pulls frames one at a time; after it,
-``data_received`` decodes every frame of a chunk, hands messages to ``on_message``
-inline, matches answers to requests in order, and flushes what the callbacks wrote
-once per chunk. It knows nothing about tasks, RDY policy or backoff.
+message). The handshake (:mod:`nsqworker.nsq.handshake`) pulls frames one at a time;
+after it, ``data_received`` decodes every frame of a chunk, hands messages to
+``on_message`` inline, matches answers to requests in order, and flushes what the
+callbacks wrote once per chunk. It knows nothing about tasks, RDY policy or backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
-import json
 import logging
-import socket
-import ssl
-import zlib
 from collections.abc import Callable
 from typing import Any, cast
 
-import nsqworker
-from nsqworker import protocol
 from nsqworker.errors import (
     NON_FATAL_CODES,
-    AuthError,
     ConfigurationError,
     ConnectionClosed,
     NSQDError,
@@ -32,7 +24,10 @@ from nsqworker.errors import (
     PublishError,
     RemoteProtocolError,
 )
-from nsqworker.protocol import ErrorFrame, Frame, MessageFrame, Response
+from nsqworker.nsq import protocol
+from nsqworker.nsq.handshake import Handshake
+from nsqworker.nsq.options import ConnectionConfig, ServerInfo
+from nsqworker.nsq.protocol import ErrorFrame, Frame, Response
 
 __all__ = ["Connection", "ConnectionConfig", "ServerInfo"]
 
@@ -43,156 +38,8 @@ OnMessage = Callable[[int, int, bytes, bytes], None]
 OnError = Callable[["Connection", NSQDError], None]
 OnClose = Callable[["Connection", ConnectionClosed], None]
 
-_COMPRESSIONS = ("none", "deflate", "snappy")
 _PUBLISH_PREFIXES = (b"PUB ", b"MPUB", b"DPUB")
 _NOP = protocol.nop()
-# Settings fields copied as they are; the TLS files and the secret need more work.
-_SETTINGS = (  # noqa: SIM905
-    "client_id hostname heartbeat_interval msg_timeout output_buffer_size output_buffer_timeout "
-    "sample_rate tls_v1 tls_server_name compression deflate_level dial_timeout"
-).split()
-_MS_FIELDS = ("max_msg_timeout", "msg_timeout", "output_buffer_timeout")
-_warned_unused_secret = False
-
-
-def _short_hostname() -> str:
-    return socket.gethostname().split(".")[0]
-
-
-def _default_user_agent() -> str:
-    return f"nsqworker/{nsqworker.__version__}"
-
-
-def _ms(seconds: float) -> int:
-    # -1 disables a feature in nsqd; keep it as is rather than -1000.
-    return -1 if seconds < 0 else round(seconds * 1000)
-
-
-@dataclasses.dataclass(frozen=True)
-class ConnectionConfig:
-    """What a connection asks of nsqd, and how it dials. Durations are seconds.
-
-    ``output_buffer_size`` / ``output_buffer_timeout`` left at None let nsqd decide;
-    -1 disables nsqd's output buffering. ``msg_timeout`` None uses nsqd's default.
-    """
-
-    client_id: str = dataclasses.field(default_factory=_short_hostname)
-    hostname: str = dataclasses.field(default_factory=socket.getfqdn)
-    user_agent: str = dataclasses.field(default_factory=_default_user_agent)
-    heartbeat_interval: float = 30.0
-    msg_timeout: float | None = 60.0
-    output_buffer_size: int | None = None
-    output_buffer_timeout: float | None = None
-    sample_rate: int = 0
-    tls_v1: bool = False
-    ssl_context: ssl.SSLContext | None = None
-    tls_server_name: str | None = None
-    compression: str = "none"
-    deflate_level: int = 6
-    auth_secret: str | None = dataclasses.field(default=None, repr=False)
-    dial_timeout: float = 5.0
-    max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE
-
-    def __post_init__(self) -> None:
-        if self.compression not in _COMPRESSIONS:
-            raise ConfigurationError(
-                f"compression must be one of {', '.join(_COMPRESSIONS)}, got {self.compression!r}"
-            )
-        if not 0 <= self.sample_rate <= 99:
-            raise ConfigurationError(f"sample_rate must be within 0..99, got {self.sample_rate}")
-        if not 1 <= self.deflate_level <= 9:
-            raise ConfigurationError(f"deflate_level must be within 1..9, got {self.deflate_level}")
-        if self.dial_timeout <= 0:
-            raise ConfigurationError(f"dial_timeout must be > 0, got {self.dial_timeout}")
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> ConnectionConfig:
-        """Build a config from :class:`nsqworker.settings.Settings` (missing fields keep
-        their defaults)."""
-        get = getattr
-        kwargs: dict[str, Any] = {
-            name: get(settings, name) for name in _SETTINGS if get(settings, name, None) is not None
-        }
-        secret = get(settings, "auth_secret", None)
-        if secret is not None and hasattr(secret, "get_secret_value"):
-            secret = secret.get_secret_value()
-        kwargs["auth_secret"] = secret or None
-        if kwargs.get("tls_v1"):
-            kwargs["ssl_context"] = _ssl_context(
-                get(settings, "tls_ca_file", None),
-                get(settings, "tls_cert_file", None),
-                get(settings, "tls_key_file", None),
-                bool(get(settings, "tls_verify", True)),
-            )
-        return cls(**kwargs)
-
-
-def _ssl_context(ca_file: Any, cert_file: Any, key_file: Any, verify: bool) -> ssl.SSLContext:
-    try:
-        context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigurationError(f"tls_ca_file: cannot load {ca_file}: {exc}") from exc
-    if cert_file:
-        try:
-            context.load_cert_chain(str(cert_file), str(key_file) if key_file else None)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigurationError(
-                f"tls_cert_file/tls_key_file: cannot load {cert_file}: {exc}"
-            ) from exc
-    if not verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
-
-
-@dataclasses.dataclass(frozen=True)
-class ServerInfo:
-    """What nsqd answered to IDENTIFY (and AUTH). Durations in seconds.
-
-    The defaults are nsqd v1.3.0's, used when the server answers a plain ``OK``.
-    """
-
-    max_rdy_count: int = protocol.DEFAULT_MAX_RDY_COUNT
-    version: str = ""
-    max_msg_timeout: float = protocol.DEFAULT_MAX_MSG_TIMEOUT_MS / 1000
-    msg_timeout: float = 60.0
-    tls_v1: bool = False
-    deflate: bool = False
-    deflate_level: int = 6
-    snappy: bool = False
-    sample_rate: int = 0
-    auth_required: bool = False
-    output_buffer_size: int = 16384
-    output_buffer_timeout: float = 0.25
-    auth_identity: str | None = None
-    auth_identity_url: str | None = None
-    auth_permission_count: int = 0
-
-    @classmethod
-    def from_identify(cls, data: bytes) -> ServerInfo:
-        """Parse IDENTIFY's answer: ``OK`` or the feature-negotiation JSON."""
-        if data == protocol.OK:
-            return cls()
-        try:
-            info = json.loads(data)
-            known = {field.name for field in dataclasses.fields(cls)}
-            values = {key: value for key, value in info.items() if key in known}
-            for key in _MS_FIELDS:
-                if key in values:
-                    values[key] = values[key] / 1000
-            return cls(**values)
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise RemoteProtocolError(f"unreadable IDENTIFY answer {data[:200]!r}") from exc
-
-
-def _import_snappy() -> Any:
-    try:
-        import snappy
-    except ImportError as exc:
-        raise ConfigurationError(
-            "compression='snappy' needs python-snappy: pip install 'nsqworker[snappy]'"
-        ) from exc
-    return snappy
 
 
 def _expire(future: asyncio.Future[bytes], timeout: float) -> None:
@@ -212,7 +59,7 @@ def _ignore(*_: Any) -> None:
     pass
 
 
-class Connection(asyncio.Protocol):
+class Connection(Handshake):
     """One connection to one nsqd.
 
     ``on_message(timestamp, attempts, id, body)`` runs inline in the read loop for every message;
@@ -296,202 +143,6 @@ class Connection(asyncio.Protocol):
     def closed(self) -> bool:
         """True once the connection was lost, or :meth:`close` / :meth:`abort` began."""
         return self._lost or self._closing
-
-    # --- connect ------------------------------------------------------------
-
-    async def connect(self) -> ServerInfo:
-        """Dial, send the magic and IDENTIFY, upgrade to TLS and compression as
-        negotiated, AUTH if nsqd requires it; return what nsqd answered.
-
-        Raises :class:`NSQDError` / :class:`AuthError` as nsqd answered, and
-        :class:`ConnectionClosed` for network failures and timeouts (the dial, then
-        the negotiation, are each bounded by ``dial_timeout``).
-        """
-        if self._started:
-            raise NSQWorkerError(f"connect() was already called on {self!r}")
-        self._started = True
-        cfg = self.config
-        try:
-            snappy = _import_snappy() if cfg.compression == "snappy" else None
-            async with asyncio.timeout(cfg.dial_timeout):
-                await self._loop.create_connection(lambda: self, self.host, self.port)
-            if self._closing:
-                raise ConnectionClosed(
-                    f"connection to nsqd at {self.address} closed while connecting"
-                )
-            async with asyncio.timeout(cfg.dial_timeout):
-                self.server = await self._negotiate(snappy)
-        except BaseException as exc:
-            error = self._connect_error(exc)
-            if self._transport is not None:
-                self._transport.abort()
-            if isinstance(error, ConnectionClosed):
-                self._finish(error)
-            else:
-                self._finish(ConnectionClosed(f"connecting to {self.address} failed: {error!r}"))
-            if error is exc:
-                raise
-            raise error from exc
-        self._handshaking = False
-        self._established = self._open = True
-        if cfg.heartbeat_interval > 0:
-            self._liveness = self._loop.call_later(cfg.heartbeat_interval, self._check_liveness)
-        if len(self._decoder):
-            self._in_read = True
-            try:
-                self.messages_received += self._decode(b"")
-            finally:
-                self._in_read = False
-            self._flush()
-        return self.server
-
-    def _connect_error(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, NSQDError | ConnectionClosed | ConfigurationError):
-            return exc
-        if isinstance(exc, TimeoutError):
-            return ConnectionClosed(
-                f"nsqd at {self.address} did not connect and negotiate within "
-                f"{self.config.dial_timeout} s"
-            )
-        if isinstance(exc, OSError):
-            return ConnectionClosed(f"cannot connect to nsqd at {self.address}: {exc}")
-        if isinstance(exc, RemoteProtocolError):
-            return ConnectionClosed(f"nsqd at {self.address} sent garbage: {exc}")
-        return exc
-
-    async def _negotiate(self, snappy: Any) -> ServerInfo:
-        cfg = self.config
-        assert self._transport is not None
-        self._transport.write(protocol.MAGIC_V2 + protocol.identify(self._identify_body()))
-        server = ServerInfo.from_identify((await self._next_response()).data)
-        if cfg.tls_v1:
-            if not server.tls_v1:
-                raise ConnectionClosed(
-                    f"TLS was asked for but nsqd at {self.address} does not offer it "
-                    "(start nsqd with --tls-cert and --tls-key, or set tls_v1 off)"
-                )
-            await self._start_tls()
-            await self._expect_ok("TLS")
-        # nsqd v1.3.0 upgrades in this order: TLS, then snappy or deflate.
-        if server.snappy or server.deflate:
-            self._install_compression(server, snappy)
-            await self._expect_ok("compression")
-        if server.auth_required:
-            server = await self._auth(server)
-        elif cfg.auth_secret:
-            global _warned_unused_secret
-            if not _warned_unused_secret:
-                _warned_unused_secret = True
-                log.warning("auth_secret is set but nsqd at %s does not require AUTH", self.address)
-        return server
-
-    def _identify_body(self) -> dict[str, Any]:
-        cfg = self.config
-        body: dict[str, Any] = {
-            "client_id": cfg.client_id,
-            "hostname": cfg.hostname,
-            "user_agent": cfg.user_agent,
-            "feature_negotiation": True,
-            "heartbeat_interval": _ms(cfg.heartbeat_interval),
-            "sample_rate": cfg.sample_rate,
-            "tls_v1": cfg.tls_v1,
-            "deflate": cfg.compression == "deflate",
-            "deflate_level": cfg.deflate_level,
-            "snappy": cfg.compression == "snappy",
-        }
-        if cfg.msg_timeout is not None:
-            body["msg_timeout"] = _ms(cfg.msg_timeout)
-        if cfg.output_buffer_size is not None:
-            body["output_buffer_size"] = cfg.output_buffer_size
-        if cfg.output_buffer_timeout is not None:
-            body["output_buffer_timeout"] = _ms(cfg.output_buffer_timeout)
-        return body
-
-    async def _next_response(self) -> Response:
-        """The next answer during negotiation; heartbeats are answered and skipped."""
-        while True:
-            try:
-                frame = self._decoder.next_frame()
-            except RemoteProtocolError as exc:
-                raise ConnectionClosed(f"nsqd at {self.address} sent garbage: {exc}") from exc
-            if frame is None:
-                if self._lost:
-                    raise self._closed_error()
-                self._waiter = self._loop.create_future()
-                await self._waiter
-            elif isinstance(frame, ErrorFrame):
-                raise NSQDError.from_frame(frame.data)
-            elif isinstance(frame, MessageFrame):
-                raise ConnectionClosed(f"nsqd at {self.address} sent a message before SUB")
-            elif frame.data == protocol.HEARTBEAT:
-                self._wbuf.append(_NOP)
-                self._flush()
-            else:
-                return frame
-
-    async def _expect_ok(self, step: str) -> None:
-        frame = await self._next_response()
-        if frame.data != protocol.OK:
-            raise ConnectionClosed(f"nsqd at {self.address} answered {frame.data!r} after {step}")
-
-    async def _start_tls(self) -> None:
-        if len(self._decoder):
-            raise ConnectionClosed(f"nsqd at {self.address} sent data before the TLS handshake")
-        cfg = self.config
-        context = cfg.ssl_context or ssl.create_default_context()
-        assert self._transport is not None
-        transport = await self._loop.start_tls(
-            self._transport,
-            self,
-            context,
-            server_hostname=cfg.tls_server_name or self.host,
-            ssl_handshake_timeout=cfg.dial_timeout,
-        )
-        if transport is None:
-            raise ConnectionClosed(f"TLS handshake with nsqd at {self.address} failed")
-        self._transport = transport
-
-    def _install_compression(self, server: ServerInfo, snappy: Any) -> None:
-        # nsqd may have sent the compressed OK in the same segment as the plain
-        # IDENTIFY answer: those bytes sit undecoded in the decoder.
-        leftover = self._decoder.take_buffer()
-        if server.snappy:
-            if snappy is None:
-                snappy = _import_snappy()
-            self._decompress = snappy.StreamDecompressor().decompress
-            self._compress = snappy.StreamCompressor().add_chunk
-        else:
-            self._decompress = zlib.decompressobj(-zlib.MAX_WBITS).decompress
-            compressor = zlib.compressobj(server.deflate_level, zlib.DEFLATED, -zlib.MAX_WBITS)
-            sync = zlib.Z_SYNC_FLUSH
-
-            def deflate(data: bytes) -> bytes:
-                return compressor.compress(data) + compressor.flush(sync)
-
-            self._compress = deflate
-        if leftover:
-            self._decoder.receive(self._decompress(leftover))
-
-    async def _auth(self, server: ServerInfo) -> ServerInfo:
-        secret = self.config.auth_secret
-        if not secret:
-            raise AuthError(
-                f"nsqd at {self.address} requires AUTH and no secret is set: "
-                "set NSQWORKER_AUTH_SECRET (Settings.auth_secret)"
-            )
-        self._wbuf.append(protocol.auth(secret))
-        self._flush()
-        data = (await self._next_response()).data
-        try:
-            info = json.loads(data)
-            return dataclasses.replace(
-                server,
-                auth_identity=str(info.get("identity", "")),
-                auth_identity_url=str(info.get("identity_url", "")) or None,
-                auth_permission_count=int(info.get("permission_count", 0)),
-            )
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise ConnectionClosed(f"nsqd at {self.address} answered AUTH with {data!r}") from exc
 
     # --- asyncio.Protocol ------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""A blocking :class:`~nsqworker.producer.Producer` for threads: Flask, Django, scripts."""
+"""A blocking :class:`~nsqworker.nsq.producer.Producer` for threads: Flask, Django, scripts."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from collections.abc import Coroutine, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from nsqworker.connection import ConnectionConfig
 from nsqworker.errors import ConnectionClosed
-from nsqworker.producer import Body, Producer
+from nsqworker.nsq.connection import ConnectionConfig
+from nsqworker.nsq.producer import Body, Producer
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings

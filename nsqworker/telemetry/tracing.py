@@ -1,4 +1,4 @@
-"""Tracing and metrics around each message, through the OpenTelemetry API.
+"""Spans around each message and each publish, through the OpenTelemetry API.
 
 Worker side, one :class:`TaskInstrumentation` per task, built once::
 
@@ -22,39 +22,36 @@ nest under it and log lines carry its trace_id and span_id. Call ``end`` for eve
 token; for a None token too when ``inst.timed`` (an SDK MeterProvider is installed
 and ``end`` records the duration histogram). Calling it anyway is harmless.
 
-Producer side: :func:`producer_instrumentation` is the hook ``nsqworker.producer``
-loads (see :class:`ProducerInstrumentation`). Metrics are read, never counted twice:
-:func:`register_worker_metrics` turns the worker's own stats into observable
-instruments. ``nsqworker.otel_setup.configure_from_env`` installs the SDK from
+Producer side: :func:`producer_instrumentation` is the hook ``nsqworker.nsq.producer``
+loads (see :class:`ProducerInstrumentation`). Metrics live in
+:mod:`nsqworker.telemetry.metrics`. ``nsqworker.telemetry.setup.configure_from_env`` installs the SDK from
 ``OTEL_*`` variables.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable
 from random import getrandbits
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
-from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace import sampling
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
-from nsqworker import __version__
-from nsqworker.envelope import ENVELOPE_MAGIC, unwrap_envelope, wrap_envelope
-from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
-from nsqworker.otel_shortcuts import add_plain_event, context_with
+from nsqworker._version import __version__
+from nsqworker.nsq.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.telemetry.envelope import ENVELOPE_MAGIC, unwrap_envelope, wrap_envelope
+from nsqworker.telemetry.metrics import SCOPE, SYSTEM_ATTRS, hub
+from nsqworker.telemetry.shortcuts import add_plain_event, context_with
 
 if TYPE_CHECKING:
-    from nsqworker.producer import PublishCall
+    from nsqworker.nsq.publishing import PublishCall
     from nsqworker.settings import Settings
     from nsqworker.task import TaskSpec
 
@@ -64,7 +61,6 @@ __all__ = [
     "ProducerInstrumentation",
     "TaskInstrumentation",
     "producer_instrumentation",
-    "register_worker_metrics",
     "run_async",
     "run_sync",
     "unwrap_envelope",
@@ -72,7 +68,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-SCOPE = "nsqworker"
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600)
 """Bounds (s) of ``messaging.process.duration``, 1 ms handlers to 1 h jobs; the same as
 ``nsqworker.worker.DURATION_BUCKETS``, which ``/metrics`` uses."""
@@ -80,7 +75,7 @@ RECHECK_EVERY = 256
 """Messages between looks at the global providers while one of them is not installed."""
 _LIMIT = (1 << 64) - 1  # TraceIdRatioBased compares the low 64 bits of the trace id
 _DISABLED, _GENERIC, _RATIO = 0, 1, 2
-_SYSTEM = {"messaging.system": "nsq"}
+_SYSTEM = SYSTEM_ATTRS
 _CONSUMER = SpanKind.CONSUMER
 _ROOT = otel_context.Context()
 """The parent of a process span without a remote parent: none. Whatever span is
@@ -398,7 +393,7 @@ class TaskInstrumentation:
 class ProducerInstrumentation:
     """``send <topic>`` spans, the trace envelope and the sent-messages count.
 
-    ``nsqworker.producer`` runs each publish inside ``with inst(call):``. By hand:
+    ``nsqworker.nsq.producer`` runs each publish inside ``with inst(call):``. By hand:
     ``span = inst.start_send(topic, n)``; ``bodies = inst.wrap(bodies, span)`` when
     ``envelope``; send; ``inst.end_send(span, error, topic=topic, sent=n)``.
     """
@@ -417,7 +412,7 @@ class ProducerInstrumentation:
         self._tracing = False
         self._countdown = 0
         self._sent: dict[tuple[str, str | None], int] = {}
-        _hub(meter_provider).producers.add(self)
+        hub(meter_provider).producers.add(self)
 
     def _refresh(self) -> None:
         # Looking the global provider up costs microseconds, so with no SDK it is
@@ -511,7 +506,7 @@ class ProducerInstrumentation:
         return dict(self._sent)
 
     def __call__(self, call: PublishCall) -> _SendScope:
-        """The ``nsqworker.producer`` seam: span, envelope and count of one call.
+        """The ``nsqworker.nsq.producer`` seam: span, envelope and count of one call.
 
         A context manager; entering it gives the span (or None).
         """
@@ -554,126 +549,5 @@ class _SendScope:
 
 
 def producer_instrumentation(envelope: bool = False) -> ProducerInstrumentation:
-    """The hook ``nsqworker.producer`` calls once per Producer."""
+    """The hook ``nsqworker.nsq.producer`` calls once per Producer."""
     return ProducerInstrumentation(envelope=envelope)
-
-
-# --- metrics, read from the worker's own stats -------------------------------------
-
-# (WorkerStats.as_dict() task key, instrument, kind, unit, description)
-_WORKER_INSTRUMENTS = (
-    ("received", "messaging.client.consumed.messages", "counter", "{message}", "Delivered."),
-    ("finished", "nsqworker.messages.finished", "counter", "{message}", "Answered with FIN."),
-    ("requeued", "nsqworker.messages.requeued", "counter", "{message}", "Answered with REQ."),
-    ("dead_lettered", "nsqworker.messages.dead_lettered", "counter", "{message}", "Given up."),
-    ("in_flight", "nsqworker.messages.in_flight", "updown", "{message}", "Not yet answered."),
-    ("rdy", "nsqworker.rdy", "updown", "{message}", "RDY granted, all connections."),
-    ("connections", "nsqworker.connections", "updown", "{connection}", "Open nsqd connections."),
-    ("backoff_level", "nsqworker.backoff.level", "gauge", "{level}", "Backoff level; 0 = none."),
-)
-
-
-class _Hub:
-    """The observable instruments of one MeterProvider and the objects they read."""
-
-    def __init__(self, provider: metrics.MeterProvider) -> None:
-        self.workers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.producers: weakref.WeakSet[ProducerInstrumentation] = weakref.WeakSet()
-        self._cache: tuple[float, list[Any]] = (-1.0, [])
-        meter = provider.get_meter(SCOPE, __version__)
-        create = {
-            "counter": meter.create_observable_counter,
-            "updown": meter.create_observable_up_down_counter,
-            "gauge": meter.create_observable_gauge,
-        }
-        for key, name, kind, unit, doc in _WORKER_INSTRUMENTS:
-            create[kind](name, [self._reader(key)], unit=unit, description=doc)
-        meter.create_observable_counter(
-            "messaging.client.sent.messages",
-            [self._read_sent],
-            unit="{message}",
-            description="Messages the producers attempted to send.",
-        )
-
-    def forget(self) -> None:
-        """Drop the cached snapshot (the set of workers changed)."""
-        self._cache = (-1.0, [])
-
-    def _tasks(self) -> list[Any]:
-        """Every registered worker's per-task stats, read once per collection."""
-        now = time.monotonic()
-        if now - self._cache[0] > 0.2:
-            from nsqworker.health import task_stats
-
-            tasks: list[Any] = []
-            for worker in list(self.workers):
-                snapshot = worker.stats()
-                as_dict = getattr(snapshot, "as_dict", None)
-                tasks += task_stats(as_dict() if as_dict is not None else snapshot)
-            self._cache = (now, tasks)
-        return self._cache[1]
-
-    def _reader(self, key: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        def read(options: CallbackOptions) -> Iterator[Observation]:
-            totals: dict[tuple[str, str, str], int] = {}
-            for t in self._tasks():
-                ident = (t.task, t.topic, t.channel)
-                totals[ident] = totals.get(ident, 0) + t.counters.get(key, t.gauges.get(key, 0))
-            for (task, topic, channel), value in totals.items():
-                yield Observation(value, {
-                    **_SYSTEM,
-                    "messaging.operation.name": "process",
-                    "messaging.destination.name": topic,
-                    "messaging.consumer.group.name": channel,
-                    "nsqworker.task": task,
-                })  # fmt: skip
-
-        return read
-
-    def _read_sent(self, options: CallbackOptions) -> Iterator[Observation]:
-        totals: dict[tuple[str, str | None], int] = {}
-        for producer in list(self.producers):
-            for key, n in producer.sent_counts().items():
-                totals[key] = totals.get(key, 0) + n
-        for (topic, error_type), n in totals.items():
-            attrs = {**_SYSTEM, "messaging.operation.name": "send"}
-            attrs["messaging.destination.name"] = topic
-            if error_type is not None:
-                attrs["error.type"] = error_type
-            yield Observation(n, attrs)
-
-
-_HUBS: dict[int, tuple[metrics.MeterProvider | None, _Hub]] = {}
-_HUBS_LOCK = threading.Lock()
-
-
-def _hub(meter_provider: metrics.MeterProvider | None) -> _Hub:
-    """One hub per explicit provider, one for the global provider (key 0), whose
-    instruments, made through the API's proxy, follow an SDK installed later."""
-    key = 0 if meter_provider is None else id(meter_provider)
-    with _HUBS_LOCK:
-        entry = _HUBS.get(key)
-        if entry is None or entry[0] is not meter_provider:
-            provider = meter_provider or metrics.get_meter_provider()
-            entry = _HUBS[key] = (meter_provider, _Hub(provider))
-        return entry[1]
-
-
-def register_worker_metrics(
-    worker: Any, meter_provider: metrics.MeterProvider | None = None
-) -> Callable[[], None]:
-    """Expose ``worker.stats()`` as OpenTelemetry observable counters and gauges.
-
-    Nothing is counted here: each collection reads the worker's ``WorkerStats``
-    snapshot (``as_dict()``), the numbers ``/metrics`` serves. Returns a function that
-    unregisters the worker (also dropped when it is garbage collected).
-    """
-    hub = _hub(meter_provider)
-    hub.workers.add(worker)
-    hub.forget()
-
-    def unregister() -> None:
-        hub.workers.discard(worker)
-        hub.forget()
-
-    return unregister

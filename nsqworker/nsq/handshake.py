@@ -1,0 +1,235 @@
+"""Opening a connection: dial, magic, IDENTIFY, TLS, compression, AUTH.
+
+:class:`Handshake` is the first phase of :class:`~nsqworker.nsq.connection.Connection`
+(its base class): it pulls frames one at a time until nsqd has answered every step.
+After it, the connection's read loop takes over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import ssl
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from nsqworker.errors import (
+    AuthError,
+    ConfigurationError,
+    ConnectionClosed,
+    NSQDError,
+    NSQWorkerError,
+    RemoteProtocolError,
+)
+from nsqworker.nsq import protocol
+from nsqworker.nsq.options import ConnectionConfig, ServerInfo
+from nsqworker.nsq.protocol import ErrorFrame, MessageFrame, Response
+from nsqworker.nsq.tls import compression_codecs, import_snappy
+
+if TYPE_CHECKING:
+    from collections import deque
+
+__all__ = ["Handshake"]
+
+log = logging.getLogger("nsqworker.nsq.connection")
+_NOP = protocol.nop()
+_warned_unused_secret = False
+
+
+class Handshake(asyncio.Protocol):
+    """The negotiation phase of a connection; the attributes are the connection's."""
+
+    address: str
+    host: str
+    port: int
+    config: ConnectionConfig
+    server: ServerInfo
+    messages_received: int
+    _loop: asyncio.AbstractEventLoop
+    _decoder: protocol.Decoder
+    _transport: asyncio.Transport | None
+    _wbuf: list[bytes]
+    _compress: Callable[[bytes], bytes] | None
+    _decompress: Callable[[bytes], bytes] | None
+    _handshaking: bool
+    _waiter: asyncio.Future[None] | None
+    _started: bool
+    _established: bool
+    _open: bool
+    _closing: bool
+    _lost: bool
+    _in_read: bool
+    _liveness: asyncio.TimerHandle | None
+    if TYPE_CHECKING:
+        _pending: deque[Any]
+
+        def _flush(self) -> None: ...
+        def _finish(self, reason: ConnectionClosed) -> None: ...
+        def _decode(self, data: bytes) -> int: ...
+        def _check_liveness(self) -> None: ...
+        def _closed_error(self) -> ConnectionClosed: ...
+
+    async def connect(self) -> ServerInfo:
+        """Dial, send the magic and IDENTIFY, upgrade to TLS and compression as
+        negotiated, AUTH if nsqd requires it; return what nsqd answered.
+
+        Raises :class:`NSQDError` / :class:`AuthError` as nsqd answered, and
+        :class:`ConnectionClosed` for network failures and timeouts (the dial, then
+        the negotiation, are each bounded by ``dial_timeout``).
+        """
+        if self._started:
+            raise NSQWorkerError(f"connect() was already called on {self!r}")
+        self._started = True
+        cfg = self.config
+        try:
+            snappy = import_snappy() if cfg.compression == "snappy" else None
+            async with asyncio.timeout(cfg.dial_timeout):
+                await self._loop.create_connection(lambda: self, self.host, self.port)
+            if self._closing:
+                raise ConnectionClosed(
+                    f"connection to nsqd at {self.address} closed while connecting"
+                )
+            async with asyncio.timeout(cfg.dial_timeout):
+                self.server = await self._negotiate(snappy)
+        except BaseException as exc:
+            error = self._connect_error(exc)
+            if self._transport is not None:
+                self._transport.abort()
+            if isinstance(error, ConnectionClosed):
+                self._finish(error)
+            else:
+                self._finish(ConnectionClosed(f"connecting to {self.address} failed: {error!r}"))
+            if error is exc:
+                raise
+            raise error from exc
+        self._handshaking = False
+        self._established = self._open = True
+        if cfg.heartbeat_interval > 0:
+            self._liveness = self._loop.call_later(cfg.heartbeat_interval, self._check_liveness)
+        if len(self._decoder):
+            self._in_read = True
+            try:
+                self.messages_received += self._decode(b"")
+            finally:
+                self._in_read = False
+            self._flush()
+        return self.server
+
+    def _connect_error(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, NSQDError | ConnectionClosed | ConfigurationError):
+            return exc
+        if isinstance(exc, TimeoutError):
+            return ConnectionClosed(
+                f"nsqd at {self.address} did not connect and negotiate within "
+                f"{self.config.dial_timeout} s"
+            )
+        if isinstance(exc, OSError):
+            return ConnectionClosed(f"cannot connect to nsqd at {self.address}: {exc}")
+        if isinstance(exc, RemoteProtocolError):
+            return ConnectionClosed(f"nsqd at {self.address} sent garbage: {exc}")
+        return exc
+
+    async def _negotiate(self, snappy: Any) -> ServerInfo:
+        cfg = self.config
+        assert self._transport is not None
+        self._transport.write(protocol.MAGIC_V2 + protocol.identify(cfg.identify_body()))
+        server = ServerInfo.from_identify((await self._next_response()).data)
+        if cfg.tls_v1:
+            if not server.tls_v1:
+                raise ConnectionClosed(
+                    f"TLS was asked for but nsqd at {self.address} does not offer it "
+                    "(start nsqd with --tls-cert and --tls-key, or set tls_v1 off)"
+                )
+            await self._start_tls()
+            await self._expect_ok("TLS")
+        # nsqd v1.3.0 upgrades in this order: TLS, then snappy or deflate.
+        if server.snappy or server.deflate:
+            self._install_compression(server, snappy)
+            await self._expect_ok("compression")
+        if server.auth_required:
+            server = await self._auth(server)
+        elif cfg.auth_secret:
+            global _warned_unused_secret
+            if not _warned_unused_secret:
+                _warned_unused_secret = True
+                log.warning("auth_secret is set but nsqd at %s does not require AUTH", self.address)
+        return server
+
+    async def _next_response(self) -> Response:
+        """The next answer during negotiation; heartbeats are answered and skipped."""
+        while True:
+            try:
+                frame = self._decoder.next_frame()
+            except RemoteProtocolError as exc:
+                raise ConnectionClosed(f"nsqd at {self.address} sent garbage: {exc}") from exc
+            if frame is None:
+                if self._lost:
+                    raise self._closed_error()
+                self._waiter = self._loop.create_future()
+                await self._waiter
+            elif isinstance(frame, ErrorFrame):
+                raise NSQDError.from_frame(frame.data)
+            elif isinstance(frame, MessageFrame):
+                raise ConnectionClosed(f"nsqd at {self.address} sent a message before SUB")
+            elif frame.data == protocol.HEARTBEAT:
+                self._wbuf.append(_NOP)
+                self._flush()
+            else:
+                return frame
+
+    async def _expect_ok(self, step: str) -> None:
+        frame = await self._next_response()
+        if frame.data != protocol.OK:
+            raise ConnectionClosed(f"nsqd at {self.address} answered {frame.data!r} after {step}")
+
+    async def _start_tls(self) -> None:
+        if len(self._decoder):
+            raise ConnectionClosed(f"nsqd at {self.address} sent data before the TLS handshake")
+        cfg = self.config
+        context = cfg.ssl_context or ssl.create_default_context()
+        assert self._transport is not None
+        transport = await self._loop.start_tls(
+            self._transport,
+            self,
+            context,
+            server_hostname=cfg.tls_server_name or self.host,
+            ssl_handshake_timeout=cfg.dial_timeout,
+        )
+        if transport is None:
+            raise ConnectionClosed(f"TLS handshake with nsqd at {self.address} failed")
+        self._transport = transport
+
+    def _install_compression(self, server: ServerInfo, snappy: Any) -> None:
+        # nsqd may have sent the compressed OK in the same segment as the plain
+        # IDENTIFY answer: those bytes sit undecoded in the decoder.
+        leftover = self._decoder.take_buffer()
+        if server.snappy and snappy is None:
+            snappy = import_snappy()
+        self._compress, self._decompress = compression_codecs(
+            snappy if server.snappy else None, server.deflate_level
+        )
+        if leftover:
+            self._decoder.receive(self._decompress(leftover))
+
+    async def _auth(self, server: ServerInfo) -> ServerInfo:
+        secret = self.config.auth_secret
+        if not secret:
+            raise AuthError(
+                f"nsqd at {self.address} requires AUTH and no secret is set: "
+                "set NSQWORKER_AUTH_SECRET (Settings.auth_secret)"
+            )
+        self._wbuf.append(protocol.auth(secret))
+        self._flush()
+        data = (await self._next_response()).data
+        try:
+            info = json.loads(data)
+            return dataclasses.replace(
+                server,
+                auth_identity=str(info.get("identity", "")),
+                auth_identity_url=str(info.get("identity_url", "")) or None,
+                auth_permission_count=int(info.get("permission_count", 0)),
+            )
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ConnectionClosed(f"nsqd at {self.address} answered AUTH with {data!r}") from exc

@@ -1,0 +1,160 @@
+"""What a connection asks of nsqd (:class:`ConnectionConfig`) and what nsqd answered
+(:class:`ServerInfo`): IDENTIFY's two sides, as plain values."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import ssl
+from typing import Any
+
+from nsqworker._version import __version__
+from nsqworker.errors import ConfigurationError, RemoteProtocolError
+from nsqworker.nsq import protocol
+from nsqworker.nsq.tls import ssl_context
+
+__all__ = ["ConnectionConfig", "ServerInfo"]
+
+COMPRESSIONS = ("none", "deflate", "snappy")
+# Settings fields copied as they are; the TLS files and the secret need more work.
+_SETTINGS = (  # noqa: SIM905
+    "client_id hostname heartbeat_interval msg_timeout output_buffer_size output_buffer_timeout "
+    "sample_rate tls_v1 tls_server_name compression deflate_level dial_timeout"
+).split()
+_MS_FIELDS = ("max_msg_timeout", "msg_timeout", "output_buffer_timeout")
+
+
+def _short_hostname() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+def _default_user_agent() -> str:
+    return f"nsqworker/{__version__}"
+
+
+def _ms(seconds: float) -> int:
+    # -1 disables a feature in nsqd; keep it as is rather than -1000.
+    return -1 if seconds < 0 else round(seconds * 1000)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectionConfig:
+    """What a connection asks of nsqd, and how it dials. Durations are seconds.
+
+    ``output_buffer_size`` / ``output_buffer_timeout`` left at None let nsqd decide;
+    -1 disables nsqd's output buffering. ``msg_timeout`` None uses nsqd's default.
+    """
+
+    client_id: str = dataclasses.field(default_factory=_short_hostname)
+    hostname: str = dataclasses.field(default_factory=socket.getfqdn)
+    user_agent: str = dataclasses.field(default_factory=_default_user_agent)
+    heartbeat_interval: float = 30.0
+    msg_timeout: float | None = 60.0
+    output_buffer_size: int | None = None
+    output_buffer_timeout: float | None = None
+    sample_rate: int = 0
+    tls_v1: bool = False
+    ssl_context: ssl.SSLContext | None = None
+    tls_server_name: str | None = None
+    compression: str = "none"
+    deflate_level: int = 6
+    auth_secret: str | None = dataclasses.field(default=None, repr=False)
+    dial_timeout: float = 5.0
+    max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE
+
+    def __post_init__(self) -> None:
+        if self.compression not in COMPRESSIONS:
+            raise ConfigurationError(
+                f"compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}"
+            )
+        if not 0 <= self.sample_rate <= 99:
+            raise ConfigurationError(f"sample_rate must be within 0..99, got {self.sample_rate}")
+        if not 1 <= self.deflate_level <= 9:
+            raise ConfigurationError(f"deflate_level must be within 1..9, got {self.deflate_level}")
+        if self.dial_timeout <= 0:
+            raise ConfigurationError(f"dial_timeout must be > 0, got {self.dial_timeout}")
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ConnectionConfig:
+        """Build a config from :class:`nsqworker.settings.Settings` (missing fields keep
+        their defaults)."""
+        get = getattr
+        kwargs: dict[str, Any] = {
+            name: get(settings, name) for name in _SETTINGS if get(settings, name, None) is not None
+        }
+        secret = get(settings, "auth_secret", None)
+        if secret is not None and hasattr(secret, "get_secret_value"):
+            secret = secret.get_secret_value()
+        kwargs["auth_secret"] = secret or None
+        if kwargs.get("tls_v1"):
+            kwargs["ssl_context"] = ssl_context(
+                get(settings, "tls_ca_file", None),
+                get(settings, "tls_cert_file", None),
+                get(settings, "tls_key_file", None),
+                bool(get(settings, "tls_verify", True)),
+            )
+        return cls(**kwargs)
+
+    def identify_body(self) -> dict[str, Any]:
+        """The IDENTIFY body this config asks nsqd for."""
+        cfg = self
+        body: dict[str, Any] = {
+            "client_id": cfg.client_id,
+            "hostname": cfg.hostname,
+            "user_agent": cfg.user_agent,
+            "feature_negotiation": True,
+            "heartbeat_interval": _ms(cfg.heartbeat_interval),
+            "sample_rate": cfg.sample_rate,
+            "tls_v1": cfg.tls_v1,
+            "deflate": cfg.compression == "deflate",
+            "deflate_level": cfg.deflate_level,
+            "snappy": cfg.compression == "snappy",
+        }
+        if cfg.msg_timeout is not None:
+            body["msg_timeout"] = _ms(cfg.msg_timeout)
+        if cfg.output_buffer_size is not None:
+            body["output_buffer_size"] = cfg.output_buffer_size
+        if cfg.output_buffer_timeout is not None:
+            body["output_buffer_timeout"] = _ms(cfg.output_buffer_timeout)
+        return body
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerInfo:
+    """What nsqd answered to IDENTIFY (and AUTH). Durations in seconds.
+
+    The defaults are nsqd v1.3.0's, used when the server answers a plain ``OK``.
+    """
+
+    max_rdy_count: int = protocol.DEFAULT_MAX_RDY_COUNT
+    version: str = ""
+    max_msg_timeout: float = protocol.DEFAULT_MAX_MSG_TIMEOUT_MS / 1000
+    msg_timeout: float = 60.0
+    tls_v1: bool = False
+    deflate: bool = False
+    deflate_level: int = 6
+    snappy: bool = False
+    sample_rate: int = 0
+    auth_required: bool = False
+    output_buffer_size: int = 16384
+    output_buffer_timeout: float = 0.25
+    auth_identity: str | None = None
+    auth_identity_url: str | None = None
+    auth_permission_count: int = 0
+
+    @classmethod
+    def from_identify(cls, data: bytes) -> ServerInfo:
+        """Parse IDENTIFY's answer: ``OK`` or the feature-negotiation JSON."""
+        if data == protocol.OK:
+            return cls()
+        try:
+            info = json.loads(data)
+            known = {field.name for field in dataclasses.fields(cls)}
+            values = {key: value for key, value in info.items() if key in known}
+            for key in _MS_FIELDS:
+                if key in values:
+                    values[key] = values[key] / 1000
+            return cls(**values)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise RemoteProtocolError(f"unreadable IDENTIFY answer {data[:200]!r}") from exc
