@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 from rich.console import Console
 
+from nsqworker.cli.publish import publish_command
 from nsqworker.errors import (
     InvalidName,
     LocalProtocolError,
@@ -23,7 +24,6 @@ from nsqworker.nsq.connection import Connection
 from nsqworker.nsq.producer import Producer
 from nsqworker.nsq.protocol import Response, encode_frame
 from nsqworker.nsq.sync_producer import SyncProducer
-from nsqworker.publish_cli import publish_command
 from nsqworker.testing import NsqdFactory, NsqdProcess, free_port, wait_for
 
 pytestmark = pytest.mark.integration

@@ -535,7 +535,7 @@ def test_sync_producer_refuses_its_own_loop(nsqds: dict[str, FakeNsqd]) -> None:
 
 
 async def test_line_reader_splits_and_skips_empty_lines() -> None:
-    from nsqworker.publish_cli import _LineReader
+    from nsqworker.cli.publish import _LineReader
 
     text = "a\r\n\nb\n\r\n" + "c" * 70_000 + "\nlast without newline"
     reader = _LineReader(io.StringIO(text), asyncio.get_running_loop())
@@ -547,7 +547,7 @@ async def test_line_reader_splits_and_skips_empty_lines() -> None:
 
 
 def test_publish_command_summary(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nsqworker.publish_cli import _Run
+    from nsqworker.cli.publish import _Run
 
     run = _Run("clicks", None, Console(file=io.StringIO()))
     run.count = 10_000

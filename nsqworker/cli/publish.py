@@ -1,8 +1,8 @@
 """``nsqworker publish``: one message from the command line, or one per line of stdin.
 
-The typer command in :mod:`nsqworker.cli` parses the options and calls
-:func:`publish_command`, which returns the exit code: 0 published, 1 nsqd refused or
-could not be reached, 2 bad arguments, 130 interrupted.
+The typer command :func:`publish` parses the options and calls :func:`publish_command`,
+which returns the exit code: 0 published, 1 nsqd refused or could not be reached,
+2 bad arguments, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -17,26 +17,53 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Annotated, Any, Final
 
+import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from nsqworker.errors import ConfigurationError, NSQWorkerError
 from nsqworker.nsq import protocol
 from nsqworker.nsq.producer import Producer
 
-__all__ = ["publish_command"]
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+__all__ = ["publish", "publish_command"]
 
 _LINGER: Final = 0.05  # seconds a partial batch waits for more lines from a slow pipe
 _BLOCK: Final = 1 << 16
+
+
+def publish(
+    topic: Annotated[
+        str, typer.Argument(metavar="TOPIC", help="Topic to publish to.", show_default=False)
+    ],
+    body: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="BODY", help="Message body; omit or '-' to send each line of stdin."
+        ),
+    ] = None,
+    nsqd: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--nsqd",
+            metavar="HOST:PORT",
+            help="nsqd TCP address; repeat for several (default: nsqd_tcp_addresses).",
+        ),
+    ] = None,
+    delay: Annotated[
+        float | None, typer.Option(help="Seconds before nsqd delivers it (DPUB).")
+    ] = None,
+    batch_size: Annotated[int, typer.Option(help="Lines per MPUB when reading stdin.")] = 100,
+) -> None:
+    """Publish one message, or one per line of stdin."""
+    from nsqworker.supervisor import configure_telemetry
+
+    configure_telemetry()
+    code = publish_command(topic, body, nsqd=list(nsqd or []), delay=delay, batch_size=batch_size)
+    raise typer.Exit(code)
 
 
 def publish_command(
@@ -228,6 +255,15 @@ def _regular_file_size(stdin: IO[Any]) -> int | None:
 
 def _progress(console: Console, stdin: IO[Any], total: int | None) -> Progress:
     """A transient progress bar; shown only on a terminal while stdin is not one."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     interactive = bool(getattr(stdin, "isatty", lambda: False)())
     columns = (
         [BarColumn(), TextColumn("{task.percentage:>3.0f}%")]

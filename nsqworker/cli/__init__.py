@@ -1,0 +1,63 @@
+"""The ``nsqworker`` command: ``run``, ``tasks``, ``settings`` and ``publish``.
+
+One module per verb group (:mod:`.run`, :mod:`.inspect` for ``tasks`` and ``settings``,
+:mod:`.publish`), what they share in :mod:`.common`; this module assembles the app.
+Commands import what they need when they run, so ``nsqworker --version`` stays fast.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Annotated
+
+import typer
+
+from nsqworker import __version__
+from nsqworker.cli.inspect import show_settings, tasks
+from nsqworker.cli.publish import publish
+from nsqworker.cli.run import run
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="nsqworker",
+    help="Run Python task handlers on NSQ topics.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"nsqworker {__version__} (Python {platform.python_version()})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_show_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Run Python task handlers on NSQ topics: supervised workers, retries, dead letters."""
+
+
+# In this order in --help.
+app.command()(run)
+app.command()(tasks)
+app.command("settings")(show_settings)
+app.command()(publish)
+
+
+def main() -> None:
+    """Console-script entry point: ``nsqworker ...`` and ``python -m nsqworker``."""
+    app(prog_name="nsqworker")

@@ -1,0 +1,119 @@
+"""What the ``nsqworker`` verbs share: argument types, exit codes, loading with clean errors.
+
+Every command that reads settings takes ``--config FILE``; its options override the
+``NSQWORKER_*`` environment, which overrides the file. Bad settings print one line per
+problem (naming the field and its variable) and exit with code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+    from nsqworker.task import Registry
+
+__all__ = [
+    "EXIT_USAGE",
+    "AsJson",
+    "ConfigFile",
+    "Target",
+    "load_registry",
+    "load_settings",
+    "print_import_error",
+]
+
+EXIT_USAGE = 2
+
+Target = Annotated[
+    str,
+    typer.Argument(
+        metavar="MODULE[:REGISTRY]",
+        help="Module whose @task handlers to use, or module:attribute naming a Registry.",
+        show_default=False,
+    ),
+]
+ConfigFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        metavar="FILE",
+        help="Settings file (.toml, .json or .env); NSQWORKER_CONFIG names one too.",
+        show_default=False,
+    ),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
+
+
+def load_settings(config: Path | None, **overrides: Any) -> Settings:
+    """``Settings.load``; on a bad value print its problems and exit 2."""
+    from nsqworker.settings import Settings, SettingsError
+
+    try:
+        return Settings.load(config, **overrides)
+    except SettingsError as exc:
+        err = Console(stderr=True, highlight=False)
+        err.print("[red]error:[/red] invalid settings", markup=True)
+        for problem in exc.problems:
+            err.print(f"  {problem}", markup=False)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+def load_registry(target: str) -> Registry:
+    """``load_registry``; on an import problem report it once and exit 2."""
+    from nsqworker.task import TaskImportError
+    from nsqworker.task import load_registry as load
+
+    try:
+        return load(target)
+    except TaskImportError as exc:
+        print_import_error(target, exc)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+def print_import_error(target: str, exc: BaseException) -> None:
+    """Report a failed ``load_registry(target)`` once, on stderr.
+
+    When the module raised, the user's traceback comes first (without nsqworker's and
+    importlib's frames), then one line ``could not import TARGET: <exception>``. Other
+    problems (no such module, no tasks, not a Registry) are one ``error:`` line.
+    """
+    cause = exc.__cause__
+    if cause is None or _is_missing_target(target, cause):
+        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.flush()
+        return
+    tb = traceback.TracebackException.from_exception(cause)
+    tb.stack = traceback.StackSummary.from_list([f for f in tb.stack if not _ours(f.filename)])
+    reason = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+    sys.stderr.write("".join(tb.format()) + f"could not import {target}: {reason}\n")
+    sys.stderr.flush()
+
+
+def _is_missing_target(target: str, cause: BaseException) -> bool:
+    """True when the module named by ``target`` (or a parent package) does not exist."""
+    if not isinstance(cause, ModuleNotFoundError) or cause.name is None:
+        return False
+    module = target.partition(":")[0].strip()
+    return module == cause.name or module.startswith(cause.name + ".")
+
+
+# The nsqworker package (two levels up from here) and importlib.
+_OUR_DIRS = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (os.path.dirname(__file__), importlib.__file__ or "importlib")
+)
+
+
+def _ours(filename: str) -> bool:
+    """Frames of nsqworker or importlib, which the user did not write."""
+    return filename.startswith("<frozen ") or os.path.abspath(filename).startswith(_OUR_DIRS)

@@ -1,0 +1,142 @@
+"""``nsqworker tasks`` and ``nsqworker settings``: what would run, and with which settings."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from nsqworker.cli.common import AsJson, ConfigFile, Target, load_registry, load_settings
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+    from nsqworker.task import TaskSpec
+
+__all__ = ["show_settings", "task_row", "tasks"]
+
+# ---------------------------------------------------------------------------- tasks
+
+_DEFAULTED = ("max_in_flight", "max_attempts", "requeue_delay")
+
+
+def tasks(target: Target, config: ConfigFile = None, as_json: AsJson = False) -> None:
+    """List the tasks of MODULE with their settings; dimmed values are defaults."""
+    settings = load_settings(config)
+    registry = load_registry(target)
+    rows = [task_row(spec, settings) for spec in registry]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(
+        title=f"{_plural(len(rows), 'task')} in {target}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        show_edge=False,
+    )
+    table.add_column("task", no_wrap=True)
+    table.add_column("topic", no_wrap=True)
+    table.add_column("channel", no_wrap=True)
+    table.add_column("in flight", justify="right", no_wrap=True)
+    table.add_column("attempts", justify="right", no_wrap=True)
+    table.add_column("requeue", justify="right", no_wrap=True)
+    table.add_column("dead letter", overflow="fold", min_width=11)
+    table.add_column("kind", no_wrap=True, min_width=5)
+    for row in rows:
+        defaults = set(row["defaults"])
+        resolved = [
+            Text(_cell(name, row[name]), style="dim" if name in defaults else "")
+            for name in _DEFAULTED
+        ]
+        name = row["name"].removeprefix(f"{target.partition(':')[0]}.")
+        cells = [row["topic"], row["channel"], *resolved, _dead_letter_text(row), row["kind"]]
+        table.add_row(name, *cells)
+    console = Console()
+    console.print(table)
+    console.print(
+        "[dim]dimmed[/dim]: the default from settings; @task(...) arguments override it",
+        highlight=False,
+    )
+
+
+def task_row(spec: TaskSpec, settings: Settings) -> dict[str, Any]:
+    """One task as plain data, with options left to the settings filled in from them."""
+    defaults = [name for name in _DEFAULTED if getattr(spec, name) is None]
+    hook = spec.on_dead_letter
+    return {
+        "name": spec.name,
+        "topic": spec.topic,
+        "channel": spec.channel,
+        **{
+            name: getattr(spec, name) if name not in defaults else getattr(settings, name)
+            for name in _DEFAULTED
+        },
+        "on_dead_letter": None if hook is None else _qualified(hook),
+        "dead_letter_topic": spec.dead_letter_topic,
+        "kind": "async" if spec.is_async else "sync",
+        "defaults": defaults,
+    }
+
+
+def _dead_letter_text(row: dict[str, Any]) -> str:
+    parts = []
+    if row["on_dead_letter"]:
+        parts.append(f"{row['on_dead_letter'].rpartition('.')[2]}()")
+    if row["dead_letter_topic"]:
+        parts.append(f"→ {row['dead_letter_topic']}")
+    return "\n".join(parts) or "-"
+
+
+def _qualified(func: Any) -> str:
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    module = getattr(func, "__module__", None)
+    return f"{module}.{name}" if module else str(name)
+
+
+def _cell(name: str, value: Any) -> str:
+    return f"{value:g}s" if name == "requeue_delay" else str(value)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'s' * (count != 1)}"
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+def show_settings(config: ConfigFile = None, as_json: AsJson = False) -> None:
+    """Print the effective settings, where each value came from, and what it means."""
+    settings = load_settings(config)
+    described = settings.describe()
+    if as_json:
+        data = {
+            name: {"value": _json_value(settings, name, shown), "source": source}
+            for name, shown, source, _ in described
+        }
+        typer.echo(json.dumps(data, indent=2))
+        return
+    table = Table(title="nsqworker settings", title_justify="left")
+    table.add_column("setting", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    table.add_column("source", no_wrap=True)
+    table.add_column("meaning", overflow="fold")
+    for name, shown, source, doc in described:
+        style = "dim" if source == "default" else "bold"
+        table.add_row(name, Text(shown, style=style), Text(source, style=style), doc)
+    Console().print(table)
+
+
+def _json_value(settings: Settings, name: str, shown: str) -> Any:
+    """The typed value for JSON, except secrets, which stay as displayed (masked)."""
+    from pydantic import SecretStr
+
+    value = getattr(settings, name)
+    if isinstance(value, SecretStr):
+        return shown
+    return settings.model_dump(mode="json", include={name})[name]

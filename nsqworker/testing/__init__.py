@@ -1,0 +1,246 @@
+"""The pytest plugin: real nsqd and nsqlookupd for a test, and the helpers tests import.
+
+Enable the fixtures in a test suite with either of::
+
+    # conftest.py
+    pytest_plugins = ["nsqworker.testing"]
+
+    $ pytest -p nsqworker.testing
+
+Fixtures (function scope; every process they start is stopped at teardown, also when
+the test fails):
+
+``nsqlookupd``
+    one running :class:`NsqlookupdProcess`.
+``nsqd``
+    one running :class:`NsqdProcess`, standalone (not registered with a lookupd).
+``nsqd_factory``
+    ``nsqd_factory(lookupd=None, extra_args=())`` starts another :class:`NsqdProcess`.
+``nsqlookupd_factory``
+    ``nsqlookupd_factory(extra_args=())`` starts another :class:`NsqlookupdProcess`.
+``nsq_cluster``
+    an :class:`NsqCluster`: one nsqlookupd and two nsqd registered with it.
+
+Binaries are found by :func:`find_binary` (``--nsqd-bin-dir``, ``$NSQWORKER_TOOLS_BIN``,
+``PATH``, then ``.tools/bin`` of the enclosing checkout). When they are missing the
+tests that need them are skipped, except under ``CI=true`` (or ``CI=1``), where they fail.
+
+The processes themselves (:mod:`.processes`, :mod:`.ports`) work without pytest::
+
+    with NsqlookupdProcess() as lookupd, NsqdProcess(lookupd=[lookupd]) as nsqd:
+        nsqd.publish("clicks", b'{"id": 1}')
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from nsqworker.testing.ports import free_port, free_ports, port_is_free
+from nsqworker.testing.processes import (
+    TOOLS_BIN_ENV,
+    NsqCluster,
+    NsqdProcess,
+    NsqHttpError,
+    NsqlookupdProcess,
+    NsqProcessError,
+    find_binary,
+)
+
+try:
+    import pytest
+except ImportError:  # pragma: no cover - the helpers work without pytest installed
+    _HAVE_PYTEST = False
+else:
+    _HAVE_PYTEST = True
+
+__all__ = [
+    "NsqBinaries",
+    "NsqCluster",
+    "NsqHttpError",
+    "NsqProcessError",
+    "NsqdFactory",
+    "NsqdProcess",
+    "NsqlookupdFactory",
+    "NsqlookupdProcess",
+    "find_binary",
+    "free_port",
+    "free_ports",
+    "port_is_free",
+    "wait_for",
+]
+
+T = TypeVar("T")
+
+
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    interval: float = 0.05,
+    message: str | Callable[[], str] = "condition not met",
+) -> T:
+    """Call ``predicate`` until it returns something truthy, and return that.
+
+    Args:
+        predicate: called every ``interval`` seconds; exceptions propagate.
+        timeout: seconds before giving up.
+        interval: seconds between calls.
+        message: text of the error, or a callable that builds it at timeout (to show
+            the last observed state).
+
+    Raises:
+        AssertionError: ``predicate`` stayed falsy for ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            raise AssertionError(f"{text} (waited {timeout:g}s)")
+        time.sleep(interval)
+
+
+class NsqdFactory(Protocol):
+    """Type of the ``nsqd_factory`` fixture."""
+
+    def __call__(
+        self,
+        lookupd: NsqlookupdProcess | Iterable[NsqlookupdProcess | str] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> NsqdProcess:
+        """Start an nsqd, registered with ``lookupd`` if given."""
+        ...
+
+
+class NsqlookupdFactory(Protocol):
+    """Type of the ``nsqlookupd_factory`` fixture."""
+
+    def __call__(self, extra_args: Sequence[str] = ()) -> NsqlookupdProcess:
+        """Start an nsqlookupd."""
+        ...
+
+
+@dataclass(frozen=True)
+class NsqBinaries:
+    """Paths of the nsqd and nsqlookupd executables the fixtures run."""
+
+    nsqd: str
+    nsqlookupd: str
+
+
+def _stop_all(processes: Iterable[NsqdProcess | NsqlookupdProcess]) -> None:
+    """Stop every process, newest first, even if stopping one of them fails."""
+    errors: list[BaseException] = []
+    for proc in reversed(list(processes)):
+        try:
+            proc.close()
+        except Exception as exc:  # keep stopping the others
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"true", "1"}
+
+
+# ---------------------------------------------------------------------------- pytest plugin
+
+if _HAVE_PYTEST:
+
+    def pytest_addoption(parser: pytest.Parser) -> None:
+        """Add ``--nsqd-bin-dir``."""
+        group = parser.getgroup("nsqworker", "nsqworker test processes")
+        group.addoption(
+            "--nsqd-bin-dir",
+            default=None,
+            metavar="DIR",
+            help=(
+                "directory with nsqd and nsqlookupd, searched before "
+                f"${TOOLS_BIN_ENV}, PATH and .tools/bin"
+            ),
+        )
+
+    @pytest.fixture(scope="session")
+    def nsq_binaries(pytestconfig: pytest.Config) -> NsqBinaries:
+        """The nsqd and nsqlookupd executables; skips (fails under CI) when missing."""
+        bin_dir = pytestconfig.getoption("nsqd_bin_dir")
+        try:
+            return NsqBinaries(
+                nsqd=find_binary("nsqd", bin_dir), nsqlookupd=find_binary("nsqlookupd", bin_dir)
+            )
+        except FileNotFoundError as exc:
+            if _in_ci():
+                pytest.fail(f"CI=true and NSQ binaries are missing: {exc}", pytrace=False)
+            pytest.skip(str(exc))
+
+    @pytest.fixture
+    def nsqlookupd_factory(
+        nsq_binaries: NsqBinaries, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[NsqlookupdFactory]:
+        """Start nsqlookupd processes on demand; all are stopped at teardown."""
+        started: list[NsqlookupdProcess] = []
+
+        def factory(extra_args: Sequence[str] = ()) -> NsqlookupdProcess:
+            proc = NsqlookupdProcess(
+                extra_args=extra_args,
+                data_path=tmp_path_factory.mktemp("nsqlookupd"),
+                binary=nsq_binaries.nsqlookupd,
+            )
+            started.append(proc)
+            return proc.start()
+
+        try:
+            yield factory
+        finally:
+            _stop_all(started)
+
+    @pytest.fixture
+    def nsqd_factory(
+        nsq_binaries: NsqBinaries, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[NsqdFactory]:
+        """Start nsqd processes on demand; all are stopped at teardown."""
+        started: list[NsqdProcess] = []
+
+        def factory(
+            lookupd: NsqlookupdProcess | Iterable[NsqlookupdProcess | str] | None = None,
+            extra_args: Sequence[str] = (),
+        ) -> NsqdProcess:
+            if lookupd is None:
+                lookupd = []
+            elif isinstance(lookupd, NsqlookupdProcess):
+                lookupd = [lookupd]
+            proc = NsqdProcess(
+                lookupd,
+                extra_args=extra_args,
+                data_path=tmp_path_factory.mktemp("nsqd"),
+                binary=nsq_binaries.nsqd,
+            )
+            started.append(proc)
+            return proc.start()
+
+        try:
+            yield factory
+        finally:
+            _stop_all(started)
+
+    @pytest.fixture
+    def nsqlookupd(nsqlookupd_factory: NsqlookupdFactory) -> NsqlookupdProcess:
+        """One running nsqlookupd."""
+        return nsqlookupd_factory()
+
+    @pytest.fixture
+    def nsqd(nsqd_factory: NsqdFactory) -> NsqdProcess:
+        """One running standalone nsqd (not registered with any nsqlookupd)."""
+        return nsqd_factory()
+
+    @pytest.fixture
+    def nsq_cluster(nsqlookupd_factory: NsqlookupdFactory, nsqd_factory: NsqdFactory) -> NsqCluster:
+        """One nsqlookupd and two nsqd registered with it."""
+        lookupd = nsqlookupd_factory()
+        return NsqCluster(lookupd, [nsqd_factory(lookupd), nsqd_factory(lookupd)])
