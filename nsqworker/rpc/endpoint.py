@@ -1,0 +1,258 @@
+"""RPC endpoints: ``@rpc("pricing")`` turns a function of the request into a task.
+
+The endpoint is an ordinary task (so the supervisor, settings, telemetry, backoff and
+drain all apply) whose handler decodes the request, calls the function with the
+request's value and publishes the response to the request's reply nsqd and topic::
+
+    from nsqworker.rpc import rpc
+
+    @rpc("pricing")
+    async def quote(request: dict) -> dict:
+        return {"sku": request["sku"], "price": 42}
+
+What happens to each message:
+
+==========================================  ==========================================
+the request                                 the endpoint
+==========================================  ==========================================
+answered (the function returned)            response in the request's encoding, FIN
+the function raised                         ``{"error": {"type", "message"}}`` in the
+                                            request's encoding (JSON for binary), FIN
+the function raised ``Retry``               REQ; the caller may time out meanwhile
+the function raised ``Reject``              error response, then dead-lettered
+cannot be decoded (frame or body)           dead-lettered (a body error is answered
+                                            first, as an error response)
+in an encoding the endpoint lacks           the 18-byte encoding-255 reply, FIN
+the worker drains before it is answered     REQ 0: another worker answers it
+the response cannot be published            REQ with backoff, like any failure
+==========================================  ==========================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, Final, TypeVar
+
+from nsqworker.errors import ConfigurationError, LocalProtocolError, RpcDecodeError
+from nsqworker.nsq.lookupd import format_address
+from nsqworker.nsq.message import Message
+from nsqworker.nsq.producer import Producer
+from nsqworker.rpc import codec
+from nsqworker.rpc.codec import Request
+from nsqworker.task import DeadLetterHook, Registry, Reject, Retry, default_registry
+
+__all__ = ["ReplyPool", "error_value", "rpc"]
+
+log = logging.getLogger("nsqworker.rpc")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Seconds a reply producer may sit unused before it is closed.
+REPLY_IDLE_TIMEOUT: Final = 60.0
+
+
+def error_value(exc: BaseException) -> dict[str, dict[str, str]]:
+    """The error response's value for ``exc``: ``{"error": {"type", "message"}}``."""
+    return {"error": {"type": type(exc).__name__, "message": str(exc)}}
+
+
+# --- producers to the reply nsqd ------------------------------------------------------
+
+
+class ReplyPool:
+    """One :class:`Producer` per reply nsqd, made on first use, closed when idle.
+
+    One pool per event loop (:meth:`for_loop`). A sweeper task closes producers unused
+    for ``idle_timeout`` seconds; when the loop shuts down (``asyncio.run`` cancels
+    its tasks) the sweeper closes every producer left.
+    """
+
+    def __init__(self, idle_timeout: float = REPLY_IDLE_TIMEOUT) -> None:
+        self.idle_timeout = idle_timeout
+        self._producers: dict[tuple[str, int], Producer] = {}
+        self._used: dict[tuple[str, int], float] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    _pools: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ReplyPool]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    @classmethod
+    def for_loop(cls) -> ReplyPool:
+        """The pool of the running event loop."""
+        loop = asyncio.get_running_loop()
+        pool = cls._pools.get(loop)
+        if pool is None:
+            pool = cls._pools[loop] = cls()
+        return pool
+
+    def __len__(self) -> int:
+        return len(self._producers)
+
+    async def send(self, host: str, port: int, topic: str, body: bytes) -> None:
+        """Publish ``body`` to ``topic`` on the nsqd at ``host:port``."""
+        key = (host, port)
+        producer = self._producers.get(key)
+        if producer is None:
+            producer = self._producers[key] = Producer(format_address(host, port), envelope=False)
+            if self._sweeper is None or self._sweeper.done():
+                self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        self._used[key] = asyncio.get_running_loop().time()
+        await producer.publish(topic, body)
+
+    async def close(self) -> None:
+        """Close every producer now."""
+        producers = list(self._producers.values())
+        self._producers.clear()
+        self._used.clear()
+        await asyncio.gather(*(p.close() for p in producers), return_exceptions=True)
+
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._producers:
+                await asyncio.sleep(min(self.idle_timeout, 5.0))
+                now = loop.time()
+                for key, used in list(self._used.items()):
+                    if now - used >= self.idle_timeout:
+                        del self._used[key]
+                        await self._producers.pop(key).close()
+        finally:  # cancelled at loop shutdown: leave no connection open
+            await self.close()
+
+
+# --- the decorator --------------------------------------------------------------------
+
+
+def rpc(
+    topic: str,
+    *,
+    channel: str = "rpc",
+    max_in_flight: int | None = None,
+    max_attempts: int | None = None,
+    encodings: Iterable[int | str] | None = None,
+    name: str | None = None,
+    registry: Registry | None = None,
+    on_dead_letter: DeadLetterHook | None = None,
+    dead_letter_topic: str | None = None,
+) -> Callable[[F], F]:
+    """Serve RPC requests published to ``topic`` with the decorated function.
+
+    The function takes the request's value (a dict, list... for JSON and msgpack;
+    bytes for binary) and returns the response's value. ``async def`` runs on the
+    worker's loop; a plain function runs in a thread.
+
+    Args:
+        topic: the endpoint's topic; callers ``call(topic, value)``.
+        channel: the channel the endpoint's workers share (default ``"rpc"``).
+        max_in_flight: requests handled at once (default ``Settings.max_in_flight``).
+        max_attempts: deliveries of a request before it is dead-lettered.
+        encodings: the encodings accepted, by name or code (default: every one this
+            process supports; JSON is always added). Others get the 255 reply.
+        name: the task's name (default ``module.qualname``).
+        registry: where to register the task (default: the one ``@task`` uses).
+        on_dead_letter, dead_letter_topic: as for ``@task``.
+
+    Raises:
+        TaskDefinitionError, LocalProtocolError: at import, naming what to change.
+    """
+    accepted = codec.supported_encodings() if encodings is None else codec.encoding_codes(encodings)
+    accepted |= {codec.JSON}
+    target = default_registry if registry is None else registry
+
+    def decorate(func: F) -> F:
+        if not callable(func):
+            raise ConfigurationError(f"@rpc({topic!r}) decorates a function, got {func!r}")
+        endpoint = _Endpoint(func, topic, frozenset(accepted))
+        registered = target.task(
+            topic,
+            channel=channel,
+            max_in_flight=max_in_flight,
+            max_attempts=max_attempts,
+            name=name,
+            envelope=False,  # request bodies are the RPC frame, never a trace envelope
+            on_dead_letter=on_dead_letter,
+            dead_letter_topic=dead_letter_topic,
+        )(_bind(endpoint))
+        func.spec = registered.spec  # type: ignore[attr-defined]
+        func.endpoint = endpoint  # type: ignore[attr-defined]
+        return func
+
+    return decorate
+
+
+def _bind(endpoint: _Endpoint) -> Callable[[Message], Any]:
+    """A plain ``async def handler(msg)`` named like the user's function, for @task."""
+
+    async def handler(msg: Message) -> None:
+        await endpoint.handle(msg)
+
+    func = endpoint.func
+    handler.__module__ = getattr(func, "__module__", handler.__module__)
+    handler.__name__ = getattr(func, "__name__", "handler")
+    handler.__qualname__ = getattr(func, "__qualname__", handler.__name__)
+    handler.__doc__ = getattr(func, "__doc__", None)
+    return handler
+
+
+class _Endpoint:
+    """The handler of one ``@rpc`` task."""
+
+    def __init__(self, func: Callable[[Any], Any], topic: str, encodings: frozenset[int]) -> None:
+        self.func = func
+        self.topic = topic
+        self.encodings = encodings
+        self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
+            getattr(func, "__call__", None)  # noqa: B004 - async callable objects count too
+        )
+
+    async def handle(self, msg: Message) -> None:
+        """Decode, call, reply; see the module's table for every outcome."""
+        try:
+            request = codec.decode_request(msg.body)
+        except RpcDecodeError as exc:
+            raise Reject(str(exc)) from None
+        pool = ReplyPool.for_loop()
+        if request.encoding not in self.encodings:
+            await self._reply(pool, request, codec.unsupported_reply(request.id))
+            return
+        try:
+            value = codec.decode_value(request.encoding, request.body)
+        except RpcDecodeError as exc:
+            await self._reply_error(pool, request, exc)
+            raise Reject(str(exc)) from None
+        try:
+            if self.is_async:
+                result = await self.func(value)
+            else:
+                result = await asyncio.to_thread(self.func, value)
+        except Retry:
+            raise
+        except Reject as exc:
+            await self._reply_error(pool, request, exc)
+            raise
+        except Exception as exc:
+            log.warning(
+                "rpc %s raised %s: %s; answered with an error", self.topic, type(exc).__name__, exc
+            )
+            await self._reply_error(pool, request, exc)
+            return
+        try:
+            body = codec.encode_value(request.encoding, result)
+        except LocalProtocolError as exc:
+            await self._reply_error(pool, request, exc)
+            return
+        await self._reply(pool, request, codec.encode_response(request.id, request.encoding, body))
+
+    async def _reply_error(self, pool: ReplyPool, request: Request, exc: BaseException) -> None:
+        encoding = codec.JSON if request.encoding == codec.BINARY else request.encoding
+        body = codec.encode_value(encoding, error_value(exc))
+        await self._reply(pool, request, codec.encode_response(request.id, encoding, body))
+
+    @staticmethod
+    async def _reply(pool: ReplyPool, request: Request, frame: bytes) -> None:
+        await pool.send(request.host, request.port, request.topic, frame)
