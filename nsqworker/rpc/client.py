@@ -58,6 +58,11 @@ def is_error_value(value: Any) -> bool:
     return type(error) is dict and isinstance(error.get("type"), str)
 
 
+def _expire(future: asyncio.Future[Response]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
 def _split(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or not host:
@@ -314,14 +319,16 @@ class RpcClient:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Response] = loop.create_future()
         self._pending[id] = future
+        # One timer per call, not asyncio.timeout(): this is the hot path.
+        timer = loop.call_at(deadline, _expire, future)
         try:
-            async with asyncio.timeout_at(deadline):
-                await self._producer.publish(topic, frame)
-                return await future
+            await self._producer.publish(topic, frame, timeout=max(deadline - loop.time(), 1e-3))
+            return await future
         except TimeoutError:
             self.timeouts += 1
             raise RpcTimeout(f"no response from {topic!r} within {timeout:g}s") from None
         finally:
+            timer.cancel()
             self._pending.pop(id, None)
 
     def _on_reply(self, msg: Message) -> Outcome:

@@ -77,6 +77,10 @@ _MAX_FIELD: Final = 255  # host and topic lengths are one byte each
 _VERSION_BYTE: Final = bytes([VERSION])
 _UNSUPPORTED_BYTE: Final = bytes([UNSUPPORTED])
 _ENCODING_BYTES: Final = tuple(bytes([n]) for n in range(256))
+_json_encode: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+# Reply topics seen valid: a client sends many requests with the same one.
+_valid_topics: set[str] = set()
+_MAX_VALID_TOPICS: Final = 4096
 
 
 class Request(NamedTuple):
@@ -151,7 +155,7 @@ def encode_value(encoding: int, value: Any) -> bytes:
     """
     if encoding == JSON:
         try:
-            return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+            return _json_encode(value).encode()
         except (TypeError, ValueError) as exc:
             raise LocalProtocolError(f"cannot encode {_kind(value)} as JSON: {exc}") from exc
     if encoding == BINARY:
@@ -277,8 +281,12 @@ def decode_request(data: bytes) -> Request:
         topic = data[size + host_len : end].decode("ascii")
     except UnicodeDecodeError as exc:
         raise RpcDecodeError(f"RPC request's reply host or topic is not ASCII: {exc}") from None
-    if not is_valid_name(topic):
-        raise RpcDecodeError(f"RPC request's reply topic {topic!r} is not a valid NSQ topic")
+    if topic not in _valid_topics:
+        if not is_valid_name(topic):
+            raise RpcDecodeError(f"RPC request's reply topic {topic!r} is not a valid NSQ topic")
+        if len(_valid_topics) >= _MAX_VALID_TOPICS:
+            _valid_topics.clear()
+        _valid_topics.add(topic)
     return Request(id, encoding, host, port, topic, bytes(data[end:]))
 
 

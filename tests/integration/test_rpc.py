@@ -379,3 +379,21 @@ async def test_drain_requeues_what_it_cannot_answer_and_nothing_is_lost(
             assert await calls == [n + 1000 for n in range(10)]
         assert sorted(handled) == sorted([*range(10), *range(10)])  # each one twice
         assert client.late_replies == 0
+
+
+async def test_reply_producers_are_pooled_and_closed_when_idle(nsqd_factory: NsqdFactory) -> None:
+    from nsqworker.rpc.endpoint import ReplyPool
+
+    one, two = nsqd_factory(), nsqd_factory()
+    pool = ReplyPool(idle_timeout=0.3)
+    await pool.send("127.0.0.1", one.tcp_port, "replies", b"a")
+    await pool.send("127.0.0.1", one.tcp_port, "replies", b"b")
+    await pool.send("127.0.0.1", two.tcp_port, "replies", b"c")
+    assert len(pool) == 2  # one producer per reply nsqd
+    assert (one.topic_stats("replies") or {}).get("message_count") == 2
+    assert len(one.stats()["producers"]) == 1
+    await wait_until(lambda: len(pool) == 0, timeout=5, what="idle producers closed")
+    await wait_until(lambda: not one.stats()["producers"], timeout=5, what="disconnected")
+    await pool.send("127.0.0.1", two.tcp_port, "replies", b"d")  # reopened on demand
+    assert (two.topic_stats("replies") or {}).get("message_count") == 2
+    await pool.close()
