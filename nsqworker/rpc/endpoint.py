@@ -33,12 +33,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ClassVar, Final, TypeVar, cast
 
 from nsqworker.errors import ConfigurationError, LocalProtocolError, RpcDecodeError
+from nsqworker.logging import get_logger
 from nsqworker.nsq.lookupd import format_address
 from nsqworker.nsq.message import Message
 from nsqworker.nsq.producer import Producer
@@ -48,7 +48,7 @@ from nsqworker.task import DeadLetterHook, Registry, Reject, Retry, default_regi
 
 __all__ = ["ReplyPool", "error_value", "rpc"]
 
-log = logging.getLogger("nsqworker.rpc")
+log = get_logger("nsqworker.rpc")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -242,8 +242,9 @@ class _Endpoint:
             raise
         except Exception as exc:
             log.warning(
-                "rpc %s raised %s: %s; answered with an error", self.topic, type(exc).__name__, exc
-            )
+                "answered with an error", topic=self.topic, id=msg.id, error=type(exc).__name__,
+                message=str(exc), exc_info=exc,
+            )  # fmt: skip
             await self._reply_error(pool, request, exc)
             return
         try:
