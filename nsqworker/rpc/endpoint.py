@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Final, TypeVar, cast
 
 from nsqworker.errors import ConfigurationError, LocalProtocolError, RpcDecodeError
 from nsqworker.logging import get_logger
+from nsqworker.nsq.connection import ConnectionConfig
 from nsqworker.nsq.lookupd import format_address
 from nsqworker.nsq.message import Message
 from nsqworker.nsq.producer import Producer
@@ -94,12 +95,19 @@ class ReplyPool:
     def __len__(self) -> int:
         return len(self._producers)
 
-    def send(self, host: str, port: int, topic: str, body: bytes) -> Awaitable[None]:
-        """Publish ``body`` to ``topic`` on the nsqd at ``host:port``; await the result."""
+    def send(
+        self, host: str, port: int, topic: str, body: bytes, config: ConnectionConfig | None = None
+    ) -> Awaitable[None]:
+        """Publish ``body`` to ``topic`` on the nsqd at ``host:port``; await the result.
+
+        ``config`` (TLS, AUTH, timeouts) is used when a producer must be made; the
+        endpoint passes the one of the connection the request came on."""
         key = (host, port)
         producer = self._producers.get(key)
         if producer is None:
-            producer = self._producers[key] = Producer(format_address(host, port), envelope=False)
+            producer = self._producers[key] = Producer(
+                format_address(host, port), connection_config=config, envelope=False
+            )
             if self._sweeper is None or self._sweeper.done():
                 self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         self._used.add(key)
@@ -223,12 +231,12 @@ class _Endpoint:
         pool = self._pool()
         if request.encoding not in self.encodings:
             reply = codec.unsupported_reply(request.id)
-            await pool.send(request.host, request.port, request.topic, reply)
+            await pool.send(request.host, request.port, request.topic, reply, _config(msg))
             return
         try:
             value = codec.decode_value(request.encoding, request.body)
         except RpcDecodeError as exc:
-            await self._reply_error(pool, request, exc)
+            await self._reply_error(pool, request, exc, msg)
             raise Reject(str(exc)) from None
         try:
             if self.is_async:
@@ -238,26 +246,36 @@ class _Endpoint:
         except Retry:
             raise
         except Reject as exc:
-            await self._reply_error(pool, request, exc)
+            await self._reply_error(pool, request, exc, msg)
             raise
         except Exception as exc:
             log.warning(
                 "answered with an error", topic=self.topic, id=msg.id, error=type(exc).__name__,
                 message=str(exc), exc_info=exc,
             )  # fmt: skip
-            await self._reply_error(pool, request, exc)
+            await self._reply_error(pool, request, exc, msg)
             return
         try:
             body = codec.encode_value(request.encoding, result)
         except LocalProtocolError as exc:
-            await self._reply_error(pool, request, exc)
+            await self._reply_error(pool, request, exc, msg)
             return
         reply = codec.encode_response(request.id, request.encoding, body)
-        await pool.send(request.host, request.port, request.topic, reply)
+        await pool.send(request.host, request.port, request.topic, reply, _config(msg))
 
     @staticmethod
-    async def _reply_error(pool: ReplyPool, request: Request, exc: BaseException) -> None:
+    async def _reply_error(
+        pool: ReplyPool, request: Request, exc: BaseException, msg: Message
+    ) -> None:
         encoding = codec.JSON if request.encoding == codec.BINARY else request.encoding
         body = codec.encode_value(encoding, error_value(exc))
         reply = codec.encode_response(request.id, encoding, body)
-        await pool.send(request.host, request.port, request.topic, reply)
+        await pool.send(request.host, request.port, request.topic, reply, _config(msg))
+
+
+def _config(msg: Message) -> ConnectionConfig | None:
+    """The options (TLS, AUTH...) of the connection ``msg`` came on: replies use them.
+
+    The consumer's session holds the Connection (tests/integration/test_rpc.py checks
+    this path through nsqd's view of the reply connection)."""
+    return getattr(getattr(msg._conn, "conn", None), "config", None)

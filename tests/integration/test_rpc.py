@@ -280,11 +280,15 @@ async def test_reply_to_a_different_nsqd_than_the_request(nsqd_factory: NsqdFact
         reply_nsqd=replies_nsqd.tcp_address,
         settings=settings_for(requests_nsqd),
     )
-    async with Worker(registry, settings_for(requests_nsqd)), client:
+    endpoint_settings = settings_for(requests_nsqd, client_id="pricing-endpoint")
+    async with Worker(registry, endpoint_settings), client:
         assert (await client.call(TOPIC, {"sku": "A1"}, timeout=10))["price"] == 42
         assert client.reply_topic in topic_names(replies_nsqd)
         assert client.reply_topic not in topic_names(requests_nsqd)
         assert TOPIC not in topic_names(replies_nsqd)
+        # The reply connection took the options of the connection the request came on.
+        producers = replies_nsqd.stats()["producers"]
+        assert [p["client_id"] for p in producers] == ["pricing-endpoint"]
 
 
 async def test_client_finds_nsqd_through_lookupd(
