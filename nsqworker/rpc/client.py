@@ -141,6 +141,8 @@ class RpcClient:
         self._consumer: Consumer | None = None
         self._reply: codec.ReplyAddress | None = None
         self._started = False
+        self._starting: asyncio.Future[None] | None = None
+        self._ready = False
         self._closed = False
         self.calls = 0
         self.timeouts = 0
@@ -173,11 +175,14 @@ class RpcClient:
     async def start(self) -> None:
         """Subscribe to the reply topic and connect the producer; returns when both are
         up. Raises :class:`NoConnection` when the reply nsqd cannot be reached."""
-        if self._started:
-            return
         if self._closed:
             raise ConnectionClosed("this RpcClient was closed; make a new one")
-        self._started = True
+        if self._starting is None:  # calls made before start() share the one start
+            self._started = True
+            self._starting = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._starting)
+
+    async def _start(self) -> None:
         if not self._nsqd:
             await self._discover()
             self.reply_nsqd = self.reply_nsqd or self._nsqd[0]
@@ -198,6 +203,7 @@ class RpcClient:
                 f"could not subscribe to the RPC reply topic on {self.reply_nsqd}; is nsqd up?"
             )
         await self._producer.connect(self.timeout)
+        self._ready = True
 
     async def _discover(self) -> None:
         """Find the nsqd through nsqlookupd's /nodes."""
@@ -278,7 +284,7 @@ class RpcClient:
         """
         code = self.encoding if encoding is None else codec.encoding_code(encoding)
         timeout = self.timeout if timeout is None else timeout
-        if not self._started:
+        if not self._ready:
             await self.start()
         body = codec.encode_value(code, value)
         loop = asyncio.get_running_loop()

@@ -111,6 +111,21 @@ async def test_thousands_of_concurrent_calls_on_one_client(nsqd: NsqdProcess) ->
         assert client.pending == 0
 
 
+async def test_calls_before_start_share_one_start(nsqd: NsqdProcess) -> None:
+    registry = Registry()
+    pricing(registry)
+    client = RpcClient([nsqd.tcp_address], settings=settings_for(nsqd))
+    async with Worker(registry, settings_for(nsqd)):
+        try:
+            answers = await asyncio.gather(
+                *(client.call(TOPIC, {"sku": "A1", "echo": n}, timeout=10) for n in range(50))
+            )
+            assert [a["echo"] for a in answers] == list(range(50))
+            assert len([t for t in topic_names(nsqd) if t.startswith("rpc_")]) == 1
+        finally:
+            await client.close()
+
+
 async def test_sync_client_from_threads(nsqd: NsqdProcess) -> None:
     registry = Registry()
     pricing(registry)
@@ -188,7 +203,7 @@ async def test_timeout_then_the_late_reply_is_dropped_and_counted(nsqd: NsqdProc
         started = time.monotonic()
         with pytest.raises(RpcTimeout, match=r"no response from 'slow' within 0\.2s"):
             await client.call("slow", {"sleep": 0.6}, timeout=0.2)
-        assert 0.2 <= time.monotonic() - started < 0.5
+        assert 0.2 <= time.monotonic() - started < 2.0  # a busy machine may be slow to wake
         assert (client.timeouts, client.pending) == (1, 0)
         await wait_until(lambda: client.late_replies == 1, what="the late reply")
         assert await client.call("slow", {"sleep": 0}, timeout=10) == "done"
