@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from nsqworker.cli.common import EXIT_USAGE, ConfigFile, load_settings
+from nsqworker.cli.publish import _quiet_library_logs
 
 __all__ = ["app", "call", "call_command"]
 
@@ -137,7 +138,8 @@ def call_command(
             return await client.call(topic, value)
 
     try:
-        answer = asyncio.run(run())
+        with _quiet_library_logs():  # the one error line says it all
+            answer = asyncio.run(run())
     except RpcError as exc:
         return fail(EXIT_RPC_ERROR, f"{topic} raised {exc.type}: {exc.message}")
     except RpcTimeout as exc:

@@ -120,7 +120,8 @@ def encoding_code(encoding: int | str) -> int:
         code = _CODES.get(encoding.lower())
         if code is None:
             raise LocalProtocolError(
-                f"unknown RPC encoding {encoding!r}; use one of {', '.join(sorted(_CODES))}"
+                f"unknown RPC encoding {encoding!r}; use one of "
+                + ", ".join(sorted(_NAMES[c] for c in supported_encodings()))
             )
         return code
     if isinstance(encoding, bool) or not isinstance(encoding, int) or not 0 <= encoding < RESERVED:

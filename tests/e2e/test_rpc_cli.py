@@ -66,3 +66,9 @@ def test_rpc_call_answers_from_the_example_service(
     done = rpc_call(env, "pricing", "{not json")
     assert done.returncode == 2
     assert "REQUEST is not JSON" in done.stderr
+
+    done = rpc_call(no_env, "pricing", "{}", "--nsqd", "127.0.0.1:1", "--timeout", "1")
+    assert done.returncode == 4
+    assert done.stderr.splitlines() == [
+        "error: could not subscribe to the RPC reply topic on 127.0.0.1:1; is nsqd up?"
+    ]
