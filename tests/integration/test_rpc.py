@@ -349,6 +349,17 @@ async def test_no_nsqd_is_a_clear_error() -> None:
     await client.close()
 
 
+def test_sync_client_raises_at_once_when_nsqd_is_down() -> None:
+    from nsqworker.testing import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    settings = Settings(nsqd_tcp_addresses=[address], dial_timeout=0.2)
+    started = time.monotonic()
+    with pytest.raises(NoConnection, match="could not subscribe"):
+        SyncRpcClient([address], settings=settings)
+    assert time.monotonic() - started < 10
+
+
 # --- draining -------------------------------------------------------------------------
 
 

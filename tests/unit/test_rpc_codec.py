@@ -275,3 +275,14 @@ json_values = st.recursive(
 @given(st.sampled_from([codec.JSON, codec.MSGPACK]), json_values)
 def test_value_round_trip(encoding: int, value: object) -> None:
     assert codec.decode_value(encoding, codec.encode_value(encoding, value)) == value
+
+
+def test_without_msgpack_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codec, "msgpack", None)
+    assert codec.supported_encodings() == {codec.BINARY, codec.JSON}
+    with pytest.raises(LocalProtocolError, match=r"msgpack is not available here \(pip install"):
+        codec.encoding_codes(["msgpack"])
+    with pytest.raises(LocalProtocolError, match="msgpack is not available"):
+        codec.encode_value(codec.MSGPACK, {})
+    with pytest.raises(RpcDecodeError, match="msgpack cannot be decoded here"):
+        codec.decode_value(codec.MSGPACK, b"\x80")
