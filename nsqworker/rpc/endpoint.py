@@ -37,7 +37,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ClassVar, Final, TypeVar, cast
 
-from nsqworker.errors import ConfigurationError, LocalProtocolError, RpcDecodeError
+from nsqworker.errors import LocalProtocolError, RpcDecodeError
 from nsqworker.logging import get_logger
 from nsqworker.nsq.connection import ConnectionConfig
 from nsqworker.nsq.lookupd import format_address
@@ -45,7 +45,14 @@ from nsqworker.nsq.message import Message
 from nsqworker.nsq.producer import Producer
 from nsqworker.rpc import codec
 from nsqworker.rpc.codec import Request
-from nsqworker.task import DeadLetterHook, Registry, Reject, Retry, default_registry
+from nsqworker.task import (
+    DeadLetterHook,
+    Registry,
+    Reject,
+    Retry,
+    TaskDefinitionError,
+    default_registry,
+)
 
 __all__ = ["ReplyPool", "error_value", "rpc"]
 
@@ -69,8 +76,9 @@ class ReplyPool:
     """One :class:`Producer` per reply nsqd, made on first use, closed when idle.
 
     One pool per event loop (:meth:`for_loop`). A sweeper task closes, every
-    ``idle_timeout`` seconds, the producers unused since its last round; when the loop shuts down (``asyncio.run`` cancels
-    its tasks) the sweeper closes every producer left.
+    ``idle_timeout`` seconds, the producers unused since its last round; when the loop
+    shuts down (``asyncio.run`` cancels its tasks) the sweeper closes every producer
+    left.
     """
 
     def __init__(self, idle_timeout: float = REPLY_IDLE_TIMEOUT) -> None:
@@ -127,8 +135,9 @@ class ReplyPool:
                 for key in [k for k in self._producers if k not in self._used]:
                     await self._producers.pop(key).close()
                 self._used.clear()
-        finally:  # cancelled at loop shutdown: leave no connection open
+        except asyncio.CancelledError:  # the loop is shutting down: leave nothing open
             await self.close()
+            raise
 
 
 # --- the decorator --------------------------------------------------------------------
@@ -171,8 +180,7 @@ def rpc(
     target = default_registry if registry is None else registry
 
     def decorate(func: F) -> F:
-        if not callable(func):
-            raise ConfigurationError(f"@rpc({topic!r}) decorates a function, got {func!r}")
+        _check_function(topic, func)
         endpoint = _Endpoint(func, topic, frozenset(accepted))
         registered = target.task(
             topic,
@@ -189,6 +197,24 @@ def rpc(
         return func
 
     return decorate
+
+
+def _check_function(topic: str, func: object) -> None:
+    where = f"@rpc({topic!r})"
+    if not callable(func):
+        raise TaskDefinitionError(f"{where} decorates a function of the request, got {func!r}")
+    name = getattr(func, "__name__", "handler")
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        raise TaskDefinitionError(f"{where}: {name} uses yield; return the response instead")
+    try:
+        inspect.signature(func).bind(None)
+    except TypeError:
+        raise TaskDefinitionError(
+            f"{where}: {name} must take exactly one positional parameter, the request: "
+            f"def {name}(request)"
+        ) from None
+    except ValueError:  # no signature to check (some builtins): trust it
+        pass
 
 
 def _bind(endpoint: _Endpoint) -> Callable[[Message], Any]:

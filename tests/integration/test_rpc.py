@@ -360,6 +360,23 @@ def test_sync_client_raises_at_once_when_nsqd_is_down() -> None:
     assert time.monotonic() - started < 10
 
 
+def test_bad_declarations_fail_at_import() -> None:
+    from nsqworker.errors import LocalProtocolError
+    from nsqworker.task import TaskDefinitionError
+
+    registry = Registry()
+    with pytest.raises(TaskDefinitionError, match=r"two must take exactly one positional"):
+
+        @rpc("t", registry=registry)
+        def two(a: Any, b: Any) -> None: ...
+
+    with pytest.raises(TaskDefinitionError, match="invalid topic name"):
+        rpc("bad topic", registry=registry)(lambda request: request)
+    with pytest.raises(LocalProtocolError, match="unknown RPC encoding 'yaml'"):
+        rpc("t", registry=registry, encodings=["yaml"])
+    assert len(registry) == 0
+
+
 # --- draining -------------------------------------------------------------------------
 
 
