@@ -336,6 +336,8 @@ class RpcClient:
         finally:
             timer.cancel()
             self._pending.pop(id, None)
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved, also when publish() raised first
 
     def _on_reply(self, msg: Message) -> Outcome:
         """The reply consumer's callback: hand the response to its call; always FIN."""
