@@ -4,7 +4,9 @@ Values come from, highest precedence first: keyword overrides (``Settings.load(*
 ``Settings(**kw)``), ``NSQWORKER_*`` environment variables, a config file (TOML, JSON or
 dotenv), then the defaults below. Durations are float seconds. List fields take a JSON
 list or a comma-separated string in the environment. Anything unknown or invalid raises
-``SettingsError``, one line per problem, each naming the environment variable and field.
+``SettingsError``, one line per problem, each naming the field and where its value came
+from: the argument (``Settings(workers=...)``, or the command-line flag when the CLI says
+so), the environment variable, or the config file.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ _SECRET_FIELDS = frozenset({"auth_secret"})
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 # Field names found in the config file being loaded; read by _FileSource.
 _FILE_VALUES: ContextVar[Mapping[str, Any] | None] = ContextVar("nsqw_file", default=None)
+# How the config file being loaded names a field in problems: "workers in config file x.toml".
+_FILE_LABEL: ContextVar[str | None] = ContextVar("nsqw_file_label", default=None)
+# How the caller of Settings.load spells each override, e.g. {"log_format": "--log-format"}.
+_OVERRIDE_NAMES: ContextVar[Mapping[str, str] | None] = ContextVar("nsqw_names", default=None)
 
 Seconds = float
 _ORDERED = (("requeue_delay", "max_requeue_delay"), ("reconnect_delay", "max_reconnect_delay"))
@@ -67,25 +73,51 @@ class SettingsError(ConfigurationError):
         super().__init__("\n".join(self.problems))
 
     @classmethod
-    def from_validation_error(cls, exc: ValidationError) -> SettingsError:
-        """Turn pydantic's errors into ``NSQWORKER_X (x): <problem>; got <value>`` lines."""
+    def from_validation_error(
+        cls, exc: ValidationError, overrides: Iterable[str] = ()
+    ) -> SettingsError:
+        """Turn pydantic's errors into ``<origin> (<field>): <problem>; got <value>`` lines.
+
+        The origin is where the value came from: an argument in ``overrides`` (or the CLI
+        flag the caller named for it), an ``NSQWORKER_*`` variable, or the config file.
+        """
+        given = frozenset(overrides)
         lines: list[str] = []
         for err in exc.errors():
             ctx = err.get("ctx") or {}
             if err["type"] == "settings_conflict":
-                lines += [_problem(f, msg, v) for f, msg, v in ctx["problems"]]
+                lines += [_problem(f, msg, v, given) for f, msg, v in ctx["problems"]]
                 continue
             loc = [str(p) for p in err["loc"]]
             field = loc[0] if loc else "?"
             where = field + "".join(f"[{p}]" for p in loc[1:])
             value = MASK if field in _SECRET_FIELDS else err.get("input")
-            lines.append(_problem(field, _message(err["type"], err["msg"], field), value, where))
+            message = _message(err["type"], err["msg"], field)
+            lines.append(_problem(field, message, value, given, where))
         return cls(lines)
 
 
-def _problem(field: str, message: str, value: Any, where: str | None = None) -> str:
+def _problem(
+    field: str, message: str, value: Any, overrides: frozenset[str], where: str | None = None
+) -> str:
     shown = value if value == MASK else _shorten(repr(value))
-    return f"{ENV_PREFIX}{field.upper()} ({where or field}): {message}; got {shown}"
+    origin = _origin(field, overrides)
+    where = where or field
+    named = where == field and origin.startswith((f"Settings({field}=", f"{field} in "))
+    return f"{origin if named else f'{origin} ({where})'}: {message}; got {shown}"
+
+
+def _origin(field: str, overrides: frozenset[str]) -> str:
+    """Where ``field``'s value came from, as the user wrote it."""
+    if field in overrides:
+        return (_OVERRIDE_NAMES.get() or {}).get(field) or f"Settings({field}=...)"
+    env = ENV_PREFIX + field.upper()
+    if env in {key.upper() for key in os.environ}:
+        return env
+    label = _FILE_LABEL.get()
+    if label is not None and field in (_FILE_VALUES.get() or {}):
+        return label.format(field=field, env=env)
+    return env
 
 
 def _shorten(text: str, limit: int = 80) -> str:
@@ -311,7 +343,7 @@ class Settings(BaseSettings):
         try:
             super().__init__(**values)
         except ValidationError as exc:
-            raise SettingsError.from_validation_error(exc) from exc
+            raise SettingsError.from_validation_error(exc, values) from exc
         env = {key.upper() for key in os.environ}
         file_values = _FILE_VALUES.get() or {}
         for name in type(self).model_fields:
@@ -404,16 +436,25 @@ class Settings(BaseSettings):
         return ENV_PREFIX + field.upper()
 
     @classmethod
-    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    def load(
+        cls,
+        config_file: str | Path | None = None,
+        *,
+        override_names: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> Settings:
         """Read settings: ``overrides`` > ``NSQWORKER_*`` environment > ``config_file`` > defaults.
 
         ``config_file`` is a ``.toml`` file (top-level keys, or a ``[nsqworker]`` or
         ``[tool.nsqworker]`` table), a ``.json`` file (an object, or one under
-        ``"nsqworker"``), or a dotenv file (``.env``, ``*.env``; ``NSQWORKER_*`` keys only,
-        others ignored). When it is None, ``NSQWORKER_CONFIG`` may name one. Overrides
-        that are None count as not given, so CLI options can be passed straight through.
-        Raises ``SettingsError`` naming every unknown or invalid value, including
-        ``NSQWORKER_*`` environment variables that are not settings.
+        ``"nsqworker"``), or a dotenv file (``.env``, ``*.env``; ``NSQWORKER_*`` keys; other
+        keys are ignored, except a setting's bare name like ``max_attempts``, which is an
+        error). When it is None, ``NSQWORKER_CONFIG`` may name one. Overrides that are None
+        count as not given, so CLI options can be passed straight through;
+        ``override_names`` says how the caller spells them in problems (the CLI passes
+        ``{"log_format": "--log-format"}``). Raises ``SettingsError`` naming every unknown
+        or invalid value and where it came from, including ``NSQWORKER_*`` environment
+        variables that are not settings.
         """
         problems = _unknown_env_vars(os.environ, cls.model_fields)
         if config_file is None and os.environ.get("NSQWORKER_CONFIG"):
@@ -423,11 +464,15 @@ class Settings(BaseSettings):
             file_values, file_problems = _read_config_file(Path(config_file), cls.model_fields)
             problems += file_problems
         token = _FILE_VALUES.set({k: v for k, v in file_values.items() if k in cls.model_fields})
+        label = _FILE_LABEL.set(None if config_file is None else _file_label(Path(config_file)))
+        names = _OVERRIDE_NAMES.set(override_names)
         try:
             settings = cls(**{k: v for k, v in overrides.items() if v is not None})
         except SettingsError as exc:
             problems += exc.problems
         finally:
+            _OVERRIDE_NAMES.reset(names)
+            _FILE_LABEL.reset(label)
             _FILE_VALUES.reset(token)
         if problems:
             raise SettingsError(problems)
@@ -469,6 +514,16 @@ def _unknown_env_vars(environ: Mapping[str, str], fields: Iterable[str]) -> list
     ]
 
 
+def _is_dotenv(path: Path) -> bool:
+    name = path.name.lower()
+    return name.endswith(".env") or name.startswith(".env")
+
+
+def _file_label(path: Path) -> str:
+    """A format string naming a field of ``path`` in problems ({field}, {env})."""
+    return ("{env}" if _is_dotenv(path) else "{field}") + f" in config file {path}"
+
+
 def _read_config_file(path: Path, fields: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The settings in ``path`` by field name, and the problems found reading it."""
     name, dotenv = path.name.lower(), False
@@ -478,8 +533,14 @@ def _read_config_file(path: Path, fields: Mapping[str, Any]) -> tuple[dict[str, 
             data = _section(tomllib.loads(text))
         elif name.endswith(".json"):
             data = _section(json.loads(text))
-        elif dotenv := name.endswith(".env") or name.startswith(".env"):
-            data = _dotenv_settings(text)
+        elif dotenv := _is_dotenv(path):
+            data, bare = _dotenv_settings(text, fields)
+            if bare:
+                return {}, [
+                    f"config file {path}: {key} is not read here; "
+                    f"did you mean {ENV_PREFIX}{key.upper()}? (.env keys need the prefix)"
+                    for key in bare
+                ]
         else:
             return {}, [f"config file {path}: use a .toml, .json or .env file"]
     except OSError as exc:
@@ -509,12 +570,17 @@ def _section(data: Any) -> Any:
     return data
 
 
-def _dotenv_settings(text: str) -> dict[str, Any]:
-    """``NSQWORKER_*`` keys of a dotenv file as field names; other keys are ignored."""
+def _dotenv_settings(text: str, fields: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+    """``NSQWORKER_*`` keys of a dotenv file as field names, and the keys that are a
+    setting's bare name (``max_attempts=3``: a mistake); other keys are ignored."""
     from dotenv import dotenv_values  # installed with pydantic-settings
 
-    return {
+    items = dotenv_values(stream=io.StringIO(text)).items()
+    known = {field.lower() for field in fields}
+    bare = [key for key, _ in items if key.lower() in known]
+    values = {
         key[len(ENV_PREFIX) :].lower(): value or ""
-        for key, value in dotenv_values(stream=io.StringIO(text)).items()
+        for key, value in items
         if key.upper().startswith(ENV_PREFIX) and key.upper() not in RESERVED_ENV_VARS
     }
+    return values, bare

@@ -205,7 +205,7 @@ def test_bad_value_names_its_field(
 )
 def test_bad_nsqd_address(raw: str, problem: str) -> None:
     message = load_error(nsqd_tcp_addresses=["ok:4150", raw])
-    assert message.startswith("NSQWORKER_NSQD_TCP_ADDRESSES (nsqd_tcp_addresses[1]): ")
+    assert message.startswith("Settings(nsqd_tcp_addresses=...) (nsqd_tcp_addresses[1]): ")
     assert problem in message
 
 
@@ -220,7 +220,7 @@ def test_bad_nsqd_address(raw: str, problem: str) -> None:
 )
 def test_bad_lookupd_address(raw: str, problem: str) -> None:
     message = load_error(lookupd_http_addresses=raw)
-    assert message.startswith("NSQWORKER_LOOKUPD_HTTP_ADDRESSES (lookupd_http_addresses[0]): ")
+    assert message.startswith("Settings(lookupd_http_addresses=...) (lookupd_http_addresses[0]): ")
     assert problem in message
 
 
@@ -231,15 +231,15 @@ def test_cross_field_problems_say_what_to_change(tmp_path: Path) -> None:
         requeue_delay=1000, reconnect_delay=61, tls_cert_file=pem, tls_server_name="nsqd"
     ).splitlines()
     assert lines == [
-        "NSQWORKER_REQUEUE_DELAY (requeue_delay): is more than max_requeue_delay (900); "
+        "Settings(requeue_delay=...): is more than max_requeue_delay (900); "
         "lower it or raise NSQWORKER_MAX_REQUEUE_DELAY; got 1000.0",
-        "NSQWORKER_RECONNECT_DELAY (reconnect_delay): is more than max_reconnect_delay (60); "
+        "Settings(reconnect_delay=...): is more than max_reconnect_delay (60); "
         "lower it or raise NSQWORKER_MAX_RECONNECT_DELAY; got 61.0",
-        "NSQWORKER_TLS_CERT_FILE (tls_cert_file): needs tls_key_file too; "
+        "Settings(tls_cert_file=...): needs tls_key_file too; "
         f"set NSQWORKER_TLS_KEY_FILE; got '{pem}'",
-        "NSQWORKER_TLS_CERT_FILE (tls_cert_file): needs tls_v1; "
+        "Settings(tls_cert_file=...): needs tls_v1; "
         f"set NSQWORKER_TLS_V1=true or unset this one; got '{pem}'",
-        "NSQWORKER_TLS_SERVER_NAME (tls_server_name): needs tls_v1; "
+        "Settings(tls_server_name=...): needs tls_v1; "
         "set NSQWORKER_TLS_V1=true or unset this one; got 'nsqd'",
     ]
 
@@ -260,13 +260,12 @@ def test_settings_error_is_a_configuration_error() -> None:
     with pytest.raises(SettingsError) as info:
         Settings(workers=0)
     assert isinstance(info.value, ConfigurationError) and isinstance(info.value, ValueError)
-    assert info.value.problems == ("NSQWORKER_WORKERS (workers): must be from 1 to 256; got 0",)
+    assert info.value.problems == ("Settings(workers=...): must be from 1 to 256; got 0",)
 
 
 def test_unknown_override_is_named() -> None:
     assert load_error(max_inflight=3) == (
-        "NSQWORKER_MAX_INFLIGHT (max_inflight): is not a setting; "
-        "did you mean max_in_flight?; got 3"
+        "Settings(max_inflight=...): is not a setting; did you mean max_in_flight?; got 3"
     )
 
 
@@ -330,7 +329,7 @@ def test_unknown_key_in_file_is_named(tmp_path: Path, name: str, text: str, expe
 def test_bad_value_in_file_names_its_field(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('workers = "many"\n')
-    assert load_error(path).startswith("NSQWORKER_WORKERS (workers): must be a valid integer")
+    assert load_error(path).startswith(f"workers in config file {path}: must be a valid integer")
 
 
 @pytest.mark.parametrize(
@@ -386,7 +385,7 @@ def test_secret_is_masked_everywhere(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text("auth_secret = 12345\n")  # wrong type: the error still hides it
     message = load_error(path)
-    assert message.startswith("NSQWORKER_AUTH_SECRET (auth_secret): ")
+    assert message.startswith(f"auth_secret in config file {path}: ")
     assert message.endswith("got ********") and "12345" not in message
 
 
@@ -479,3 +478,46 @@ def test_out_of_bounds_values_name_their_field(case: tuple[str, Any, bool]) -> N
     ):
         Settings.load()
     assert str(info.value).startswith(f"{Settings.env_name(name)} ({name}): must be from ")
+
+
+# ---------------------------------------------------------------- where a bad value came from
+
+
+def test_problem_names_the_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NSQWORKER_LOG_FORMAT", "yaml")
+    assert load_error().startswith("NSQWORKER_LOG_FORMAT (log_format): must be ")
+
+
+def test_problem_names_the_flag_the_caller_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NSQWORKER_WORKERS", "2")  # fine, and not blamed
+    with pytest.raises(SettingsError) as info:
+        Settings.load(log_format="yaml", override_names={"log_format": "--log-format"})
+    assert info.value.problems == (
+        "--log-format (log_format): must be 'auto', 'console' or 'json'; got 'yaml'",
+    )
+
+
+def test_unknown_argument_is_not_blamed_on_the_environment() -> None:
+    with pytest.raises(SettingsError) as info:
+        Settings(nsqd_tcp_address="127.0.0.1:4150")
+    assert info.value.problems == (
+        "Settings(nsqd_tcp_address=...): is not a setting; did you mean nsqd_tcp_addresses?;"
+        " got '127.0.0.1:4150'",
+    )
+
+
+def test_bad_value_in_dotenv_names_its_variable_and_file(tmp_path: Path) -> None:
+    path = tmp_path / ".env"
+    path.write_text("NSQWORKER_WORKERS=lots\n")
+    assert load_error(path).startswith(
+        f"NSQWORKER_WORKERS in config file {path} (workers): must be a valid integer"
+    )
+
+
+def test_bare_setting_name_in_dotenv_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / ".env"
+    path.write_text("DATABASE_URL=postgres://x\nmax_attempts=3\nNSQWORKER_WORKERS=2\n")
+    assert load_error(path) == (
+        f"config file {path}: max_attempts is not read here; did you mean "
+        "NSQWORKER_MAX_ATTEMPTS? (.env keys need the prefix)"
+    )
