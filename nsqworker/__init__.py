@@ -5,6 +5,8 @@ Mark functions with ``@task("topic", channel=...)`` and run them with
 :class:`SyncProducer`.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from nsqworker._version import __version__
 from nsqworker.errors import (
     AlreadyResponded,
@@ -20,10 +22,7 @@ from nsqworker.errors import (
 )
 from nsqworker.nsq import publishing as _publishing
 from nsqworker.nsq.message import Message
-from nsqworker.nsq.producer import Producer
-from nsqworker.nsq.sync_producer import SyncProducer
-from nsqworker.settings import Settings, SettingsError
-from nsqworker.task import (
+from nsqworker.task import (  # eager: `task` must not resolve to the submodule nsqworker.task
     Registry,
     Reject,
     Retry,
@@ -34,7 +33,37 @@ from nsqworker.task import (
     load_registry,
     task,
 )
-from nsqworker.worker import Worker
+
+if TYPE_CHECKING:
+    from nsqworker.nsq.producer import Producer
+    from nsqworker.nsq.sync_producer import SyncProducer
+    from nsqworker.settings import Settings, SettingsError
+    from nsqworker.worker import Worker
+
+# The rest of the public surface is imported on first use, so that `import nsqworker`
+# (and with it `nsqworker --version`) does not pay for pydantic, structlog and httpx.
+_LAZY = {
+    "Producer": "nsqworker.nsq.producer",
+    "SyncProducer": "nsqworker.nsq.sync_producer",
+    "Settings": "nsqworker.settings",
+    "SettingsError": "nsqworker.settings",
+    "Worker": "nsqworker.worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nsqworker' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def _producer_instrumentation(envelope: bool) -> _publishing.Instrumentation:

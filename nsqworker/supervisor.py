@@ -28,7 +28,7 @@ import socket
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -516,12 +516,21 @@ class Supervisor:
 # ---------------------------------------------------------------------------- entry point
 
 
-def run(target: str, settings: Settings, policy: Policy | None = None) -> int:
+def run(
+    target: str,
+    settings: Settings,
+    policy: Policy | None = None,
+    *,
+    spelled: Mapping[str, str] | None = None,
+) -> int:
     """``nsqworker run``: check ``target``, serve health, supervise; the exit code.
 
     ``target`` is ``module`` or ``module:attribute`` naming a Registry. It is imported
     here first, so that a broken module raises ``TaskImportError`` (an ``ImportError``)
-    once, before any child starts. A health port that cannot be bound returns 2.
+    once, before any child starts. A health port that was set and cannot be bound
+    returns 2; the default one, when taken, is replaced by a free one, so that a second
+    local worker just works. ``spelled`` names the flag of each setting the caller
+    passed on its command line (``{"health_port": "--health-port"}``).
     """
     from nsqworker.task import load_registry
 
@@ -529,27 +538,43 @@ def run(target: str, settings: Settings, policy: Policy | None = None) -> int:
     supervisor = Supervisor(target, settings, policy)
     health: HealthServer | None = None
     if settings.health_port:
-        health = HealthServer(
-            settings.health_host,
-            settings.health_port,
-            supervisor.is_live,
-            supervisor.readiness,
-            supervisor.metrics,
-        )
-        try:
-            health.start()
-        except OSError as exc:
-            where = f"{settings.health_host}:{settings.health_port}"
-            print(
-                f"error: health server cannot listen on {where} ({exc.strerror or exc}); "
-                "change NSQWORKER_HEALTH_PORT / --health-port, or 0 to turn it off",
-                file=sys.stderr,
-            )
+        health = _start_health(settings, supervisor, spelled or {})
+        if health is None:
             return EXIT_USAGE
-        host = f"[{health.host}]" if ":" in health.host else health.host
-        log.info(f"health on http://{host}:{health.port}/livez /readyz /metrics")
     try:
         return supervisor.run()
     finally:
         if health is not None:
             health.stop()
+
+
+def _start_health(
+    settings: Settings, supervisor: Supervisor, spelled: Mapping[str, str]
+) -> HealthServer | None:
+    """The running health server; None (after one error line) if its port is taken."""
+    default = settings.source("health_port") == "default"
+    for port in [settings.health_port] + [0] * default:
+        health = HealthServer(
+            settings.health_host, port, supervisor.is_live, supervisor.readiness, supervisor.metrics
+        )
+        try:
+            health.start()
+        except OSError as exc:
+            if default and port:
+                continue
+            origin = spelled.get("health_port") or settings.env_name("health_port")
+            print(
+                f"error: the health server cannot listen on {settings.health_host}:{port} "
+                f"({exc.strerror or exc}); change {origin} (0 turns the server off)",
+                file=sys.stderr,
+            )
+            return None
+        host = f"[{health.host}]" if ":" in health.host else health.host
+        where = f"http://{host}:{health.port}/livez /readyz /metrics"
+        if health.port == settings.health_port:
+            log.info(f"health on {where}")
+        else:
+            env = settings.env_name("health_port")
+            log.warning(f"port {settings.health_port} is taken; health on {where} ({env} fixes it)")
+        return health
+    return None

@@ -360,6 +360,7 @@ class Worker:
         self._stop_requested = False
         self._stop_event: asyncio.Event | None = None
         self._forced = False
+        self._ctrl_c = False  # whether SIGINT is ours (not under a supervisor)
         self._unregister_metrics: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
@@ -411,7 +412,11 @@ class Worker:
         from nsqworker.telemetry.metrics import register_worker_metrics
 
         self._unregister_metrics = register_worker_metrics(self)
-        log.info("worker started", pid=os.getpid(), tasks=[s.name for s in self.registry])
+        waiting = [r.spec.name for r in self._runners if not r.consumer.subscribed]
+        if waiting:  # each consumer logs "subscribed on ..." when it gets there
+            log.warning("not subscribed yet; retrying", pid=os.getpid(), waiting_for=waiting)
+        else:
+            log.info("worker started", pid=os.getpid(), tasks=[s.name for s in self.registry])
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop taking messages, let running handlers finish within ``drain_timeout``
@@ -502,12 +507,16 @@ class Worker:
             except (NotImplementedError, RuntimeError, ValueError):
                 continue
             installed.append(sig)
+        self._ctrl_c = signal.SIGINT in installed
         return installed
 
     def _on_signal(self, sig: int) -> None:
         name = signal.Signals(sig).name
         if not self._stop_requested:
-            log.info(f"{name}: draining; press Ctrl-C again to stop at once")
+            if self._ctrl_c:
+                log.info(f"{name}: draining; press Ctrl-C again to stop at once")
+            else:  # a supervised worker: the supervisor logged which signal it got
+                log.debug(f"{name}: draining")
             self.request_stop()
         elif sig == signal.SIGINT and not self._forced:
             log.warning(f"{name} again: requeueing running messages and stopping now")

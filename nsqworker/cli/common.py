@@ -2,7 +2,7 @@
 
 Every command that reads settings takes ``--config FILE``; its options override the
 ``NSQWORKER_*`` environment, which overrides the file. Bad settings print one line per
-problem (naming the field and its variable) and exit with code 2, without a traceback.
+problem (naming the field and where it came from: flag, variable or file) and exit with code 2, without a traceback.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -26,6 +25,7 @@ __all__ = [
     "AsJson",
     "ConfigFile",
     "Target",
+    "flag",
     "load_registry",
     "load_settings",
     "print_import_error",
@@ -54,13 +54,27 @@ ConfigFile = Annotated[
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 
 
+def flag(field: str) -> str:
+    """The command-line flag of a setting: ``log_format`` -> ``--log-format``."""
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+#: Settings whose flag is not their name with dashes.
+FLAGS = {"nsqd_tcp_addresses": "--nsqd", "lookupd_http_addresses": "--lookupd"}
+
+
 def load_settings(config: Path | None, **overrides: Any) -> Settings:
-    """``Settings.load``; on a bad value print its problems and exit 2."""
+    """``Settings.load``; on a bad value print its problems and exit 2.
+
+    ``overrides`` are the command's options by setting name; problems name their flags.
+    """
     from nsqworker.settings import Settings, SettingsError
 
     try:
-        return Settings.load(config, **overrides)
+        return Settings.load(config, override_names={f: flag(f) for f in overrides}, **overrides)
     except SettingsError as exc:
+        from rich.console import Console
+
         err = Console(stderr=True, highlight=False)
         err.print("[red]error:[/red] invalid settings", markup=True)
         for problem in exc.problems:
@@ -92,11 +106,21 @@ def print_import_error(target: str, exc: BaseException) -> None:
         sys.stderr.write(f"error: {exc}\n")
         sys.stderr.flush()
         return
-    tb = traceback.TracebackException.from_exception(cause)
-    tb.stack = traceback.StackSummary.from_list([f for f in tb.stack if not _ours(f.filename)])
+    tb = _trimmed(traceback.TracebackException.from_exception(cause))
     reason = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
     sys.stderr.write("".join(tb.format()) + f"could not import {target}: {reason}\n")
     sys.stderr.flush()
+
+
+def _trimmed(tb: traceback.TracebackException) -> traceback.TracebackException:
+    """``tb`` without nsqworker's and importlib's frames, and without the exceptions it
+    chains (``During handling of ...``) that happened entirely in them."""
+    tb.stack = traceback.StackSummary.from_list([f for f in tb.stack if not _ours(f.filename)])
+    for attr in ("__cause__", "__context__"):
+        inner = getattr(tb, attr)
+        if inner is not None and not _trimmed(inner).stack:
+            setattr(tb, attr, None)
+    return tb
 
 
 def _is_missing_target(target: str, cause: BaseException) -> bool:

@@ -6,10 +6,6 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from nsqworker.cli.common import AsJson, ConfigFile, Target, load_registry, load_settings
 
@@ -32,6 +28,11 @@ def tasks(target: Target, config: ConfigFile = None, as_json: AsJson = False) ->
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(
         title=f"{_plural(len(rows), 'task')} in {target}",
         title_justify="left",
@@ -121,6 +122,10 @@ def show_settings(config: ConfigFile = None, as_json: AsJson = False) -> None:
         }
         typer.echo(json.dumps(data, indent=2))
         return
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title="nsqworker settings", title_justify="left")
     table.add_column("setting", no_wrap=True)
     table.add_column("value", overflow="fold")

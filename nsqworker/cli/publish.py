@@ -20,14 +20,15 @@ from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, Annotated, Any, Final
 
 import typer
-from rich.console import Console
 
 from nsqworker.errors import ConfigurationError, NSQWorkerError
 from nsqworker.nsq import protocol
-from nsqworker.nsq.producer import Producer
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported when a command runs, so that `nsqworker --version` is quick
+    from rich.console import Console
     from rich.progress import Progress
+
+    from nsqworker.nsq.producer import Producer
 
 __all__ = ["publish", "publish_command"]
 
@@ -85,18 +86,32 @@ def publish_command(
     shows on a terminal while stdin is a pipe or a file. Output goes to ``console``
     (standard error by default), leaving standard output alone.
     """
+    from rich.console import Console
+
+    from nsqworker.nsq.producer import Producer
+    from nsqworker.settings import Settings
+
     console = console or Console(stderr=True)
     try:
         protocol.check_topic(topic)
+        if body == "":
+            raise ConfigurationError("the message body is empty, and nsqd refuses empty messages")
         if delay is not None:
             from nsqworker.nsq.publishing import delay_to_ms
 
             delay_to_ms(delay)
         if batch_size < 1:
             raise ConfigurationError(f"--batch-size must be at least 1, got {batch_size}")
-        producer = Producer(nsqd or None, timeout=timeout)
+        settings = None if nsqd else Settings.load()
+        if settings is not None and not settings.nsqd_tcp_addresses:
+            raise ConfigurationError(
+                "no nsqd address: pass --nsqd HOST:PORT (like --nsqd 127.0.0.1:4150), "
+                "or set NSQWORKER_NSQD_TCP_ADDRESSES"
+            )
+        producer = Producer(nsqd or None, settings=settings, timeout=timeout)
     except (ConfigurationError, TypeError) as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        for line in str(exc).splitlines():  # a SettingsError has one line per problem
+            console.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)
         return 2
     run = _Run(topic, delay, console)
     try:

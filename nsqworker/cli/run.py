@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from nsqworker.cli.common import EXIT_USAGE, ConfigFile, Target, load_settings, print_import_error
+from nsqworker.cli.common import (
+    EXIT_USAGE,
+    ConfigFile,
+    Target,
+    flag,
+    load_registry,
+    load_settings,
+    print_import_error,
+)
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
 
 __all__ = ["run"]
 
@@ -18,6 +29,24 @@ def run(
         typer.Option("--workers", "-w", help="Worker processes (default: the workers setting, 1)."),
     ] = None,
     config: ConfigFile = None,
+    nsqd: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--nsqd",
+            metavar="HOST:PORT",
+            help="nsqd TCP address; repeat for several (default: nsqd_tcp_addresses).",
+            show_default=False,
+        ),
+    ] = None,
+    lookupd: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--lookupd",
+            metavar="URL",
+            help="nsqlookupd HTTP address; repeat for several (default: lookupd_http_addresses).",
+            show_default=False,
+        ),
+    ] = None,
     log_level: Annotated[
         str | None, typer.Option(help="debug, info, warning, error or critical.")
     ] = None,
@@ -50,19 +79,61 @@ def run(
     from nsqworker.supervisor import run as supervise
     from nsqworker.task import TaskImportError
 
-    settings = load_settings(
-        config,
-        workers=workers,
-        log_level=log_level,
-        log_format=log_format,
-        health_port=health_port,
-        drain_timeout=drain_timeout,
-    )
+    given = {
+        "workers": workers,
+        "nsqd_tcp_addresses": nsqd or None,
+        "lookupd_http_addresses": lookupd or None,
+        "log_level": log_level,
+        "log_format": log_format,
+        "health_port": health_port,
+        "drain_timeout": drain_timeout,
+    }
+    settings = load_settings(config, **given)
+    load_registry(target)  # an import problem first: it is reported once, here
+    if not settings.nsqd_tcp_addresses and not settings.lookupd_http_addresses:
+        typer.echo(
+            "error: no nsqd or nsqlookupd address to consume from: pass --nsqd 127.0.0.1:4150 "
+            "or --lookupd http://127.0.0.1:4161, or set NSQWORKER_NSQD_TCP_ADDRESSES or "
+            "NSQWORKER_LOOKUPD_HTTP_ADDRESSES",
+            err=True,
+        )
+        raise typer.Exit(EXIT_USAGE)
     configure_logging(settings.log_level, settings.log_format)
     policy = Policy(hung_timeout=hung_timeout, crash_limit=crash_limit, crash_window=crash_window)
+    spelled = {name: flag(name) for name, value in given.items() if value is not None}
+    warn_unreachable(settings)
     try:  # OTEL_* variables are read in each worker process, where the spans are made
-        code = supervise(target, settings, policy)
+        code = supervise(target, settings, policy, spelled=spelled)
     except TaskImportError as exc:
         print_import_error(target, exc)
         code = EXIT_USAGE
     raise typer.Exit(code)
+
+
+def warn_unreachable(settings: Settings, timeout: float = 1.0) -> None:
+    """Log a warning for each nsqd or nsqlookupd address that refuses a connection now.
+
+    Not an error: a broker may come up after the worker, and the workers keep retrying.
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    from nsqworker.logging import get_logger
+
+    targets = [
+        ("nsqd", a, a.rpartition(":")[0], int(a.rpartition(":")[2]))
+        for a in settings.nsqd_tcp_addresses
+    ]
+    for url in settings.lookupd_http_addresses:
+        parts = urlsplit(url)
+        default = 443 if parts.scheme == "https" else 80
+        targets.append(("nsqlookupd", url, parts.hostname or "", parts.port or default))
+    for kind, shown, host, port in targets:
+        try:
+            socket.create_connection((host.strip("[]"), port), timeout=timeout).close()
+        except OSError as exc:
+            reason = (exc.strerror or str(exc) or type(exc).__name__).lower()
+            get_logger("nsqworker.supervisor").warning(
+                f"{kind} {shown} does not answer ({reason}); not subscribed yet: "
+                "the workers keep retrying, and /readyz says 503 until they subscribe"
+            )

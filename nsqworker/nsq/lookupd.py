@@ -4,6 +4,10 @@ nsqlookupd instances do not coordinate (each nsqd registers with all of them), s
 producers of every answer are unioned. A lookupd that fails is logged and skipped; if
 every one fails, the last known set is kept rather than dropping live connections
 because discovery had a bad minute.
+
+While lookupd knows no producer of the topic (nobody has published it yet), the poller
+asks sooner: after 1 s, then 2, 4, ... up to the regular interval, and says once that
+the topic has no producers yet, so a newcomer's first message is not a minute away.
 """
 
 from __future__ import annotations
@@ -53,8 +57,9 @@ class LookupdPoller:
 
     ``on_update(addresses)`` is called after every round in which at least one lookupd
     answered. ``run()`` polls at once, then every ``interval`` seconds with up to
-    ``jitter x interval`` of random spread; ``poll_soon()`` cuts the wait short (used
-    when a connection drops).
+    ``jitter x interval`` of random spread; while the answer is "no producers" it waits
+    ``first_retry`` seconds instead, doubling per poll up to that interval.
+    ``poll_soon()`` cuts the wait short (used when a connection drops).
     """
 
     def __init__(
@@ -66,6 +71,7 @@ class LookupdPoller:
         interval: float = 60.0,
         jitter: float = 0.3,
         timeout: float = 5.0,
+        first_retry: float = 1.0,
         rand: Callable[[], float] = random.random,
     ) -> None:
         self.addresses = [a if "://" in a else f"http://{a}" for a in addresses]
@@ -77,12 +83,22 @@ class LookupdPoller:
         self._rand = rand
         self._wake = asyncio.Event()
         self._client: httpx.AsyncClient | None = None
+        self.first_retry = first_retry
         self.last_producers: set[str] = set()
         self.polls = 0
+        self._retry = first_retry  # the next wait while there are no producers
+        self._empty = False  # the last answer had no producers
+        self._told_empty = False
 
     def next_wait(self) -> float:
-        """Seconds until the next regular poll: interval, spread by the jitter fraction."""
-        return self.interval * (1.0 - self.jitter / 2.0 + self.jitter * self._rand())
+        """Seconds until the next poll: the interval, spread by the jitter fraction; shorter
+        while the topic has no producers (``first_retry``, doubling per poll)."""
+        regular = self.interval * (1.0 - self.jitter / 2.0 + self.jitter * self._rand())
+        if not self._empty:
+            return regular
+        wait = min(self._retry, regular)
+        self._retry = min(self._retry * 2.0, self.interval)
+        return wait
 
     async def poll(self) -> set[str] | None:
         """Query every lookupd once; the union of producers, or None if none answered."""
@@ -97,8 +113,23 @@ class LookupdPoller:
             return None
         union: set[str] = set().union(*answered)
         self.last_producers = union
+        self._note_empty(not union)
         self.on_update(union)
         return union
+
+    def _note_empty(self, empty: bool) -> None:
+        if empty and not self._told_empty:
+            self._told_empty = True
+            log.info(
+                "topic %s has no producers in nsqlookupd yet (nobody has published to it); "
+                "polling again in %g s, doubling up to every %g s",
+                self.topic,
+                self.first_retry,
+                self.interval,
+            )
+        if not empty:
+            self._retry, self._told_empty = self.first_retry, False
+        self._empty = empty
 
     async def _query(self, base: str) -> set[str] | None:
         assert self._client is not None

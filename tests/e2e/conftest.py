@@ -133,9 +133,14 @@ def supervise(tmp_path: Path, base_env: dict[str, str]) -> Iterator[Callable[...
     """
     started: list[Supervised] = []
 
-    def start(*args: str, env: Mapping[str, str] | None = None) -> Supervised:
-        port = free_port()
-        full = ["run", *args, "--health-port", str(port)]  # logs: auto, JSON into the file
+    def start(
+        *args: str, env: Mapping[str, str] | None = None, health_port: int | None = None
+    ) -> Supervised:
+        """``health_port``: the port for ``--health-port`` (default a free one); 0 leaves
+        the flag out, so the default port applies."""
+        port = free_port() if health_port is None else health_port
+        flag = ["--health-port", str(port)] if port else []
+        full = ["run", *args, *flag]  # logs: auto, JSON into the file
         run = Supervised(full, {**base_env, **(env or {})}, tmp_path, port)
         started.append(run)
         return run

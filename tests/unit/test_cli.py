@@ -161,7 +161,55 @@ def test_bad_setting_names_its_field_and_exits_2(runner: CliRunner, module: str)
 def test_run_bad_option_value_names_its_field(runner: CliRunner, module: str) -> None:
     result = runner.invoke(app, ["run", f"{module}:registry", "--workers", "0"])
     assert result.exit_code == 2
-    assert "NSQWORKER_WORKERS (workers)" in result.stderr
+    assert "--workers (workers): must be from 1 to 256; got 0" in result.stderr
+
+
+def test_run_blames_the_flag_not_a_variable(runner: CliRunner, module: str) -> None:
+    result = runner.invoke(app, ["run", f"{module}:registry", "--log-format", "yaml"])
+    assert result.exit_code == 2
+    assert "--log-format (log_format): must be 'auto', 'console' or 'json'" in result.stderr
+    assert "NSQWORKER_LOG_FORMAT" not in result.stderr
+
+
+def test_run_without_any_address_is_one_line_and_exit_2(
+    runner: CliRunner, module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NSQWORKER_NSQD_TCP_ADDRESSES", raising=False)
+    monkeypatch.delenv("NSQWORKER_LOOKUPD_HTTP_ADDRESSES", raising=False)
+    result = runner.invoke(app, ["run", f"{module}:registry"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: no nsqd or nsqlookupd address to consume from: ")
+    assert "--nsqd 127.0.0.1:4150" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_publish_without_an_address_points_at_its_flag(
+    runner: CliRunner, module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NSQWORKER_NSQD_TCP_ADDRESSES", raising=False)
+    result = runner.invoke(app, ["publish", "clicks", "{}"])
+    assert result.exit_code == 2
+    assert "no nsqd address: pass --nsqd HOST:PORT" in result.stderr
+    assert "Producer(" not in result.stderr
+
+
+def test_publish_empty_body_is_a_usage_error(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["publish", "clicks", "", "--nsqd", "127.0.0.1:1"])
+    assert result.exit_code == 2
+    assert "the message body is empty" in result.stderr
+
+
+def test_the_command_module_imports_no_heavy_dependency() -> None:
+    """What keeps `nsqworker --version` quick (0.16 s against 0.87 s when measured)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, nsqworker.cli; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'pydantic', 'pydantic_settings', 'structlog', 'httpx', 'opentelemetry'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_module_without_tasks_exits_2(runner: CliRunner, tmp_path: Path, module: str) -> None:
@@ -169,3 +217,33 @@ def test_module_without_tasks_exits_2(runner: CliRunner, tmp_path: Path, module:
     result = runner.invoke(app, ["tasks", "cli_empty"])
     assert result.exit_code == 2
     assert "error: cli_empty declares no tasks" in result.stderr
+
+
+def test_public_names_stay_what_they_are_after_submodule_imports() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import nsqworker.task, nsqworker.worker, nsqworker.settings\n"
+        "from nsqworker import task, Worker, Settings, Producer\n"
+        "assert task.__name__ == 'task' and Worker.__name__ == 'Worker', (task, Worker)\n"
+        "assert Settings.__name__ == 'Settings' and Producer.__name__ == 'Producer'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_bad_topic_shows_only_the_users_frame(
+    runner: CliRunner, tmp_path: Path, module: str
+) -> None:
+    (tmp_path / "cli_bad_topic.py").write_text(
+        'from nsqworker import task\n\n@task("bad topic!", channel="c")\nasync def h(msg):\n    pass\n'
+    )
+    result = runner.invoke(app, ["run", "cli_bad_topic", "--nsqd", "127.0.0.1:4150"])
+    assert result.exit_code == 2
+    err = result.stderr
+    assert 'cli_bad_topic.py", line 3, in <module>' in err
+    assert "During handling" not in err and "protocol.py" not in err and "task.py" not in err
+    assert err.splitlines()[-1].startswith(
+        "could not import cli_bad_topic: TaskDefinitionError: @task('bad topic!', channel='c'): "
+        "invalid topic name 'bad topic!'"
+    )
