@@ -21,6 +21,11 @@ the test fails):
 ``nsq_cluster``
     an :class:`NsqCluster`: one nsqlookupd and two nsqd registered with it.
 
+``async def`` tests just work: the plugin runs each on a fresh asyncio event loop, with
+no other plugin and no configuration. Tests that pytest-asyncio (``asyncio_mode = "auto"``
+or ``@pytest.mark.asyncio``) or anyio take are left to them; async *fixtures* need one
+of those plugins.
+
 Binaries are found by :func:`find_binary` (``--nsqd-bin-dir``, ``$NSQWORKER_TOOLS_BIN``,
 ``PATH``, then ``.tools/bin`` of the enclosing checkout). When they are missing the
 tests that need them are skipped, except under ``CI=true`` (or ``CI=1``), where they fail.
@@ -33,6 +38,8 @@ The processes themselves (:mod:`.processes`, :mod:`.ports`) work without pytest:
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -165,6 +172,20 @@ if _HAVE_PYTEST:
                 f"${TOOLS_BIN_ENV}, PATH and .tools/bin"
             ),
         )
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+        """Run an ``async def`` test on a fresh event loop, unless an async plugin took it
+        (pytest-asyncio and anyio hand pytest a synchronous wrapper, or mark the test)."""
+        test = pyfuncitem.obj
+        if not inspect.iscoroutinefunction(test) or any(
+            pyfuncitem.get_closest_marker(name) for name in ("asyncio", "anyio", "trio")
+        ):
+            return None
+        args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+        with asyncio.Runner() as runner:
+            runner.run(test(**args))
+        return True
 
     @pytest.fixture(scope="session")
     def nsq_binaries(pytestconfig: pytest.Config) -> NsqBinaries:
