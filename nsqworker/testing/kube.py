@@ -379,6 +379,7 @@ class KubeControlPlane:
             f"--secure-port={port}",
             f"--cert-dir={self._dir / 'certs'}",
             f"--token-auth-file={self._dir / 'tokens.csv'}",
+            "--anonymous-auth=false",  # only the token's holder gets in
             # single admin user, RBAC not under test; see the class docstring
             "--authorization-mode=AlwaysAllow",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
