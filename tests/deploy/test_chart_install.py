@@ -87,7 +87,9 @@ def test_install_upgrade_uninstall(kube: Any, kube_helm: Any) -> None:
     kube.create_namespace(ns)
     image = {"repository": "registry.example.com/myservice", "tag": "1.0"}
     first = kube_helm.values_file({"tasks": "myservice.tasks", "image": image})
-    kube_helm.run("install", RELEASE, str(CHART), "-n", ns, "-f", str(first))
+    notes = kube_helm.run("install", RELEASE, str(CHART), "-n", ns, "-f", str(first))
+    assert "runs `nsqworker run myservice.tasks`" in notes  # NOTES.txt
+    assert "A stop drains for 30 s; pods get 45 s after SIGTERM." in notes
 
     deployment = apps.read_namespaced_deployment(FULLNAME, ns)
     assert deployment.spec.replicas == 1
