@@ -1,5 +1,6 @@
 # nsqworker developer entry points. `make test` and `make run` need only
-# python3 >= 3.11 and Go 1.21+ (or nsqd/nsqlookupd v1.3.0 on PATH).
+# python3 >= 3.11 and Go 1.21+ (or nsqd/nsqlookupd v1.3.0 on PATH); the deploy
+# tests need Go 1.26+ for helm, etcd and kube-apiserver (skipped without them).
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := test
@@ -22,7 +23,7 @@ unexport VIRTUAL_ENV
 export PATH := $(CURDIR)/.tools/bin:$(PATH)
 LINT_DIRS := $(wildcard nsqworker tests bench examples)
 
-.PHONY: venv tools test lint bench run clean lock
+.PHONY: venv tools tools-nsq test lint bench run clean lock
 
 $(UV_STAMP): scripts/bootstrap-uv
 	@scripts/bootstrap-uv $(UV_VERSION)
@@ -39,8 +40,13 @@ venv: $(VENV_STAMP)
 lock: $(UV_STAMP)
 	$(UV) lock
 
+# NSQ, then helm, etcd and kube-apiserver (a first build: about 12 min on 2 cores).
 tools:
 	@scripts/install-tools
+
+# NSQ only: what `make run` and `make bench` need.
+tools-nsq:
+	@scripts/install-tools nsq
 
 test: venv tools
 	.venv/bin/pytest $(PYTEST_ARGS)
@@ -49,15 +55,16 @@ lint: venv
 	.venv/bin/ruff check $(LINT_DIRS)
 	.venv/bin/ruff format --check $(LINT_DIRS)
 	.venv/bin/mypy nsqworker
+	.venv/bin/hadolint Dockerfile examples/docker/Dockerfile
 
-bench: venv tools
+bench: venv tools-nsq
 	@if [[ -d bench ]]; then \
 		.venv/bin/python -m bench; \
 	else \
 		echo "bench/ does not exist yet"; \
 	fi
 
-run: venv tools
+run: venv tools-nsq
 	.venv/bin/python scripts/run-local $(RUN_ARGS)
 
 clean:

@@ -1,0 +1,48 @@
+# syntax=docker/dockerfile:1
+# nsqworker base image: `nsqworker` as the entrypoint, run as PID 1.
+#
+#   docker build -t nsqworker .
+#   docker run --rm nsqworker run myservice.tasks     (with myservice on PYTHONPATH)
+#
+# A service builds its own image FROM this one: examples/docker/Dockerfile.
+#
+# PID 1 is the nsqworker supervisor itself, not an init: it installs handlers for
+# SIGTERM and SIGINT (so the kernel's PID-1 rule of ignoring signals without a
+# handler does not bite), drains its worker processes on SIGTERM, and waits for
+# every worker it starts. Kubernetes' SIGTERM thus starts the drain directly.
+
+ARG PYTHON_IMAGE=python:3.12-slim-bookworm
+
+# ---------------------------------------------------------------- build
+FROM ${PYTHON_IMAGE} AS build
+ARG UV_VERSION=0.13.9
+# uv: install what uv.lock pins (--frozen: no resolution), bytecode compiled now
+# because the runtime root filesystem is read-only, copies instead of links.
+ENV UV_COMPILE_BYTECODE=1 \
+    UV_LINK_MODE=copy \
+    UV_PYTHON_DOWNLOADS=never \
+    UV_PROJECT_ENVIRONMENT=/opt/nsqworker \
+    UV_NO_CACHE=1
+RUN pip install --no-cache-dir "uv==${UV_VERSION}"
+WORKDIR /src
+# dependencies first: this layer is reused until the lock changes
+COPY pyproject.toml uv.lock README.md ./
+RUN uv sync --frozen --no-dev --no-install-project --no-editable --extra uvloop --extra kubernetes
+COPY nsqworker ./nsqworker
+RUN uv sync --frozen --no-dev --no-editable --extra uvloop --extra kubernetes
+
+# ---------------------------------------------------------------- runtime
+FROM ${PYTHON_IMAGE}
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PATH=/opt/nsqworker/bin:$PATH \
+    PYTHONPATH=/app
+RUN groupadd --gid 10001 nsqworker \
+    && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /app --shell /usr/sbin/nologin nsqworker
+COPY --from=build /opt/nsqworker /opt/nsqworker
+WORKDIR /app
+USER 10001:10001
+EXPOSE 8080
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["nsqworker"]
+CMD ["--help"]

@@ -1,0 +1,1 @@
+"""An example service packaged into an image built FROM the nsqworker image."""
