@@ -22,7 +22,7 @@ unexport VIRTUAL_ENV
 export PATH := $(CURDIR)/.tools/bin:$(PATH)
 LINT_DIRS := $(wildcard nsqworker tests bench examples)
 
-.PHONY: venv tools test lint bench run clean lock
+.PHONY: venv tools test lint bench run run-spark clean lock
 
 $(UV_STAMP): scripts/bootstrap-uv
 	@scripts/bootstrap-uv $(UV_VERSION)
@@ -59,6 +59,10 @@ bench: venv tools
 
 run: venv tools
 	.venv/bin/python scripts/run-local $(RUN_ARGS)
+
+# The Spark example end to end: nsqd, a worker with the local runner, three batches.
+run-spark: venv tools
+	.venv/bin/python -m examples.spark_pipeline.run
 
 clean:
 	rm -rf .run

@@ -40,18 +40,30 @@ __all__ = ["run_spark_job", "spark_task"]
 log = get_logger("nsqworker.spark")
 
 JobBuilder = Callable[[Message], SparkJob | Awaitable[SparkJob]]
+#: ``on_success(msg, job, result)``: a plain function (run in a thread) or ``async def``.
+SuccessHook = Callable[[Message, SparkJob, JobResult], Any]
 
 
 def spark_task(
-    topic: str, *, channel: str, registry: Registry | None = None, **options: Any
+    topic: str,
+    *,
+    channel: str,
+    registry: Registry | None = None,
+    on_success: SuccessHook | None = None,
+    **options: Any,
 ) -> Callable[[JobBuilder], TaskFunction[[Message], Awaitable[None]]]:
     """Declare a task whose handler returns the :class:`SparkJob` to run for a message.
 
     Takes every :meth:`nsqworker.Registry.task` option (``max_in_flight`` is how many
-    jobs of this task run at once in a worker process), and ``registry`` (default: the
-    one ``@task`` uses). The handler may be ``def`` or ``async def``; a plain one runs
-    in a thread, since it may read files or call services to describe the job.
+    jobs of this task run at once in a worker process), ``registry`` (default: the
+    one ``@task`` uses) and ``on_success(msg, job, result)``, called after the job
+    succeeded and before the FIN (to publish what it produced; if it raises, the
+    message is requeued and the job runs again, so keep jobs idempotent). The handler
+    may be ``def`` or ``async def``; a plain one runs in a thread, since it may read
+    files or call services to describe the job.
     """
+    if on_success is not None and not callable(on_success):
+        raise TypeError(f"on_success must be a function (msg, job, result), got {on_success!r}")
     target = default_registry if registry is None else registry
 
     def decorate(func: JobBuilder) -> TaskFunction[[Message], Awaitable[None]]:
@@ -64,7 +76,8 @@ def spark_task(
                 from nsqworker.settings import Settings
 
                 settings_cache.append(Settings.load())
-            await run_spark_job(func, msg, runner_for(settings_cache[0]), _task_name(handler))
+            runner = runner_for(settings_cache[0])
+            await run_spark_job(func, msg, runner, _task_name(handler), on_success)
 
         def bind_settings(settings: Settings) -> Callable[[Message], Awaitable[None]]:
             """The handler with the runner of the worker's ``settings`` (the Worker calls
@@ -74,7 +87,7 @@ def spark_task(
 
             @functools.wraps(func)
             async def bound(msg: Message) -> None:
-                await run_spark_job(func, msg, runner, name)
+                await run_spark_job(func, msg, runner, name, on_success)
 
             return bound
 
@@ -89,7 +102,9 @@ def _task_name(handler: Callable[..., Any]) -> str:
     return spec.name if spec is not None else getattr(handler, "__qualname__", "spark")
 
 
-async def run_spark_job(func: JobBuilder, msg: Message, runner: Runner, task: str) -> None:
+async def run_spark_job(
+    func: JobBuilder, msg: Message, runner: Runner, task: str, on_success: SuccessHook | None = None
+) -> None:
     """Describe, check, submit and wait for the job of ``msg``; see the module doc."""
     job: Any
     if inspect.iscoroutinefunction(func):
@@ -142,6 +157,13 @@ async def run_spark_job(func: JobBuilder, msg: Message, runner: Runner, task: st
         "spark job succeeded", id=msg.id, task=task, job_id=result.job_id,
         duration_ms=round(result.duration * 1000, 1),
     )  # fmt: skip
+    if on_success is not None:
+        if inspect.iscoroutinefunction(on_success):
+            await on_success(msg, job, result)
+        else:
+            outcome = await asyncio.to_thread(on_success, msg, job, result)
+            if inspect.isawaitable(outcome):
+                await outcome
 
 
 def _record(span: trace.Span, runner: Runner, result: JobResult) -> None:
