@@ -13,8 +13,15 @@ The runner is chosen by ``Settings.spark_runner``: ``local`` (spark-submit of th
 installed pyspark, the default) or ``kubernetes`` (a SparkApplication).
 """
 
-from nsqworker.spark.job import JobResult, JobState, SparkJob, SparkJobFailed, job_problems
-from nsqworker.spark.runner import JobContext, Runner, runner_for
+from nsqworker.spark.job import (
+    JobContext,
+    JobResult,
+    JobState,
+    SparkJob,
+    SparkJobFailed,
+    job_problems,
+)
+from nsqworker.spark.runner import Runner, runner_for
 from nsqworker.spark.task import run_spark_job, spark_task
 
 __all__ = [

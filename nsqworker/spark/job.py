@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["JobResult", "JobState", "SparkJob", "SparkJobFailed", "job_problems"]
+__all__ = ["JobContext", "JobResult", "JobState", "SparkJob", "SparkJobFailed", "job_problems"]
 
 RunnerKind = Literal["local", "kubernetes"]
 
@@ -166,6 +166,21 @@ def _env_problems(env: object) -> list[str]:
         elif not isinstance(value, str) or "\x00" in value:
             problems.append(f"env[{key!r}] must be a string without NUL, got {value!r}")
     return problems
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """Who a job runs for: the message's topic, channel, id and attempt, the task name.
+
+    The Kubernetes runner derives the application's name from ``topic``, ``channel``
+    and ``message_id``, so a redelivery finds the job its first delivery started.
+    """
+
+    topic: str
+    channel: str
+    message_id: str
+    attempts: int
+    task: str
 
 
 class JobState(enum.Enum):

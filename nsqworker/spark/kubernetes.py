@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import get_logger
-from nsqworker.spark.job import JobResult, JobState, RunnerKind, SparkJob
-from nsqworker.spark.runner import JobContext
+from nsqworker.spark.job import JobContext, JobResult, JobState, RunnerKind, SparkJob
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings

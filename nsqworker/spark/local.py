@@ -29,8 +29,7 @@ from structlog.typing import FilteringBoundLogger
 
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import get_logger
-from nsqworker.spark.job import JobResult, JobState, RunnerKind, SparkJob
-from nsqworker.spark.runner import JobContext
+from nsqworker.spark.job import JobContext, JobResult, JobState, RunnerKind, SparkJob
 
 __all__ = ["JavaRuntime", "LocalJob", "LocalRunner", "find_java", "spark_submit_command"]
 

@@ -9,30 +9,14 @@ keeps, one per configuration) the runner that ``Settings.spark_runner`` names.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nsqworker.spark.job import JobResult, RunnerKind, SparkJob
+from nsqworker.spark.job import JobContext, JobResult, RunnerKind, SparkJob
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
 __all__ = ["JobContext", "Runner", "runner_for"]
-
-
-@dataclass(frozen=True)
-class JobContext:
-    """Who a job runs for: the message's topic, channel, id and attempt, the task name.
-
-    The Kubernetes runner derives the application's name from ``topic``, ``channel``
-    and ``message_id``, so a redelivery finds the job its first delivery started.
-    """
-
-    topic: str
-    channel: str
-    message_id: str
-    attempts: int
-    task: str
 
 
 class Runner(Protocol):

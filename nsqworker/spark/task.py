@@ -28,8 +28,15 @@ from opentelemetry import trace
 
 from nsqworker.logging import get_logger
 from nsqworker.nsq.message import Message
-from nsqworker.spark.job import JobResult, JobState, SparkJob, SparkJobFailed, job_problems
-from nsqworker.spark.runner import JobContext, Runner, runner_for
+from nsqworker.spark.job import (
+    JobContext,
+    JobResult,
+    JobState,
+    SparkJob,
+    SparkJobFailed,
+    job_problems,
+)
+from nsqworker.spark.runner import Runner, runner_for
 from nsqworker.task import Registry, Reject, TaskFunction, default_registry
 
 if TYPE_CHECKING:

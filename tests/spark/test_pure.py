@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from nsqworker.spark.job import JobState, SparkJob, job_problems
+from nsqworker.spark.job import JobContext, JobState, SparkJob, job_problems
 from nsqworker.spark.kubernetes import application_body, application_name, state_of
 from nsqworker.spark.local import find_java, spark_submit_command
-from nsqworker.spark.runner import JobContext
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
