@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib
+import os
 import re
 import socket
 import threading
@@ -210,7 +211,8 @@ class KubernetesRunner:
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            config.load_kube_config()
+            # KUBECONFIG read now, not when the kubernetes package was imported.
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
         return cls(
             client.ApiClient(), namespace=settings.spark_namespace, image=settings.spark_image,
             service_account=settings.spark_service_account, ttl=settings.spark_ttl,
@@ -348,6 +350,8 @@ class _NamespaceWatch:
         self._waiters: dict[str, list[Waiter]] = {}
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self._active = threading.Event()  # set while someone waits for an application
+        self._idling = False  # the watch was cut because nobody waits any more
         self._current: Any = None
         self._thread = threading.Thread(
             target=self._run, name=f"nsqworker-k8s-watch-{namespace}", daemon=True
@@ -358,6 +362,7 @@ class _NamespaceWatch:
 
     def stop(self) -> None:
         self._stopped.set()
+        self._active.set()
         current = self._current
         if current is not None:
             current.stop()
@@ -366,6 +371,7 @@ class _NamespaceWatch:
         future: Waiter = asyncio.get_running_loop().create_future()
         with self._lock:
             self._waiters.setdefault(name, []).append(future)
+            self._active.set()
         return future
 
     def unregister(self, name: str, future: Waiter) -> None:
@@ -375,6 +381,14 @@ class _NamespaceWatch:
                 waiters.remove(future)
                 if not waiters:
                     del self._waiters[name]
+            self._idle_if_unwanted()
+
+    def _idle_if_unwanted(self) -> None:
+        """With nobody waiting, stop watching (holding the lock): no idle API traffic."""
+        if not self._waiters and self._active.is_set():
+            self._active.clear()
+            self._idling = True
+            self.interrupt()
 
     def offer(self, obj: dict[str, Any], by: str) -> None:
         """A seen application (any thread): resolves its waiters if it has ended."""
@@ -388,6 +402,7 @@ class _NamespaceWatch:
     def resolve(self, name: str, state: JobState, error: str) -> bool:
         with self._lock:
             waiters = self._waiters.pop(name, [])
+            self._idle_if_unwanted()
         for future in waiters:
             future.get_loop().call_soon_threadsafe(_set_result, future, (state, error))
         return bool(waiters)
@@ -416,10 +431,16 @@ class _NamespaceWatch:
         watch: Any = importlib.import_module("kubernetes.watch")
         version: str | None = None
         while not self._stopped.is_set():
+            if not self._active.wait():
+                continue
             try:
                 if version is None:
                     version = self._poll()
                 self._current = stream = watch.Watch()
+                if not self._active.is_set():  # went idle while we listed
+                    self._take_idle()
+                    version = None
+                    continue
                 started = time.monotonic()
                 for event in stream.stream(
                     self.runner.api.list_namespaced_custom_object, GROUP, VERSION,
@@ -429,13 +450,17 @@ class _NamespaceWatch:
                     obj = event["object"]
                     version = (obj.get("metadata") or {}).get("resourceVersion") or version
                     self.offer(obj, by="watch")
-                if self._stopped.is_set():
-                    return
+                if self._stopped.is_set() or self._take_idle():
+                    version = None
+                    continue
                 if time.monotonic() - started < self.runner.watch_timeout - 1:
                     raise ConnectionError("the watch ended before its timeout")
             except Exception as exc:
                 if self._stopped.is_set():
                     return
+                version = None  # the next round lists (polls), then watches from there
+                if self._take_idle():
+                    continue
                 self.stats["watch_errors"] += 1
                 gone = getattr(exc, "status", None) == 410
                 log.warning(
@@ -443,10 +468,14 @@ class _NamespaceWatch:
                     namespace=self.namespace, error=f"{type(exc).__name__}: {exc}"[:300],
                     gone=gone,
                 )  # fmt: skip
-                version = None  # the next round lists (polls), then watches from there
                 self._stopped.wait(self.runner.poll_interval)
             finally:
                 self._current = None
+
+    def _take_idle(self) -> bool:
+        with self._lock:
+            idling, self._idling = self._idling, False
+            return idling
 
 
 def _set_result(future: Waiter, value: tuple[JobState, str]) -> None:
