@@ -188,7 +188,7 @@ class KubernetesRunner:
         self.poll_interval = poll_interval
         self.watch_timeout = watch_timeout
         self.spark_version = spark_version or _installed_spark_version()
-        self._pool = ThreadPoolExecutor(pool_size, thread_name_prefix="nsqworker-k8s")
+        self._pool = ThreadPoolExecutor(pool_size, thread_name_prefix=f"nsqworker-k8s-{namespace}")
         self._watches: dict[str, _NamespaceWatch] = {}
         self._lock = threading.Lock()
 

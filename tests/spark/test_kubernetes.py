@@ -63,7 +63,7 @@ def cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.fixture
 def namespace(cluster: Any, request: pytest.FixtureRequest) -> str:
-    name = "spark-" + request.node.name.removeprefix("test_").replace("_", "-")[:40]
+    name = "spark-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
     cluster.create_namespace(name)
     return name
 
@@ -234,3 +234,40 @@ async def test_broken_watch_falls_back_to_polling(
         await wait_until(lambda: client_count(nsqd, "finish_count") == 1, 15, "the FIN")
     assert runner.watch_stats(namespace)["by_poll"] >= 1
     assert dead == []
+
+
+async def test_many_waiting_jobs_use_a_fixed_number_of_threads(
+    cluster: Any, namespace: str, operator: Operator
+) -> None:
+    """200 jobs waiting at once: one watch thread and the small pool, not 200 threads."""
+    import threading
+
+    from nsqworker.spark.job import JobContext, JobState
+
+    runner = KubernetesRunner(
+        cluster.api_client(), namespace=namespace, image="img:1", service_account="sa", ttl=60
+    )
+
+    def runner_threads() -> int:
+        return sum(namespace in t.name for t in threading.enumerate())
+
+    before = threading.active_count()
+    jobs = 200
+    refs = await asyncio.gather(
+        *(
+            runner.submit(SparkJob(APP), JobContext(TOPIC, CHANNEL, f"{n:016x}", 1, "t"))
+            for n in range(jobs)
+        )
+    )
+    waits = [asyncio.ensure_future(runner.wait(ref)) for ref in refs]
+    await wait_until(lambda: runner.watch_stats(namespace), 10, "the watch")
+    threads = threading.active_count() - before
+    assert threads <= 4 + 1, threads  # the pool and the namespace's watch
+    assert runner_threads() <= 4 + 1
+    for ref in refs:
+        await asyncio.to_thread(operator.set_state, ref.name, "COMPLETED")
+    results = await asyncio.wait_for(asyncio.gather(*waits), 60)
+    assert {r.state for r in results} == {JobState.SUCCEEDED}
+    assert len({r.job_id for r in results}) == jobs == len(operator.applications())
+    assert runner_threads() <= 4 + 1
+    runner.close()
