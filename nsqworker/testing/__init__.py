@@ -50,6 +50,9 @@ from nsqworker.testing.processes import (
     find_binary,
 )
 
+# pytest loads this plugin's fixtures too: kube_control_plane (etcd + kube-apiserver)
+pytest_plugins = ["nsqworker.testing.kube"]
+
 try:
     import pytest
 except ImportError:  # pragma: no cover - the helpers work without pytest installed
