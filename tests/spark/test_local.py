@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import shutil
@@ -270,3 +271,55 @@ async def test_job_longer_than_max_msg_timeout_is_refused(
     assert runner.submitted == submitted and requeued == 0
     (reason,) = dead
     assert "timeout 600s is longer than nsqd's --max-msg-timeout (30s)" in reason
+
+
+async def test_job_output_reaches_the_log_and_the_outcome_the_span(
+    nsqd: NsqdProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each output line is a log record with the message id and the job's name; the span
+    of the message carries the runner, the exit code, the state and the wall time."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from nsqworker.logging import configure_logging
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    stream = io.StringIO()
+    configure_logging("info", "json", stream=stream)
+    nsqd = prepare(nsqd)
+    registry = Registry()
+    dead: list[str] = []
+
+    @spark_task(
+        TOPIC, channel=CHANNEL, registry=registry, max_attempts=1,
+        on_dead_letter=lambda m, r: dead.append(m.id),
+    )  # fmt: skip
+    def fail(msg: Message) -> SparkJob:
+        return SparkJob(str(APPS / "fail.py"), conf=FAST_CONF, name="failing-job")
+
+    try:
+        async with Worker(registry, settings_for(nsqd)):
+            nsqd.publish(TOPIC, b"{}")
+            await wait_until(lambda: dead, 60, "the dead letter")
+    finally:
+        configure_logging("info", "console")
+        provider.shutdown()
+    records = [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]
+    output = [r for r in records if r.get("event") == "spark output"]
+    (mine,) = [r for r in output if r.get("line") == "failing on purpose"]
+    assert mine["id"] == dead[0] and mine["job"] == "failing-job"
+    assert {r["stream"] for r in output} == {"stdout", "stderr"}  # Spark's own lines: stderr
+    assert mine["job_id"].startswith("local-")
+    (span,) = [
+        s for s in exporter.get_finished_spans() if "spark.exit_code" in (s.attributes or {})
+    ]
+    attributes = dict(span.attributes or {})
+    assert attributes["spark.exit_code"] == 3 and attributes["spark.state"] == "failed"
+    assert attributes["spark.runner"] == "local" and attributes["spark.job_id"] == mine["job_id"]
+    assert 0 < float(attributes["spark.duration_s"]) < 60  # type: ignore[arg-type]
+    assert "failing on purpose" in str(attributes["spark.error"])
