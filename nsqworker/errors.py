@@ -6,6 +6,8 @@
   that cannot work (a bad setting, a bad topic name, an oversized body). Fix the call.
 * ``RemoteProtocolError``, ``NSQDError`` and ``ConnectionClosed``: the server or the
   network did something; retrying elsewhere or later may help.
+* ``RpcError``, ``RpcTimeout`` and ``RpcDecodeError``: an RPC call's endpoint raised,
+  did not answer in time, or sent bytes that are not the RPC wire format.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ __all__ = [
     "NoConnection",
     "PublishError",
     "RemoteProtocolError",
+    "RpcDecodeError",
+    "RpcError",
+    "RpcTimeout",
 ]
 
 # nsqd answers these without closing the connection; every other E_* is fatal.
@@ -113,3 +118,28 @@ class ConnectionClosed(NSQWorkerError, ConnectionError):
 
 class NoConnection(NSQWorkerError, ConnectionError):
     """Raised when no nsqd could be reached within the timeout."""
+
+
+class RpcDecodeError(RemoteProtocolError):
+    """Raised when an RPC request, response or body is not in the RPC wire format."""
+
+
+class RpcError(NSQWorkerError):
+    """Raised by an RPC call whose endpoint answered with an error.
+
+    ``type`` and ``message`` are the remote exception's class name and text.
+    """
+
+    def __init__(self, type: str, message: str, topic: str = "") -> None:
+        self.type = type
+        self.message = message
+        self.topic = topic
+        where = f" from {topic!r}" if topic else ""
+        super().__init__(f"{type}{where}: {message}" if message else f"{type}{where}")
+
+    def __reduce__(self) -> tuple[type[RpcError], tuple[str, str, str]]:
+        return RpcError, (self.type, self.message, self.topic)
+
+
+class RpcTimeout(NSQWorkerError, TimeoutError):
+    """Raised by an RPC call that got no reply within its timeout."""

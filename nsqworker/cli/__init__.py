@@ -1,7 +1,7 @@
-"""The ``nsqworker`` command: ``run``, ``tasks``, ``settings`` and ``publish``.
+"""The ``nsqworker`` command: ``run``, ``tasks``, ``settings``, ``publish`` and ``rpc``.
 
 One module per verb group (:mod:`.run`, :mod:`.inspect` for ``tasks`` and ``settings``,
-:mod:`.publish`), what they share in :mod:`.common`; this module assembles the app.
+:mod:`.publish`, :mod:`.rpc`), what they share in :mod:`.common`; this module assembles the app.
 Commands import what they need when they run, so ``nsqworker --version`` stays fast.
 """
 
@@ -15,6 +15,7 @@ import typer
 from nsqworker import __version__
 from nsqworker.cli.inspect import show_settings, tasks
 from nsqworker.cli.publish import publish
+from nsqworker.cli.rpc import app as rpc_app
 from nsqworker.cli.run import run
 
 __all__ = ["app", "main"]
@@ -56,6 +57,7 @@ app.command()(run)
 app.command()(tasks)
 app.command("settings")(show_settings)
 app.command()(publish)
+app.add_typer(rpc_app)
 
 
 def main() -> None:
