@@ -9,7 +9,7 @@ UV_VERSION := 0.13.9
 UV := .tools/uv/bin/uv
 UV_STAMP := .tools/uv/.uv-$(UV_VERSION)
 VENV_STAMP := .venv/.synced
-EXTRAS := --extra dev --extra snappy --extra uvloop
+EXTRAS := --extra dev --extra snappy --extra uvloop --extra spark --extra kubernetes
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 
@@ -23,7 +23,7 @@ unexport VIRTUAL_ENV
 export PATH := $(CURDIR)/.tools/bin:$(PATH)
 LINT_DIRS := $(wildcard nsqworker tests bench examples)
 
-.PHONY: venv tools tools-nsq test lint bench run clean lock
+.PHONY: venv tools tools-nsq test lint bench run run-spark clean lock
 
 $(UV_STAMP): scripts/bootstrap-uv
 	@scripts/bootstrap-uv $(UV_VERSION)
@@ -66,6 +66,10 @@ bench: venv tools-nsq
 
 run: venv tools-nsq
 	.venv/bin/python scripts/run-local $(RUN_ARGS)
+
+# The Spark example end to end: nsqd, a worker with the local runner, three batches.
+run-spark: venv tools-nsq
+	.venv/bin/python -m examples.spark_pipeline.run
 
 clean:
 	rm -rf .run

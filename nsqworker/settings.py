@@ -337,6 +337,30 @@ class Settings(BaseSettings):
     trace_parent_mode: Literal["link", "parent"] = Field(
         "link", description="Consumer span links to the producer's, or is its child (parent)."
     )
+    # -- Spark jobs (nsqworker.spark, docs/spark.md)
+    spark_runner: Literal["local", "kubernetes"] = Field(
+        "local", description="Where @spark_task jobs run: local (spark-submit) or kubernetes."
+    )
+    spark_master: str = Field(
+        "local[*]",
+        min_length=1,
+        pattern=r"^\S+$",
+        description="--master of the local runner: local[N], local[*], spark://host:port...",
+    )
+    spark_namespace: str = Field(
+        "default",
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="Namespace of SparkApplications (kubernetes runner).",
+    )
+    spark_image: str | None = Field(
+        None, min_length=1, description="Image of driver and executors (kubernetes runner)."
+    )
+    spark_service_account: str = Field(
+        "spark", min_length=1, description="Service account of the Spark driver (kubernetes)."
+    )
+    spark_ttl: Seconds = _bounded(
+        3600.0, 0, 30 * 86400, "Seconds a finished SparkApplication is kept before removal."
+    )
 
     def __init__(self, **values: Any) -> None:
         """Build settings from ``values``, the environment and defaults; see ``load``."""

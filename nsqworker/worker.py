@@ -141,7 +141,10 @@ class _TaskRunner:
         self.worker = worker
         self.spec = spec
         self.loop = asyncio.get_running_loop()
-        self.func = spec.func
+        # A task factory (``@spark_task``) may want the worker's settings: its handler
+        # then carries bind_settings(settings) -> the handler to run.
+        bind = getattr(spec.func, "bind_settings", None)
+        self.func = bind(worker.settings) if callable(bind) else spec.func
         self.inst = _instrumentation(spec, worker.settings)
         self.log = log.bind(task=spec.name, topic=spec.topic, channel=spec.channel)
         self.log_info = self.log.is_enabled_for(logging.INFO)

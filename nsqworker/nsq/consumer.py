@@ -126,6 +126,9 @@ class Consumer(Subscriptions):
         self._stopping = False
         self._started = False
         self._drained = asyncio.Event()
+        #: Set when :meth:`stop` begins; a handler whose work can continue without it
+        #: (a Kubernetes Spark job) waits on it to hand the message back at once.
+        self.draining = asyncio.Event()
         self._poller: LookupdPoller | None = None
         self._background: list[asyncio.Task[Any]] = []
         self._ticker: asyncio.Task[None] | None = None
@@ -178,6 +181,7 @@ class Consumer(Subscriptions):
     async def _stop(self, timeout: float) -> None:
         # 1. Take no more: RDY 0 everywhere, stop discovery and reconnects.
         self._stopping = True
+        self.draining.set()
         for task in self._background:
             task.cancel()
         for link in self._links.values():

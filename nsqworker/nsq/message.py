@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -128,6 +129,21 @@ class Message:
     def responded(self) -> bool:
         """True once the message was finished or requeued."""
         return self._responded
+
+    @property
+    def max_msg_timeout(self) -> float | None:
+        """nsqd's ``--max-msg-timeout`` in seconds, from its IDENTIFY answer on the
+        connection that delivered this message; None when not known. TOUCH cannot keep
+        the message past it."""
+        value = getattr(self._conn, "max_msg_timeout", None)
+        return float(value) if isinstance(value, int | float) else None
+
+    @property
+    def draining(self) -> asyncio.Event | None:
+        """Set when the consumer that delivered this message starts to stop; None
+        when it was not delivered by a consumer (a test building a Message)."""
+        event = getattr(self._owner, "draining", None)
+        return event if isinstance(event, asyncio.Event) else None
 
     def json(self) -> Any:
         """The body parsed as JSON."""

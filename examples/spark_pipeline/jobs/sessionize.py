@@ -1,0 +1,85 @@
+"""PySpark job: sessionize a day of clicks per user and write daily reports as Parquet.
+
+    spark-submit sessionize.py --input clicks.jsonl --day 2026-11-23 --output out/
+
+A session is a user's clicks with less than 30 minutes between consecutive ones.
+Writes, partitioned by ``day``:
+
+- ``<output>/sessions``: one row per session (user, start, end, clicks, seconds);
+- ``<output>/daily``: one row per day (sessions, users, clicks, average clicks and
+  seconds per session);
+- ``<output>/top_pages``: the day's 10 most viewed pages with views and rank;
+
+and ``<output>/_counts/day=<day>.json`` with the row counts of each, for the task.
+Partitions are overwritten, so running a day again replaces it (the job is idempotent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from pyspark.sql import SparkSession, Window
+from pyspark.sql import functions as F
+
+GAP_SECONDS = 30 * 60
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--input", required=True)
+    parser.add_argument("--day", required=True)
+    parser.add_argument("--output", required=True)
+    args = parser.parse_args()
+
+    spark = SparkSession.builder.appName(f"sessionize-{args.day}").getOrCreate()
+    spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    clicks = (
+        spark.read.json(args.input)
+        .withColumn("ts", F.to_timestamp("ts"))
+        .withColumn("day", F.to_date("ts").cast("string"))
+        .where(F.col("day") == args.day)
+    )
+    by_user = Window.partitionBy("user").orderBy("ts")
+    sessions = (
+        clicks.withColumn(
+            "gap", F.col("ts").cast("long") - F.lag(F.col("ts").cast("long")).over(by_user)
+        )
+        .withColumn(
+            "new", F.when(F.col("gap").isNull() | (F.col("gap") > GAP_SECONDS), 1).otherwise(0)
+        )
+        .withColumn("session", F.sum("new").over(by_user.rowsBetween(Window.unboundedPreceding, 0)))
+        .groupBy("day", "user", "session")
+        .agg(F.min("ts").alias("start"), F.max("ts").alias("end"), F.count("*").alias("clicks"))
+        .withColumn("seconds", F.col("end").cast("long") - F.col("start").cast("long"))
+    ).cache()
+    daily = sessions.groupBy("day").agg(
+        F.count("*").alias("sessions"),
+        F.countDistinct("user").alias("users"),
+        F.sum("clicks").alias("clicks"),
+        F.round(F.avg("clicks"), 2).alias("avg_clicks"),
+        F.round(F.avg("seconds"), 1).alias("avg_seconds"),
+    )
+    views = clicks.groupBy("day", "page").agg(F.count("*").alias("views"))
+    by_views = Window.partitionBy("day").orderBy(F.desc("views"), "page")
+    top_pages = views.withColumn("rank", F.row_number().over(by_views)).where("rank <= 10")
+
+    counts = {}
+    for name, frame in (("sessions", sessions), ("daily", daily), ("top_pages", top_pages)):
+        frame.coalesce(1).write.mode("overwrite").partitionBy("day").parquet(
+            os.path.join(args.output, name)
+        )
+        counts[name] = frame.count()
+    if "://" not in args.output or args.output.startswith("file://"):
+        folder = os.path.join(args.output.removeprefix("file://"), "_counts")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"day={args.day}.json"), "w") as out:
+            json.dump(counts, out)
+    print(f"sessionize {args.day}: {json.dumps(counts)}")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""``@spark_task``: a task whose handler describes a Spark job that the worker runs.
+
+The handler returns a :class:`~nsqworker.spark.job.SparkJob`. The task then:
+
+1. checks it (:func:`~nsqworker.spark.job.job_problems`) and, when the job says how long
+   it may run, that nsqd's ``--max-msg-timeout`` allows that long; a job that cannot
+   run is a dead letter (``Reject``) before anything is submitted;
+2. submits it to the runner ``Settings.spark_runner`` names and waits for its end,
+   while the consumer TOUCHes the message;
+3. returns on success (FIN) or raises :class:`~nsqworker.spark.job.SparkJobFailed`
+   (REQ with backoff, dead letter after ``max_attempts``).
+
+When the worker stops, a job of a detached runner (Kubernetes) is left running and
+its message requeued at once: the redelivery adopts the job. A local job keeps running
+for ``drain_timeout``; then the worker cancels the handler, which stops the job's
+process group, and the message is requeued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+
+from nsqworker.logging import get_logger
+from nsqworker.nsq.message import Message
+from nsqworker.spark.job import (
+    JobContext,
+    JobResult,
+    JobState,
+    SparkJob,
+    SparkJobFailed,
+    job_problems,
+)
+from nsqworker.spark.runner import Runner, runner_for
+from nsqworker.task import Registry, Reject, TaskFunction, default_registry
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+
+__all__ = ["run_spark_job", "spark_task"]
+
+log = get_logger("nsqworker.spark")
+
+JobBuilder = Callable[[Message], SparkJob | Awaitable[SparkJob]]
+#: ``on_success(msg, job, result)``: a plain function (run in a thread) or ``async def``.
+SuccessHook = Callable[[Message, SparkJob, JobResult], Any]
+
+
+def spark_task(
+    topic: str,
+    *,
+    channel: str,
+    registry: Registry | None = None,
+    on_success: SuccessHook | None = None,
+    **options: Any,
+) -> Callable[[JobBuilder], TaskFunction[[Message], Awaitable[None]]]:
+    """Declare a task whose handler returns the :class:`SparkJob` to run for a message.
+
+    Takes every :meth:`nsqworker.Registry.task` option (``max_in_flight`` is how many
+    jobs of this task run at once in a worker process), ``registry`` (default: the
+    one ``@task`` uses) and ``on_success(msg, job, result)``, called after the job
+    succeeded and before the FIN (to publish what it produced; if it raises, the
+    message is requeued and the job runs again, so keep jobs idempotent). The handler
+    may be ``def`` or ``async def``; a plain one runs in a thread, since it may read
+    files or call services to describe the job.
+    """
+    if on_success is not None and not callable(on_success):
+        raise TypeError(f"on_success must be a function (msg, job, result), got {on_success!r}")
+    target = default_registry if registry is None else registry
+
+    def decorate(func: JobBuilder) -> TaskFunction[[Message], Awaitable[None]]:
+        settings_cache: list[Settings] = []
+
+        @functools.wraps(func)
+        async def handler(msg: Message) -> None:
+            # Called outside a Worker (a test, a script): settings from the environment.
+            if not settings_cache:
+                from nsqworker.settings import Settings
+
+                settings_cache.append(Settings.load())
+            runner = runner_for(settings_cache[0])
+            await run_spark_job(func, msg, runner, _task_name(handler), on_success)
+
+        def bind_settings(settings: Settings) -> Callable[[Message], Awaitable[None]]:
+            """The handler with the runner of the worker's ``settings`` (the Worker calls
+            this once per task it starts)."""
+            runner = runner_for(settings)
+            name = _task_name(handler)
+
+            @functools.wraps(func)
+            async def bound(msg: Message) -> None:
+                await run_spark_job(func, msg, runner, name, on_success)
+
+            return bound
+
+        handler.bind_settings = bind_settings  # type: ignore[attr-defined]
+        return target.task(topic, channel=channel, **options)(handler)
+
+    return decorate
+
+
+def _task_name(handler: Callable[..., Any]) -> str:
+    spec = getattr(handler, "spec", None)
+    return spec.name if spec is not None else getattr(handler, "__qualname__", "spark")
+
+
+async def run_spark_job(
+    func: JobBuilder, msg: Message, runner: Runner, task: str, on_success: SuccessHook | None = None
+) -> None:
+    """Describe, check, submit and wait for the job of ``msg``; see the module doc."""
+    job: Any
+    if inspect.iscoroutinefunction(func):
+        job = await func(msg)
+    else:
+        job = await asyncio.to_thread(func, msg)
+        if inspect.isawaitable(job):
+            job = await job
+    problems = job_problems(job, runner.kind)
+    if problems:
+        raise Reject("invalid SparkJob: " + "; ".join(problems))
+    assert isinstance(job, SparkJob)
+    limit = msg.max_msg_timeout
+    if job.timeout is not None and limit is not None and job.timeout > limit:
+        raise Reject(
+            f"SparkJob timeout {job.timeout:g}s is longer than nsqd's --max-msg-timeout "
+            f"({limit:g}s): nsqd would redeliver the message while the job runs and the job "
+            "would run twice; start nsqd with a larger --max-msg-timeout (docs/spark.md) "
+            "or split the job"
+        )
+    ctx = JobContext(msg.topic, msg.channel, msg.id, msg.attempts, task)
+    span = trace.get_current_span()
+    handle = await runner.submit(job, ctx)
+    draining = msg.draining if runner.detached else None
+    waiting = asyncio.ensure_future(runner.wait(handle))
+    try:
+        if draining is not None:
+            stop = asyncio.ensure_future(draining.wait())
+            done, _ = await asyncio.wait({waiting, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if waiting not in done:
+                waiting.cancel()
+                log.info(
+                    "worker stopping: Spark job left running, message requeued",
+                    id=msg.id, task=task, runner=runner.kind,
+                )  # fmt: skip
+                msg.requeue(0, backoff=False)
+                return
+            stop.cancel()
+        result = await waiting
+    except asyncio.CancelledError:
+        waiting.cancel()
+        if not runner.detached:
+            log.info("worker stopping: stopping the Spark job", id=msg.id, task=task)
+            await runner.cancel(handle)
+        raise
+    _record(span, runner, result)
+    if result.state is not JobState.SUCCEEDED:
+        raise SparkJobFailed(result)
+    log.info(
+        "spark job succeeded", id=msg.id, task=task, job_id=result.job_id,
+        duration_ms=round(result.duration * 1000, 1),
+    )  # fmt: skip
+    if on_success is not None:
+        if inspect.iscoroutinefunction(on_success):
+            await on_success(msg, job, result)
+        else:
+            outcome = await asyncio.to_thread(on_success, msg, job, result)
+            if inspect.isawaitable(outcome):
+                await outcome
+
+
+def _record(span: trace.Span, runner: Runner, result: JobResult) -> None:
+    if not span.is_recording():
+        return
+    span.set_attribute("spark.runner", runner.kind)
+    span.set_attribute("spark.job_id", result.job_id)
+    span.set_attribute("spark.state", result.state.value)
+    span.set_attribute("spark.duration_s", round(result.duration, 3))
+    if result.exit_code is not None:
+        span.set_attribute("spark.exit_code", result.exit_code)
+    if result.error:
+        span.set_attribute("spark.error", result.error[-1000:])
