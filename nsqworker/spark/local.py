@@ -38,6 +38,8 @@ log = get_logger("nsqworker.spark")
 TAIL_LINES = 20
 #: Seconds between SIGTERM and SIGKILL when a job is stopped.
 STOP_GRACE = 0.5
+#: Seconds the output is still read after spark-submit exited.
+READ_GRACE = 5.0
 _STREAM_LIMIT = 1 << 20  # one line of Spark output may be long (a plan, a stack trace)
 
 
@@ -189,7 +191,10 @@ class LocalRunner:
         code = await handle.process.wait()
         handle.exited_at = time.monotonic()
         self.jobs.pop(handle.job_id, None)
-        await asyncio.gather(*handle.readers, return_exceptions=True)
+        # A process the job left behind may hold the pipes open: read on only briefly.
+        _, pending = await asyncio.wait(handle.readers, timeout=READ_GRACE)
+        for reader in pending:
+            reader.cancel()
         duration = time.monotonic() - handle.started
         if code == 0:
             return JobResult(JobState.SUCCEEDED, handle.job_id, duration, exit_code=0)

@@ -137,6 +137,7 @@ async def run_spark_job(
     handle = await runner.submit(job, ctx)
     draining = msg.draining if runner.detached else None
     waiting = asyncio.ensure_future(runner.wait(handle))
+    stop: asyncio.Future[Any] | None = None
     try:
         if draining is not None:
             stop = asyncio.ensure_future(draining.wait())
@@ -149,7 +150,6 @@ async def run_spark_job(
                 )  # fmt: skip
                 msg.requeue(0, backoff=False)
                 return
-            stop.cancel()
         result = await waiting
     except asyncio.CancelledError:
         waiting.cancel()
@@ -157,6 +157,9 @@ async def run_spark_job(
             log.info("worker stopping: stopping the Spark job", id=msg.id, task=task)
             await runner.cancel(handle)
         raise
+    finally:
+        if stop is not None:
+            stop.cancel()
     _record(span, runner, result)
     if result.state is not JobState.SUCCEEDED:
         raise SparkJobFailed(result)
