@@ -11,14 +11,11 @@ so), the environment variable, or the config file.
 
 from __future__ import annotations
 
-import difflib
-import io
 import ipaddress
 import json
 import os
 import re
 import socket
-import tomllib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from functools import cache
@@ -41,14 +38,18 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from nsqworker.config_files import (
+    ENV_PREFIX,
+    RESERVED_ENV_VARS,
+    did_you_mean,
+    file_label,
+    read_config_file,
+    unknown_env_vars,
+)
 from nsqworker.errors import ConfigurationError
 
 __all__ = ["ENV_PREFIX", "RESERVED_ENV_VARS", "Settings", "SettingsError"]
 
-ENV_PREFIX = "NSQWORKER_"
-#: ``NSQWORKER_*`` variables that are not settings: ``NSQWORKER_CONFIG`` names the
-#: config file ``Settings.load()`` reads when it is given none.
-RESERVED_ENV_VARS = frozenset({"NSQWORKER_CONFIG"})
 MASK = "********"
 _SECRET_FIELDS = frozenset({"auth_secret"})
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
@@ -126,7 +127,7 @@ def _shorten(text: str, limit: int = 80) -> str:
 
 def _message(kind: str, msg: str, field: str) -> str:
     if kind == "extra_forbidden":
-        return "is not a setting" + _did_you_mean(field, Settings.model_fields)
+        return "is not a setting" + did_you_mean(field, Settings.model_fields)
     bounds = _bounds(field) if kind in ("greater_than_equal", "less_than_equal") else None
     if bounds is not None:
         return f"must be from {_number(bounds[0])} to {_number(bounds[1])}"
@@ -145,12 +146,6 @@ def _bounds(field: str) -> tuple[float, float] | None:
 
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def _did_you_mean(name: str, choices: Iterable[str]) -> str:
-    by_lower = {c.lower(): c for c in choices}
-    match = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
-    return f"; did you mean {by_lower[match[0]]}?" if match else ""
 
 
 @cache
@@ -456,7 +451,7 @@ class Settings(BaseSettings):
     def env_name(cls, field: str) -> str:
         """The environment variable of ``field``: ``max_in_flight`` -> ``NSQWORKER_MAX_IN_FLIGHT``."""
         if field not in cls.model_fields:
-            raise ValueError(f"{field} is not a setting" + _did_you_mean(field, cls.model_fields))
+            raise ValueError(f"{field} is not a setting" + did_you_mean(field, cls.model_fields))
         return ENV_PREFIX + field.upper()
 
     @classmethod
@@ -480,15 +475,15 @@ class Settings(BaseSettings):
         or invalid value and where it came from, including ``NSQWORKER_*`` environment
         variables that are not settings.
         """
-        problems = _unknown_env_vars(os.environ, cls.model_fields)
+        problems = unknown_env_vars(os.environ, cls.model_fields)
         if config_file is None and os.environ.get("NSQWORKER_CONFIG"):
             config_file = os.environ["NSQWORKER_CONFIG"]
         file_values: dict[str, Any] = {}
         if config_file is not None:
-            file_values, file_problems = _read_config_file(Path(config_file), cls.model_fields)
+            file_values, file_problems = read_config_file(Path(config_file), cls.model_fields)
             problems += file_problems
         token = _FILE_VALUES.set({k: v for k, v in file_values.items() if k in cls.model_fields})
-        label = _FILE_LABEL.set(None if config_file is None else _file_label(Path(config_file)))
+        label = _FILE_LABEL.set(None if config_file is None else file_label(Path(config_file)))
         names = _OVERRIDE_NAMES.set(override_names)
         try:
             settings = cls(**{k: v for k, v in overrides.items() if v is not None})
@@ -527,84 +522,3 @@ class Settings(BaseSettings):
         if isinstance(value, list):
             return ",".join(value)
         return str(value)
-
-
-def _unknown_env_vars(environ: Mapping[str, str], fields: Iterable[str]) -> list[str]:
-    known = {ENV_PREFIX + f.upper() for f in fields} | RESERVED_ENV_VARS
-    return [
-        f"{key} is not a setting" + _did_you_mean(key, sorted(known - RESERVED_ENV_VARS))
-        for key in sorted(environ)
-        if key.upper().startswith(ENV_PREFIX) and key.upper() not in known
-    ]
-
-
-def _is_dotenv(path: Path) -> bool:
-    name = path.name.lower()
-    return name.endswith(".env") or name.startswith(".env")
-
-
-def _file_label(path: Path) -> str:
-    """A format string naming a field of ``path`` in problems ({field}, {env})."""
-    return ("{env}" if _is_dotenv(path) else "{field}") + f" in config file {path}"
-
-
-def _read_config_file(path: Path, fields: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The settings in ``path`` by field name, and the problems found reading it."""
-    name, dotenv = path.name.lower(), False
-    try:
-        text = path.read_text(encoding="utf-8")
-        if name.endswith(".toml"):
-            data = _section(tomllib.loads(text))
-        elif name.endswith(".json"):
-            data = _section(json.loads(text))
-        elif dotenv := _is_dotenv(path):
-            data, bare = _dotenv_settings(text, fields)
-            if bare:
-                return {}, [
-                    f"config file {path}: {key} is not read here; "
-                    f"did you mean {ENV_PREFIX}{key.upper()}? (.env keys need the prefix)"
-                    for key in bare
-                ]
-        else:
-            return {}, [f"config file {path}: use a .toml, .json or .env file"]
-    except OSError as exc:
-        return {}, [f"config file {path}: cannot be read ({exc.strerror or exc})"]
-    except (ValueError, UnicodeDecodeError) as exc:  # TOMLDecodeError, JSONDecodeError
-        return {}, [f"config file {path}: not valid {path.suffix[1:].upper()} ({exc})"]
-    if not isinstance(data, dict):
-        return {}, [f"config file {path}: must hold a table/object of settings"]
-    shown = {f: ENV_PREFIX + f.upper() if dotenv else f for f in [*fields, *data]}
-    unknown = [
-        f"config file {path}: {shown[key]} is not a setting"
-        + _did_you_mean(shown[key], [shown[f] for f in fields])
-        for key in data
-        if key not in fields
-    ]
-    return data, unknown
-
-
-def _section(data: Any) -> Any:
-    """The ``nsqworker`` or ``tool.nsqworker`` table of a document, else the document."""
-    for path in (("nsqworker",), ("tool", "nsqworker")):
-        table = data
-        for key in path:
-            table = table.get(key) if isinstance(table, dict) else None
-        if isinstance(table, dict):
-            return table
-    return data
-
-
-def _dotenv_settings(text: str, fields: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
-    """``NSQWORKER_*`` keys of a dotenv file as field names, and the keys that are a
-    setting's bare name (``max_attempts=3``: a mistake); other keys are ignored."""
-    from dotenv import dotenv_values  # installed with pydantic-settings
-
-    items = dotenv_values(stream=io.StringIO(text)).items()
-    known = {field.lower() for field in fields}
-    bare = [key for key, _ in items if key.lower() in known]
-    values = {
-        key[len(ENV_PREFIX) :].lower(): value or ""
-        for key, value in items
-        if key.upper().startswith(ENV_PREFIX) and key.upper() not in RESERVED_ENV_VARS
-    }
-    return values, bare
