@@ -84,6 +84,8 @@ class TaskStats:
     #: handler duration histogram: upper bound (``inf`` last) -> count in that bucket
     buckets: dict[float, int] = field(default_factory=dict)
     duration_sum: float = 0.0
+    #: connection failures and non-fatal nsqd errors by reason
+    errors: dict[str, int] = field(default_factory=dict)
 
     def add_totals(self, other: TaskStats) -> None:
         """Add ``other``'s counters and histogram to this one's (gauges are not added)."""
@@ -92,6 +94,8 @@ class TaskStats:
         for bound, count in other.buckets.items():
             self.buckets[bound] = self.buckets.get(bound, 0) + count
         self.duration_sum += other.duration_sum
+        for reason, count in other.errors.items():
+            self.errors[reason] = self.errors.get(reason, 0) + count
 
 
 def task_stats(snapshot: Mapping[str, Any]) -> list[TaskStats]:
@@ -113,6 +117,10 @@ def task_stats(snapshot: Mapping[str, Any]) -> list[TaskStats]:
             subscribed=bool(raw.get("subscribed", False)),
         )
         stats.buckets, stats.duration_sum = _histogram(raw.get("duration") or {})
+        errors = raw.get("connection_errors") or {}
+        stats.errors = (
+            {str(k): int(v) for k, v in errors.items()} if isinstance(errors, Mapping) else {}
+        )
         result.append(stats)
     return result
 
@@ -188,6 +196,16 @@ class WorkerMetrics(Collector):
         yield from self._counter_families(totals)
         yield from self._gauge_families(totals)
         yield self._duration_family(totals)
+        errors = CounterMetricFamily(
+            "nsqworker_connection_errors",
+            "nsqd connection failures and non-fatal nsqd errors, by reason"
+            " (docs/reliability.md lists the reasons).",
+            labels=(*TASK_LABELS, "reason"),
+        )
+        for t in totals:
+            for reason, count in sorted(t.errors.items()):
+                errors.add_metric([t.task, t.topic, t.channel, reason], count)
+        yield errors
         yield GaugeMetricFamily(
             "nsqworker_workers_alive", "Worker processes running now.", value=self.alive
         )

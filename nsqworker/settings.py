@@ -280,8 +280,12 @@ class Settings(BaseSettings):
     )
     max_backoff_duration: Seconds = _bounded(120.0, 0, 3600, "Cap on the backoff pause.")
     # -- asked of nsqd in IDENTIFY
-    msg_timeout: Seconds = _bounded(
-        60.0, 1, 900, "Seconds before nsqd redelivers; capped by nsqd --max-msg-timeout."
+    msg_timeout: Seconds | None = _bounded(
+        None,  # type: ignore[arg-type]
+        1,
+        900,
+        "Seconds before nsqd redelivers; unset = nsqd's --msg-timeout (60 s by default)."
+        " A value above nsqd's --max-msg-timeout fails at start.",
     )
     heartbeat_interval: Seconds = _bounded(30.0, 1, 60, "Seconds between nsqd heartbeats.")
     output_buffer_size: int = _bounded(
@@ -314,6 +318,20 @@ class Settings(BaseSettings):
     # -- stopping, health, logs, tracing
     uvloop: bool = Field(
         True, description="Run workers on uvloop when it is installed (the uvloop extra)."
+    )
+    watchdog_timeout: Seconds = _bounded(
+        10.0,
+        0,
+        3600,
+        "Seconds a worker's event loop may be blocked before /livez fails and the blocking"
+        " stack is logged once; 0 = no watchdog.",
+    )
+    max_memory_per_child: int = _bounded(
+        0,
+        0,
+        1_048_576,
+        "MiB of resident memory after which `nsqworker run` replaces a worker process,"
+        " once it has finished its in-flight messages; 0 = no limit.",
     )
     drain_timeout: Seconds = _bounded(
         30.0, 0, 86400, "Seconds a stop waits for running handlers before REQing them."

@@ -219,6 +219,7 @@ class _Child:
     snapshot: dict[str, Any] = field(default_factory=dict)
     pinged: bool = False
     killed: str = ""  # why the supervisor SIGKILLed it, if it did
+    recycling: bool = False  # asked to stop for max_memory_per_child; restart at once
 
     @property
     def pid(self) -> int:
@@ -235,8 +236,19 @@ class _Child:
             state["starting"] = True
         elif not self.ready:
             tasks = (self.snapshot.get("tasks") or {}).values()
-            state["waiting_for"] = [str(t.get("name")) for t in tasks if not t.get("subscribed")]
+            state["waiting_for"] = [
+                str(t.get("name")) for t in tasks if not t.get("ready", t.get("subscribed"))
+            ]
         return state
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of process ``pid`` in bytes (Linux /proc), None if unknown."""
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _workers(count: int) -> str:
@@ -283,8 +295,16 @@ class Supervisor:
     # -- health -------------------------------------------------------------------------
 
     def is_live(self) -> bool:
-        """True while the supervisor loop keeps turning."""
-        return time.monotonic() - self._tick < LIVE_TIMEOUT
+        """True while the supervisor loop keeps turning and no worker's event loop has
+        been silent (blocked) for more than ``settings.watchdog_timeout``."""
+        now = time.monotonic()
+        if now - self._tick >= LIVE_TIMEOUT:
+            return False
+        limit = getattr(self.settings, "watchdog_timeout", 0.0)
+        if limit <= 0:
+            return True
+        limit += self.policy.heartbeat_interval
+        return not any(c.snapshot and now - c.last_seen > limit for c in self._children())
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """``(ready, details)`` as of the last loop turn: every live child subscribed."""
@@ -332,6 +352,7 @@ class Supervisor:
                     self._kill_stragglers()
             else:
                 self._check_hung(now)
+                self._check_memory()
                 self._start_due(now)
             self._update_readiness()
             self._wait(0.5)
@@ -398,8 +419,32 @@ class Supervisor:
             else:
                 self._on_death(child, code, now)
 
+    def _check_memory(self) -> None:
+        """SIGTERM a child over ``max_memory_per_child`` MiB: it drains, exits, and is
+        replaced at once (not counted as a crash)."""
+        limit = getattr(self.settings, "max_memory_per_child", 0)
+        if not limit:
+            return
+        for child in self._children():
+            rss = rss_bytes(child.pid)
+            if child.recycling or rss is None or rss <= limit * 1024 * 1024:
+                continue
+            child.recycling = True
+            log.warning(
+                f"worker {child.index + 1} uses {rss / 2**20:.0f} MiB, more than "
+                f"max_memory_per_child ({limit} MiB); replacing it after its in-flight work",
+                pid=child.pid,
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
+
     def _on_death(self, child: _Child, code: int | None, now: float) -> None:
         lived = now - child.started
+        if child.recycling and not child.killed:
+            self._restart_at[child.index] = now
+            self.metrics.restarts += 1
+            log.info(f"worker {child.index + 1} replaced (memory limit)", exit=code)
+            return
         why = f"killed {child.killed}" if child.killed else describe_exit(code)
         self._deaths.append(now)
         while self._deaths and now - self._deaths[0] > self.policy.crash_window:

@@ -42,6 +42,7 @@ from nsqworker.nsq.producer import Producer
 from nsqworker.pool import LoopOwner, ThreadPool, run_traced
 from nsqworker.settings import Settings
 from nsqworker.task import Registry, Reject, Retry, TaskSpec, describe_outcome, outcome_of_error
+from nsqworker.watchdog import LoopWatchdog
 
 __all__ = ["DURATION_BUCKETS", "DurationHistogram", "TaskStats", "Worker", "WorkerStats"]
 __all__ += ["dead_letter_envelope", "event_loop_factory", "run_worker"]
@@ -79,6 +80,7 @@ class TaskStats:
     topic: str
     channel: str
     subscribed: bool = False
+    ready: bool = False
     max_in_flight: int = 0
     received: int = 0
     finished: int = 0
@@ -90,6 +92,7 @@ class TaskStats:
     connections: int = 0
     backoff_level: int = 0
     duration: DurationHistogram = field(default_factory=_empty_histogram)
+    connection_errors: dict[str, int] = field(default_factory=dict)
 
 
 _FROM_CONSUMER = "max_in_flight received finished requeued in_flight running rdy backoff_level"
@@ -316,8 +319,9 @@ class _TaskRunner:
         spec, counts, consumer = self.spec, list(self.counts), self.consumer
         cs = consumer.stats()
         return TaskStats(
-            spec.name, spec.topic, spec.channel, consumer.subscribed,
+            spec.name, spec.topic, spec.channel, consumer.subscribed, consumer.ready,
             dead_lettered=self.dead_lettered, connections=cs.connected,
+            connection_errors=dict(consumer.connection_errors),
             duration=DurationHistogram(list(self.bounds), counts, self.dur_sum, sum(counts)),
             **{key: getattr(cs, key) for key in _FROM_CONSUMER.split()},
         )  # fmt: skip
@@ -365,6 +369,7 @@ class Worker:
         self._forced = False
         self._ctrl_c = False  # whether SIGINT is ours (not under a supervisor)
         self._unregister_metrics: Callable[[], None] | None = None
+        self.watchdog: LoopWatchdog | None = None
 
     def __repr__(self) -> str:
         return f"<Worker tasks={len(self.registry)} ready={self.ready}>"
@@ -378,10 +383,17 @@ class Worker:
 
     @property
     def ready(self) -> bool:
-        """True while running with every task subscribed on at least one nsqd."""
+        """True while running with every task subscribed on at least one nsqd (a task
+        whose topic no nsqd has yet counts as ready: there is nothing to miss)."""
         runners = self._runners
         ok = self._started and self._stop_task is None and bool(runners)
-        return ok and all(r.consumer.subscribed for r in runners)
+        return ok and all(r.consumer.ready for r in runners)
+
+    @property
+    def live(self) -> bool:
+        """False while the watchdog sees this worker's event loop blocked past
+        ``settings.watchdog_timeout`` (readable from any thread)."""
+        return self.watchdog is None or not self.watchdog.blocked
 
     async def start(self) -> None:
         """Build one consumer per task and connect them; returns once each tried once."""
@@ -415,6 +427,12 @@ class Worker:
         from nsqworker.telemetry.metrics import register_worker_metrics
 
         self._unregister_metrics = register_worker_metrics(self)
+        if settings.watchdog_timeout > 0:
+            handlers = {
+                s.func.__code__: s.name for s in self.registry if hasattr(s.func, "__code__")
+            }
+            self.watchdog = LoopWatchdog(self._loop, settings.watchdog_timeout, handlers)
+            self.watchdog.start()
         waiting = [r.spec.name for r in self._runners if not r.consumer.subscribed]
         if waiting:  # each consumer logs "subscribed on ..." when it gets there
             log.warning("not subscribed yet; retrying", pid=os.getpid(), waiting_for=waiting)
@@ -448,7 +466,9 @@ class Worker:
         stuck = sum(p.alive() for p in pools)
         if stuck:
             log.warning("sync handlers still running after the drain", threads=stuck)
-        # 3. Dead-letter producers, and the OpenTelemetry view of our stats.
+        # 3. Dead-letter producers, the watchdog, and the OpenTelemetry view of our stats.
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self._unregister_metrics is not None:
             self._unregister_metrics()
         producers, self._producers = list(self._producers.values()), {}

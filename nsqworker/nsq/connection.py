@@ -25,7 +25,7 @@ from nsqworker.errors import (
     RemoteProtocolError,
 )
 from nsqworker.nsq import protocol
-from nsqworker.nsq.handshake import Handshake
+from nsqworker.nsq.handshake import ASSUMED_HEARTBEAT, Handshake
 from nsqworker.nsq.options import ConnectionConfig, ServerInfo
 from nsqworker.nsq.protocol import ErrorFrame, Frame, Response
 
@@ -407,7 +407,7 @@ class Connection(Handshake):
     # --- liveness and close --------------------------------------------------
 
     def _check_liveness(self) -> None:
-        interval = self.config.heartbeat_interval
+        interval = self.config.heartbeat_interval or ASSUMED_HEARTBEAT
         idle = self._loop.time() - self._last_read
         if idle >= 2 * interval:
             self._fail(f"no data or heartbeat from nsqd at {self.address} for {idle:.1f} s")

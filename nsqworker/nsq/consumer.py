@@ -119,6 +119,7 @@ class Consumer(Subscriptions):
         self._in_flight = 0
         self._running = 0
         self._retired = ConnectionStats("retired", False, 0, 0, 0, 0, 0, 0, 0)
+        self.connection_errors = {}
         self._unsatisfied = False
         # True while a FIN needs no bookkeeping beyond counters (see _replan).
         self._plain = True
@@ -169,6 +170,9 @@ class Consumer(Subscriptions):
         first, self._first_attempts = self._first_attempts or [], None
         if first:
             await asyncio.wait(first, timeout=self._config.dial_timeout + 1.0)
+        for attempt in first:  # a setting nsqd refuses is an error at start
+            if attempt.done() and attempt.exception() is not None:
+                raise attempt.exception()  # type: ignore[misc]
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Drain and close: RDY 0 everywhere, let running handlers finish (TOUCHing them)

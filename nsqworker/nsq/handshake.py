@@ -13,7 +13,7 @@ import json
 import logging
 import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from nsqworker.errors import (
     AuthError,
@@ -24,18 +24,27 @@ from nsqworker.errors import (
     RemoteProtocolError,
 )
 from nsqworker.nsq import protocol
-from nsqworker.nsq.options import ConnectionConfig, ServerInfo
+from nsqworker.nsq.options import (
+    NEGOTIABLE,
+    ConnectionConfig,
+    ServerInfo,
+    identify_rejection,
+)
 from nsqworker.nsq.protocol import ErrorFrame, MessageFrame, Response
 from nsqworker.nsq.tls import compression_codecs, import_snappy
 
 if TYPE_CHECKING:
     from collections import deque
 
-__all__ = ["Handshake"]
+__all__ = ["Handshake", "connect_adapting"]
 
 log = logging.getLogger("nsqworker.nsq.connection")
 _NOP = protocol.nop()
+NEGOTIABLE_FLAGS = dict(NEGOTIABLE.values())
 _warned_unused_secret = False
+#: Seconds assumed between heartbeats when nsqd chooses the interval (its
+#: --client-timeout / 2, 30 s by default); the liveness check allows twice this.
+ASSUMED_HEARTBEAT = 60.0
 
 
 class Handshake(asyncio.Protocol):
@@ -106,8 +115,9 @@ class Handshake(asyncio.Protocol):
             raise error from exc
         self._handshaking = False
         self._established = self._open = True
-        if cfg.heartbeat_interval > 0:
-            self._liveness = self._loop.call_later(cfg.heartbeat_interval, self._check_liveness)
+        heartbeat = ASSUMED_HEARTBEAT if cfg.heartbeat_interval is None else cfg.heartbeat_interval
+        if heartbeat > 0:
+            self._liveness = self._loop.call_later(heartbeat, self._check_liveness)
         if len(self._decoder):
             self._in_read = True
             try:
@@ -233,3 +243,119 @@ class Handshake(asyncio.Protocol):
             )
         except (ValueError, TypeError, AttributeError) as exc:
             raise ConnectionClosed(f"nsqd at {self.address} answered AUTH with {data!r}") from exc
+
+
+# --- negotiation that adapts ---------------------------------------------------------
+
+
+class _Connectable(Protocol):
+    server: ServerInfo
+
+    async def connect(self) -> ServerInfo: ...
+
+    def abort(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Connectable)
+
+#: What each nsqd accepted, by (address, config asked): reconnects ask it directly.
+_ADAPTED: dict[tuple[str, ConnectionConfig], ConnectionConfig] = {}
+_WARNED: set[tuple[str, str]] = set()
+_MAX_REFUSALS = 5  # one per negotiable field at most
+
+
+def _shown(field: str, value: Any) -> str:
+    seconds = field in ("msg_timeout", "heartbeat_interval", "output_buffer_timeout")
+    return f"{value:g} s" if seconds else str(value)
+
+
+def _used(field: str, server: ServerInfo) -> str:
+    """What nsqd chose for ``field`` when we left it to nsqd, as its answer tells."""
+    if field == "msg_timeout":
+        return f"nsqd's --msg-timeout ({server.msg_timeout:g} s)"
+    if field == "heartbeat_interval":
+        return "nsqd's default (its --client-timeout / 2, 30 s unless changed)"
+    if field == "output_buffer_timeout":
+        return f"nsqd's default ({server.output_buffer_timeout:g} s)"
+    if field == "output_buffer_size":
+        return f"nsqd's default ({server.output_buffer_size} bytes)"
+    return "nsqd's default"
+
+
+async def connect_adapting(
+    address: str, config: ConnectionConfig, make: Callable[[ConnectionConfig], C]
+) -> C:
+    """``make(config).connect()``, adapting to what this nsqd accepts.
+
+    When nsqd refuses an IDENTIFY value that was left at its default, the value is
+    dropped (nsqd's own setting applies) and a fresh connection tries again, once per
+    field; one warning names the setting, the value asked and the value nsqd used, and
+    later connections to the same nsqd ask the adapted values at once. A value the
+    operator set explicitly (``config.explicit``) that nsqd refuses raises
+    :class:`ConfigurationError` naming the setting and nsqd's limit: a retry loop
+    would never consume anything.
+    """
+    key = (address, config)
+    cfg = _ADAPTED.get(key, config)
+    dropped: list[tuple[str, Any]] = []
+    for _ in range(_MAX_REFUSALS):
+        conn = make(cfg)
+        try:
+            server = await conn.connect()
+        except NSQDError as exc:
+            rejected = identify_rejection(exc)
+            if rejected is None or rejected[0] == "sample_rate":
+                raise
+            if getattr(cfg, rejected[0]) is None:
+                raise
+            field, flag, _asked = rejected
+            if field in cfg.explicit:
+                raise await _refused_error(address, cfg, field, flag, make) from exc
+            dropped.append((field, getattr(cfg, field)))
+            unset: dict[str, Any] = {field: None}
+            cfg = dataclasses.replace(cfg, **unset)
+            continue
+        if dropped:
+            _ADAPTED[key] = cfg
+            for field, asked in dropped:
+                log.warning(
+                    "nsqd at %s refused %s=%s (outside its %s); using %s",
+                    address, field, _shown(field, asked), NEGOTIABLE_FLAGS[field],
+                    _used(field, server),
+                )  # fmt: skip
+        capped = cfg.compression == "deflate" and server.deflate_level < cfg.deflate_level
+        if capped and (address, "deflate_level") not in _WARNED:
+            _WARNED.add((address, "deflate_level"))
+            log.warning(
+                "nsqd at %s caps deflate_level at %d (--max-deflate-level); asked %d",
+                address, server.deflate_level, cfg.deflate_level,
+            )  # fmt: skip
+        return conn
+    raise ConnectionClosed(f"nsqd at {address} kept refusing IDENTIFY values: {dropped}")
+
+
+async def _refused_error(
+    address: str,
+    cfg: ConnectionConfig,
+    field: str,
+    flag: str,
+    make: Callable[[ConnectionConfig], C],
+) -> ConfigurationError:
+    """The error for an explicit value nsqd refused, with nsqd's limit when one probe
+    connection (the value left to nsqd) can tell it."""
+    asked = getattr(cfg, field)
+    limit = ""
+    if field == "msg_timeout":
+        probe = make(dataclasses.replace(cfg, msg_timeout=None))
+        try:
+            server = await probe.connect()
+            limit = f" (nsqd allows at most {server.max_msg_timeout:g} s)"
+        except Exception as exc:  # the error below is the one that matters
+            log.debug("probing nsqd at %s for its limits: %s", address, exc)
+        finally:
+            probe.abort()
+    env = "NSQWORKER_" + field.upper()
+    return ConfigurationError(
+        f"{env} ({field}) = {_shown(field, asked)} is refused by nsqd at {address}{limit}: "
+        f"lower it, unset it to let nsqd decide, or change nsqd's {flag}"
+    )

@@ -89,6 +89,9 @@ class LookupdPoller:
         self._retry = first_retry  # the next wait while there are no producers
         self._empty = False  # the last answer had no producers
         self._told_empty = False
+        self.answered = 0
+        """Rounds in which at least one lookupd answered."""
+        self._failing: dict[str, str] = {}  # lookupd -> the error last logged for it
 
     def next_wait(self) -> float:
         """Seconds until the next poll: the interval, spread by the jitter fraction; shorter
@@ -111,6 +114,7 @@ class LookupdPoller:
         answered = [r for r in results if r is not None]
         if not answered:
             return None
+        self.answered += 1
         union: set[str] = set().union(*answered)
         self.last_producers = union
         self._note_empty(not union)
@@ -139,10 +143,24 @@ class LookupdPoller:
             if response.status_code == 404:
                 return set()  # TOPIC_NOT_FOUND: nobody has published it yet
             response.raise_for_status()
-            return parse_producers(response.json())
+            producers = parse_producers(response.json())
         except (httpx.HTTPError, ValueError) as exc:
-            log.warning("lookupd %s failed for topic %s: %s", base, self.topic, exc)
+            self._failed(base, f"{type(exc).__name__}: {exc}")
             return None
+        if self._failing.pop(base, None) is not None:
+            log.info("lookupd %s answers again for topic %s", base, self.topic)
+        return producers
+
+    def _failed(self, base: str, error: str) -> None:
+        """Log a lookupd's failure once, not once per poll: again only when it changes."""
+        kind = error.partition(":")[0]
+        level = logging.DEBUG if self._failing.get(base) == kind else logging.WARNING
+        self._failing[base] = kind
+        log.log(
+            level,
+            "lookupd %s failed for topic %s: %s; consuming from the %d nsqd known",
+            base, self.topic, error, len(self.last_producers),
+        )  # fmt: skip
 
     def poll_soon(self) -> None:
         """Poll now instead of waiting for the next interval."""

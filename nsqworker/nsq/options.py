@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import socket
 import ssl
 from typing import Any
 
 from nsqworker._version import __version__
-from nsqworker.errors import ConfigurationError, RemoteProtocolError
+from nsqworker.errors import ConfigurationError, NSQDError, RemoteProtocolError
 from nsqworker.nsq import protocol
 from nsqworker.nsq.tls import ssl_context
 
-__all__ = ["ConnectionConfig", "ServerInfo"]
+__all__ = ["NEGOTIABLE", "ConnectionConfig", "ServerInfo", "identify_rejection"]
 
 COMPRESSIONS = ("none", "deflate", "snappy")
 # Settings fields copied as they are; the TLS files and the secret need more work.
@@ -23,6 +24,34 @@ _SETTINGS = (  # noqa: SIM905
     "sample_rate tls_v1 tls_server_name compression deflate_level dial_timeout"
 ).split()
 _MS_FIELDS = ("max_msg_timeout", "msg_timeout", "output_buffer_timeout")
+
+#: IDENTIFY values nsqd may refuse, by the words of its error text, with the config
+#: field and the nsqd flag that bounds it. nsqd v1.3.0 answers
+#: ``E_BAD_BODY IDENTIFY msg timeout (60000) is invalid`` and closes; it never says the
+#: bound (deflate_level is clamped silently, sample_rate is checked here first).
+NEGOTIABLE = {
+    "heartbeat interval": ("heartbeat_interval", "--max-heartbeat-interval"),
+    "output buffer timeout": (
+        "output_buffer_timeout",
+        "--min-output-buffer-timeout/--max-output-buffer-timeout",
+    ),
+    "output buffer size": ("output_buffer_size", "--max-output-buffer-size"),
+    "msg timeout": ("msg_timeout", "--max-msg-timeout"),
+    "sample rate": ("sample_rate", "(0..99)"),
+}
+_REJECTED = re.compile(r"IDENTIFY (" + "|".join(NEGOTIABLE) + r") \((-?\d+)\) is invalid")
+
+
+def identify_rejection(error: NSQDError) -> tuple[str, str, int] | None:
+    """``(config field, nsqd flag, asked value as sent)`` when ``error`` is nsqd refusing
+    an IDENTIFY value, else None."""
+    if error.code != "E_BAD_BODY":
+        return None
+    match = _REJECTED.search(error.message)
+    if match is None:
+        return None
+    field, flag = NEGOTIABLE[match.group(1)]
+    return field, flag, int(match.group(2))
 
 
 def _short_hostname() -> str:
@@ -43,14 +72,18 @@ class ConnectionConfig:
     """What a connection asks of nsqd, and how it dials. Durations are seconds.
 
     ``output_buffer_size`` / ``output_buffer_timeout`` left at None let nsqd decide;
-    -1 disables nsqd's output buffering. ``msg_timeout`` None uses nsqd's default.
+    -1 disables nsqd's output buffering. ``msg_timeout`` None (the default) uses nsqd's
+    ``--msg-timeout``, as go-nsq does; ``heartbeat_interval`` None uses nsqd's default
+    (``--client-timeout`` / 2). ``explicit`` names the fields the operator chose: when
+    nsqd refuses one of those the connection fails with a ConfigurationError instead of
+    falling back to nsqd's default (see :func:`nsqworker.nsq.handshake.connect_adapting`).
     """
 
     client_id: str = dataclasses.field(default_factory=_short_hostname)
     hostname: str = dataclasses.field(default_factory=socket.getfqdn)
     user_agent: str = dataclasses.field(default_factory=_default_user_agent)
-    heartbeat_interval: float = 30.0
-    msg_timeout: float | None = 60.0
+    heartbeat_interval: float | None = 30.0
+    msg_timeout: float | None = None
     output_buffer_size: int | None = None
     output_buffer_timeout: float | None = None
     sample_rate: int = 0
@@ -62,6 +95,7 @@ class ConnectionConfig:
     auth_secret: str | None = dataclasses.field(default=None, repr=False)
     dial_timeout: float = 5.0
     max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE
+    explicit: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.compression not in COMPRESSIONS:
@@ -87,6 +121,11 @@ class ConnectionConfig:
         if secret is not None and hasattr(secret, "get_secret_value"):
             secret = secret.get_secret_value()
         kwargs["auth_secret"] = secret or None
+        source = getattr(settings, "source", None)
+        if source is not None:
+            kwargs["explicit"] = frozenset(
+                name for name in _SETTINGS if name in kwargs and source(name) != "default"
+            )
         if kwargs.get("tls_v1"):
             kwargs["ssl_context"] = ssl_context(
                 get(settings, "tls_ca_file", None),
@@ -104,7 +143,9 @@ class ConnectionConfig:
             "hostname": cfg.hostname,
             "user_agent": cfg.user_agent,
             "feature_negotiation": True,
-            "heartbeat_interval": _ms(cfg.heartbeat_interval),
+            "heartbeat_interval": 0
+            if cfg.heartbeat_interval is None
+            else _ms(cfg.heartbeat_interval),
             "sample_rate": cfg.sample_rate,
             "tls_v1": cfg.tls_v1,
             "deflate": cfg.compression == "deflate",
@@ -115,7 +156,9 @@ class ConnectionConfig:
             body["msg_timeout"] = _ms(cfg.msg_timeout)
         if cfg.output_buffer_size is not None:
             body["output_buffer_size"] = cfg.output_buffer_size
-        if cfg.output_buffer_timeout is not None:
+        # Without buffering (size -1) nsqd ignores the timeout; sending it anyway would
+        # only give nsqd a value to refuse (--max-output-buffer-timeout below it).
+        if cfg.output_buffer_timeout is not None and cfg.output_buffer_size != -1:
             body["output_buffer_timeout"] = _ms(cfg.output_buffer_timeout)
         return body
 
@@ -139,6 +182,7 @@ class ServerInfo:
     auth_required: bool = False
     output_buffer_size: int = 16384
     output_buffer_timeout: float = 0.25
+    max_deflate_level: int = 6
     auth_identity: str | None = None
     auth_identity_url: str | None = None
     auth_permission_count: int = 0

@@ -14,16 +14,17 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from nsqworker.errors import ConfigurationError, ConnectionClosed, NSQDError
 from nsqworker.nsq.backoff import reconnect_delay
 from nsqworker.nsq.connection import Connection, ConnectionConfig
+from nsqworker.nsq.handshake import connect_adapting
 from nsqworker.nsq.lookupd import LookupdPoller
 from nsqworker.nsq.rdy import Slot
 
 if TYPE_CHECKING:
-    from nsqworker.errors import NSQDError
     from nsqworker.settings import Settings
 
-__all__ = ["ConnectionStats", "ConsumerStats", "Subscriptions"]
+__all__ = ["REASONS", "ConnectionStats", "ConsumerStats", "Subscriptions", "error_reason"]
 
 log = logging.getLogger("nsqworker.nsq.consumer")
 
@@ -126,6 +127,8 @@ class Subscriptions:
     _closing: set[asyncio.Future[None]]
     _first_attempts: list[asyncio.Future[Any]] | None
     _retired: ConnectionStats
+    connection_errors: dict[str, int]
+    """Connection failures and non-fatal nsqd errors by reason (see :data:`REASONS`)."""
 
     if TYPE_CHECKING:
 
@@ -133,6 +136,17 @@ class Subscriptions:
             self, session: _Session, timestamp: int, attempts: int, message_id: bytes, body: bytes
         ) -> None: ...
         def _replan(self) -> None: ...
+
+    @property
+    def ready(self) -> bool:
+        """True when consuming works as far as anyone can tell: at least one connection is
+        subscribed, or no nsqd is known to have the topic (lookupd answered that none
+        has it yet). False while nsqd have it and none is subscribed."""
+        if any(s.open for s in self._sessions):
+            return True
+        if any(link.wanted for link in self._links.values()):
+            return False
+        return self._poller is None or self._poller.answered > 0
 
     def _maintain(self, link: _Link) -> asyncio.Future[Any]:
         """Start (or find) the task keeping ``link`` connected; a future for its first try."""
@@ -157,7 +171,14 @@ class Subscriptions:
                     await asyncio.sleep(delay)
                     if not self._wants(link):
                         break
-                session = await self._open(link)
+                try:
+                    session = await self._open(link)
+                except ConfigurationError as exc:
+                    self._count_error("refused_setting")
+                    log.error("%s: not consuming from %s: %s", self.name, link.address, exc)
+                    if not first.done():
+                        first.set_exception(exc)
+                    return
                 if not first.done():
                     first.set_result(None)
                 if session is None:
@@ -176,19 +197,27 @@ class Subscriptions:
 
     async def _open(self, link: _Link) -> _Session | None:
         session = _Session(link)
-        conn = Connection(
-            link.address,
-            self._config,
-            on_message=partial(self._on_message, session),
-            on_error=self._on_nsqd_error,
-            on_close=partial(self._on_conn_lost, session),
-        )
-        session.conn = conn
+
+        def make(config: ConnectionConfig) -> Connection:
+            session.conn = Connection(
+                link.address,
+                config,
+                on_message=partial(self._on_message, session),
+                on_error=self._on_nsqd_error,
+                on_close=partial(self._on_conn_lost, session),
+            )
+            return session.conn
+
         try:
-            info = await conn.connect()
+            conn = await connect_adapting(link.address, self._config, make)
+            info = conn.server
             await conn.subscribe(self.topic, self.channel)
-        except Exception as exc:  # every failure means "try again later"
-            conn.abort()
+        except ConfigurationError:
+            raise  # a setting this nsqd refuses: retrying cannot help
+        except Exception as exc:  # every other failure means "try again later"
+            if hasattr(session, "conn"):
+                session.conn.abort()
+            self._count_error(error_reason(exc))
             log.warning("%s: cannot subscribe on %s: %s", self.name, link.address, exc)
             if self._poller is not None:
                 self._poller.poll_soon()
@@ -207,6 +236,11 @@ class Subscriptions:
     def _on_conn_lost(self, session: _Session, conn: Connection, reason: Exception) -> None:
         # Runs inside connection_lost, before anything else can try to write to it.
         session.open = False
+        if not self._stopping and not session.slot.retiring and not conn._closing:
+            self._count_error(error_reason(reason))
+
+    def _count_error(self, reason: str) -> None:
+        self.connection_errors[reason] = self.connection_errors.get(reason, 0) + 1
 
     def _on_session_closed(self, session: _Session) -> None:
         session.open = False
@@ -275,4 +309,43 @@ class Subscriptions:
             r.connects += link.connects
 
     def _on_nsqd_error(self, conn: Connection, error: NSQDError) -> None:
+        # E_FIN_FAILED and friends: nsqd already gave the message to someone else (it
+        # timed out) or the id is unknown. Not fatal; the redelivery is handled anew.
+        self._count_error(error.code.lower().removeprefix("e_"))
         log.warning("%s: nsqd %s: %s", self.name, conn.address, error)
+
+
+#: ``error_reason`` results, the ``reason`` label of nsqworker_connection_errors_total.
+REASONS = {
+    "refused": "the TCP connection was refused or failed (nsqd down?)",
+    "timeout": "nsqd accepted TCP but did not finish IDENTIFY within dial_timeout",
+    "heartbeat": "nothing, not even a heartbeat, arrived for 2 heartbeat intervals",
+    "closed": "nsqd closed the connection or it was reset",
+    "garbage": "nsqd sent bytes that are not NSQ frames",
+    "nsqd_error": "nsqd answered with a fatal error (E_BAD_TOPIC, E_IDENTIFY_FAILED...)",
+    "refused_setting": "nsqd refused a setting the operator chose (not retried)",
+    "fin_failed": "a FIN for a message nsqd had already timed out (E_FIN_FAILED)",
+    "req_failed": "a REQ nsqd could not apply (E_REQ_FAILED)",
+    "touch_failed": "a TOUCH nsqd could not apply (E_TOUCH_FAILED)",
+}
+
+
+def error_reason(exc: BaseException) -> str:
+    """A short label for why a connection failed or was lost (see :data:`REASONS`)."""
+    if isinstance(exc, NSQDError):
+        return "nsqd_error"
+    if isinstance(exc, ConnectionClosed) and exc.error is not None:
+        return "nsqd_error"
+    text = str(exc)
+    for words, reason in _REASON_WORDS:
+        if words in text:
+            return reason
+    return "closed" if isinstance(exc, ConnectionClosed) else "refused"
+
+
+_REASON_WORDS = (
+    ("heartbeat", "heartbeat"),
+    ("did not connect and negotiate", "timeout"),
+    ("garbage", "garbage"),
+    ("cannot connect", "refused"),
+)

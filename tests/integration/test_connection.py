@@ -578,7 +578,7 @@ async def test_identify_body() -> None:
     config = ConnectionConfig(
         client_id="c1",
         hostname="h1",
-        output_buffer_size=-1,
+        output_buffer_size=2048,
         output_buffer_timeout=0.05,
         sample_rate=10,
         heartbeat_interval=12.5,
@@ -593,7 +593,7 @@ async def test_identify_body() -> None:
             "user_agent": config.user_agent,
             "feature_negotiation": True,
             "heartbeat_interval": 12500,
-            "output_buffer_size": -1,
+            "output_buffer_size": 2048,
             "output_buffer_timeout": 50,
             "sample_rate": 10,
             "tls_v1": False,
@@ -603,6 +603,11 @@ async def test_identify_body() -> None:
         }
     ]
     assert config.user_agent.startswith("nsqworker/")
+    # Without buffering (-1) nsqd ignores the timeout: it is not sent, so an nsqd with a
+    # lower --max-output-buffer-timeout has nothing to refuse.
+    unbuffered = ConnectionConfig(output_buffer_size=-1, output_buffer_timeout=0.25)
+    assert "output_buffer_timeout" not in unbuffered.identify_body()
+    assert "msg_timeout" not in unbuffered.identify_body()  # nsqd's --msg-timeout applies
 
 
 @pytest.mark.parametrize(

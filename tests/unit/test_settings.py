@@ -43,7 +43,7 @@ def test_defaults_are_valid_and_documented() -> None:
     assert s.nsqd_tcp_addresses == [] and s.lookupd_http_addresses == []
     assert (s.max_in_flight, s.max_attempts, s.workers) == (100, 5, 1)
     assert (s.requeue_delay, s.requeue_multiplier, s.max_requeue_delay) == (5.0, 2.0, 900.0)
-    assert (s.msg_timeout, s.heartbeat_interval, s.drain_timeout) == (60.0, 30.0, 30.0)
+    assert (s.msg_timeout, s.heartbeat_interval, s.drain_timeout) == (None, 30.0, 30.0)
     assert (s.log_level, s.log_format, s.compression) == ("info", "auto", "none")
     assert s.client_id and "." not in s.client_id and s.hostname
     assert s.auth_secret is None and s.tls_v1 is False and s.tls_verify is True
