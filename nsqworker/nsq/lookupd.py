@@ -145,21 +145,26 @@ class LookupdPoller:
             response.raise_for_status()
             producers = parse_producers(response.json())
         except (httpx.HTTPError, ValueError) as exc:
-            self._failed(base, f"{type(exc).__name__}: {exc}")
+            kind = type(exc).__name__
+            if isinstance(exc, httpx.HTTPStatusError):
+                kind = f"HTTP {exc.response.status_code}"
+            text = str(exc).splitlines()[0] if str(exc) else ""
+            if isinstance(exc, httpx.TimeoutException):
+                text = f"no answer within {self.timeout:g} s"
+            self._failed(base, kind, text or kind)
             return None
         if self._failing.pop(base, None) is not None:
             log.info("lookupd %s answers again for topic %s", base, self.topic)
         return producers
 
-    def _failed(self, base: str, error: str) -> None:
+    def _failed(self, base: str, kind: str, error: str) -> None:
         """Log a lookupd's failure once, not once per poll: again only when it changes."""
-        kind = error.partition(":")[0]
         level = logging.DEBUG if self._failing.get(base) == kind else logging.WARNING
         self._failing[base] = kind
         log.log(
             level,
-            "lookupd %s failed for topic %s: %s; consuming from the %d nsqd known",
-            base, self.topic, error, len(self.last_producers),
+            "lookupd %s failed for topic %s (%s): %s; consuming from the %d nsqd known",
+            base, self.topic, kind, error, len(self.last_producers),
         )  # fmt: skip
 
     def poll_soon(self) -> None:

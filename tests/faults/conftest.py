@@ -4,12 +4,16 @@ of what its handlers saw."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from nsqworker.nsq.message import Message
 from nsqworker.settings import Settings
@@ -94,6 +98,15 @@ def kit() -> type[Kit]:
 
 
 @pytest.fixture(autouse=True)
+def _quiet_logs() -> Any:
+    """A line per message would swamp the output of a failing test; warnings stay."""
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    yield
+    structlog.configure(**saved)
+
+
+@pytest.fixture(autouse=True)
 def _fresh_negotiation() -> Any:
     """Each test starts with nothing learned about any nsqd."""
     from nsqworker.nsq import handshake
@@ -101,3 +114,19 @@ def _fresh_negotiation() -> Any:
     handshake._ADAPTED.clear()
     handshake._WARNED.clear()
     yield
+
+
+def _e2e_fixtures() -> Any:
+    """tests/e2e/conftest.py's ``supervise`` and friends, shared without a package."""
+    path = Path(__file__).parents[1] / "e2e" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("_nsqworker_e2e_conftest", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_e2e = _e2e_fixtures()
+supervise = _e2e.supervise
+base_env = _e2e.base_env
+write_module = _e2e.write_module

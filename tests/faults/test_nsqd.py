@@ -1,0 +1,201 @@
+"""Broken nsqd and broken networks, each against a real nsqd (or a real misbehaving
+socket): what the worker notices, how fast, and that no message is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from nsqworker.nsq.message import Message
+from nsqworker.testing import NsqdFactory, wait_for
+from nsqworker.testing.faults import MagicCloser, SilentServer, TcpProxy
+from nsqworker.worker import Worker
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.slow
+async def test_nsqd_kill_9_mid_stream_loses_nothing(nsqd_factory: NsqdFactory, kit) -> None:
+    # --mem-queue-size=0: every message goes through nsqd's disk queue; --sync-every=1:
+    # nsqd persists the queue positions after each message, so a kill -9 loses nothing
+    # still queued. Messages in flight live only in nsqd's memory: the worker has them
+    # and runs their handlers although their FIN can no longer reach nsqd. (With the
+    # default --sync-every=2500, a kill -9 may lose up to that many queued messages:
+    # nsqd's own durability, not the worker's.)
+    nsqd = nsqd_factory(extra_args=["--mem-queue-size=0", "--sync-every=1"])
+    bodies = [f"m{i}" for i in range(300)]
+    nsqd.mpublish(kit.TOPIC, bodies)
+    seen = kit.Seen()
+
+    async def slow(msg: Message) -> None:
+        await asyncio.sleep(0.005)
+
+    settings = kit.fast(nsqd_tcp_addresses=[nsqd.tcp_address], max_in_flight=20)
+    async with Worker(kit.registry(seen, slow), settings) as worker:
+        await kit.until(lambda: sum(seen.bodies.values()) >= 60, 10, "no progress")
+        nsqd.kill()
+        nsqd.restart()
+        await kit.until(lambda: not seen.missing(bodies), 30, "messages lost after kill -9")
+        stats = worker.stats().tasks["record"]
+    assert stats.received == len(seen.attempts)  # every delivery counted
+    assert stats.connection_errors.get("closed", 0) >= 1, stats.connection_errors
+    assert min(seen.attempts) == 1  # attempts as nsqd counted them, from its disk copy
+
+
+async def test_an_nsqd_that_never_answers_identify_times_out(
+    nsqd_factory: NsqdFactory, kit
+) -> None:
+    nsqd = nsqd_factory()
+    with SilentServer() as silent:
+        seen = kit.Seen()
+        settings = kit.fast(nsqd_tcp_addresses=[silent.address, nsqd.tcp_address])
+        started = time.monotonic()
+        async with Worker(kit.registry(seen), settings) as worker:
+            assert time.monotonic() - started < settings.dial_timeout + 1.5
+            nsqd.publish(kit.TOPIC, b"through the good one")
+            await kit.until(lambda: seen.bodies["through the good one"], 5, "not consumed")
+            await kit.until(
+                lambda: worker.stats().tasks["record"].connection_errors.get("timeout"),
+                5,
+                "no IDENTIFY timeout counted",
+            )
+            assert worker.ready  # the good nsqd is subscribed
+
+
+async def test_an_nsqd_that_closes_after_the_magic(nsqd_factory: NsqdFactory, kit) -> None:
+    nsqd = nsqd_factory()
+    with MagicCloser() as closer:
+        seen = kit.Seen()
+        settings = kit.fast(nsqd_tcp_addresses=[closer.address, nsqd.tcp_address])
+        async with Worker(kit.registry(seen), settings) as worker:
+            nsqd.publish(kit.TOPIC, b"x")
+            await kit.until(lambda: seen.bodies["x"], 5, "not consumed")
+            await kit.until(lambda: closer.accepted >= 2, 5, "no reconnect attempts")
+            errors = worker.stats().tasks["record"].connection_errors
+    assert errors.get("closed", 0) >= 1, errors
+
+
+@pytest.mark.slow
+async def test_a_partition_is_noticed_by_missed_heartbeats_and_healed(
+    nsqd_factory: NsqdFactory, kit, caplog: pytest.LogCaptureFixture
+) -> None:
+    nsqd = nsqd_factory()
+    with TcpProxy(nsqd.tcp_address) as proxy:
+        seen = kit.Seen()
+        settings = kit.fast(nsqd_tcp_addresses=[proxy.address], heartbeat_interval=1.0)
+        async with Worker(kit.registry(seen), settings) as worker:
+            nsqd.publish(kit.TOPIC, b"before")
+            await kit.until(lambda: seen.bodies["before"], 5, "not consumed before")
+            proxy.pause()
+            paused_at = time.monotonic()
+            await kit.until(lambda: not worker.ready, 4, "the partition went unnoticed")
+            noticed = time.monotonic() - paused_at
+            assert noticed <= 2 * settings.heartbeat_interval + 0.6, noticed
+            errors = worker.stats().tasks["record"].connection_errors
+            assert errors.get("heartbeat") == 1, errors
+            nsqd.publish(kit.TOPIC, b"during")
+            await asyncio.sleep(0.5)
+            assert not seen.bodies["during"]
+            proxy.resume()
+            await kit.until(lambda: seen.bodies["during"], 10, "not reconnected after healing")
+            assert worker.ready
+    assert any("no data or heartbeat" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+async def test_a_handler_blocking_the_loop_5s_loses_nothing_and_is_named(
+    nsqd_factory: NsqdFactory, kit, caplog: pytest.LogCaptureFixture
+) -> None:
+    nsqd = nsqd_factory()
+    seen = kit.Seen()
+
+    def block(msg: Message) -> None:
+        if msg.attempts == 1 and msg.body == b"blocker":
+            time.sleep(5)  # on the loop: what an async handler must never do
+
+    settings = kit.fast(
+        nsqd_tcp_addresses=[nsqd.tcp_address],
+        heartbeat_interval=1.0,
+        watchdog_timeout=1.0,
+        msg_timeout=2.0,  # so that nsqd gives back soon what it had sent on the dead connection
+    )
+    async with Worker(kit.registry(seen, block), settings) as worker:
+        nsqd.publish(kit.TOPIC, b"blocker")
+        assert worker.watchdog is not None
+        await kit.until(lambda: worker.watchdog.blocks, 8, "the watchdog saw nothing")  # type: ignore[union-attr]
+        await kit.until(lambda: seen.bodies["blocker"], 15, "the blocked message was lost")
+        nsqd.publish(kit.TOPIC, b"after")
+        await kit.until(lambda: seen.bodies["after"], 10, "not consuming after the block")
+        assert worker.live
+        culprit = worker.watchdog.culprit
+        # nsqd closed the connection after 2 missed heartbeats; its FIN went nowhere, so
+        # nsqd delivers the message again on the new connection, and this time it is FINed.
+        await kit.until(lambda: seen.bodies["blocker"] >= 2, 10, "not redelivered")
+        wait_for(lambda: nsqd.in_flight(kit.TOPIC, kit.CHANNEL) == 0, 5)
+        assert nsqd.depth(kit.TOPIC, kit.CHANNEL) == 0
+    assert culprit.startswith("task record ("), culprit  # the watchdog names the handler
+
+
+async def test_a_fin_after_nsqd_timed_the_message_out_is_counted_not_fatal(
+    nsqd_factory: NsqdFactory, kit, caplog: pytest.LogCaptureFixture
+) -> None:
+    nsqd = nsqd_factory(extra_args=["--msg-timeout=1s"])
+    nsqd.create_channel(kit.TOPIC, kit.CHANNEL)
+    nsqd.restart()  # nsqd scans new channels for timeouts only every few seconds
+    seen = kit.Seen()
+
+    def block(msg: Message) -> None:
+        if msg.attempts == 1 and msg.body == b"late":
+            time.sleep(2.5)  # the loop cannot TOUCH: nsqd times the message out
+
+    settings = kit.fast(nsqd_tcp_addresses=[nsqd.tcp_address], watchdog_timeout=0)
+    async with Worker(kit.registry(seen, block), settings) as worker:
+        nsqd.publish(kit.TOPIC, b"late")
+        await kit.until(lambda: seen.bodies["late"] >= 2, 15, "not redelivered after timeout")
+        await kit.until(
+            lambda: worker.stats().tasks["record"].connection_errors.get("fin_failed"),
+            5,
+            "E_FIN_FAILED not counted",
+        )
+        nsqd.publish(kit.TOPIC, b"next")
+        await kit.until(lambda: seen.bodies["next"], 5, "the connection did not survive")
+        assert worker.stats().tasks["record"].connections == 1
+    assert any("E_FIN_FAILED" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("what", ["topic", "channel"])
+async def test_topic_or_channel_deleted_while_consuming(
+    nsqd_factory: NsqdFactory, kit, what: str
+) -> None:
+    nsqd = nsqd_factory()
+    seen = kit.Seen()
+    settings = kit.fast(nsqd_tcp_addresses=[nsqd.tcp_address])
+    async with Worker(kit.registry(seen), settings) as worker:
+        nsqd.publish(kit.TOPIC, b"before")
+        await kit.until(lambda: seen.bodies["before"], 5, "not consumed")
+        params = {"topic": kit.TOPIC} | ({"channel": kit.CHANNEL} if what == "channel" else {})
+        nsqd._request("POST", f"/{what}/delete", params=params)
+        # nsqd closes our connection; the worker subscribes again, which recreates both.
+        await kit.until(lambda: nsqd.channel_stats(kit.TOPIC, kit.CHANNEL), 10, "no resubscribe")
+        await kit.until(lambda: worker.ready, 5, "not ready after resubscribing")
+        nsqd.publish(kit.TOPIC, b"after")
+        await kit.until(lambda: seen.bodies["after"], 10, f"not consuming after {what} delete")
+
+
+async def test_channel_paused_and_unpaused(nsqd_factory: NsqdFactory, kit) -> None:
+    nsqd = nsqd_factory()
+    seen = kit.Seen()
+    settings = kit.fast(nsqd_tcp_addresses=[nsqd.tcp_address])
+    async with Worker(kit.registry(seen), settings) as worker:
+        nsqd.publish(kit.TOPIC, b"before")
+        await kit.until(lambda: seen.bodies["before"], 5, "not consumed")
+        channel = {"topic": kit.TOPIC, "channel": kit.CHANNEL}
+        nsqd._request("POST", "/channel/pause", params=channel)
+        nsqd.publish(kit.TOPIC, b"while paused")
+        await asyncio.sleep(1.0)
+        assert not seen.bodies["while paused"]
+        assert worker.ready  # paused by the operator is not a fault of ours
+        nsqd._request("POST", "/channel/unpause", params=channel)
+        await kit.until(lambda: seen.bodies["while paused"], 5, "not consumed after unpause")
