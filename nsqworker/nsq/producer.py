@@ -49,6 +49,7 @@ from nsqworker.errors import (
 from nsqworker.nsq import protocol
 from nsqworker.nsq.backoff import reconnect_delay
 from nsqworker.nsq.connection import Connection, ConnectionConfig
+from nsqworker.nsq.handshake import connect_adapting
 from nsqworker.nsq.publishing import (
     NO_HOOK,
     RETRYABLE,
@@ -277,8 +278,10 @@ class Producer:
         """A connected Connection to ``node``, or None (the error kept in ``last_error``)."""
         conn: Connection | None = None
         try:
-            conn = Connection(node.address, self._config, on_close=self._on_close(node))
-            await conn.connect()
+            on_close = self._on_close(node)
+            conn = await connect_adapting(
+                node.address, self._config, lambda c: Connection(node.address, c, on_close=on_close)
+            )
         except BaseException as exc:
             if conn is not None:
                 conn.abort()

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from nsqworker.testing import NsqdFactory, NsqlookupdFactory
-from nsqworker.testing.faults import HttpFaultServer
+from nsqworker.testing.faults import HttpFaultServer, SilentServer
 from nsqworker.worker import Worker
 
 pytestmark = pytest.mark.integration
@@ -84,3 +84,32 @@ async def test_lookupd_broken_mid_run_consuming_goes_on(
     assert len(warnings) == 4, warnings
     failures = [r for r in caplog.records if "failed for topic" in r.getMessage()]
     assert len(failures) >= len(warnings) + 6  # the repeats went to debug
+
+
+async def test_ready_when_no_nsqd_has_the_topic_yet(
+    nsqlookupd_factory: NsqlookupdFactory, nsqd_factory: NsqdFactory, kit
+) -> None:
+    lookupd = nsqlookupd_factory()
+    nsqd_factory(lookupd)  # up, but nobody published the topic: nothing to miss
+    settings = kit.fast(lookupd_http_addresses=[lookupd.http_address], lookupd_poll_interval=0.2)
+    async with Worker(kit.registry(kit.Seen()), settings) as worker:
+        assert worker.ready
+
+
+async def test_not_ready_while_a_producer_exists_and_none_is_subscribed(
+    nsqlookupd_factory: NsqlookupdFactory, nsqd_factory: NsqdFactory, kit
+) -> None:
+    lookupd = nsqlookupd_factory()
+    with SilentServer() as silent:
+        # lookupd lists this nsqd at the silent server's port: there is a producer, and
+        # every connection to it times out in IDENTIFY.
+        nsqd = nsqd_factory(lookupd, extra_args=[f"--broadcast-tcp-port={silent.port}"])
+        nsqd.publish(kit.TOPIC, b"x")
+        await kit.until(lambda: lookupd.lookup(kit.TOPIC), 5, "not registered")
+        settings = kit.fast(
+            lookupd_http_addresses=[lookupd.http_address], lookupd_poll_interval=0.2
+        )
+        async with Worker(kit.registry(kit.Seen()), settings) as worker:
+            assert not worker.ready
+            assert worker.stats().tasks["record"].connection_errors.get("timeout")
+            assert worker.stats().as_dict()["tasks"]["record"]["ready"] is False

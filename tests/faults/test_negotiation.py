@@ -83,3 +83,15 @@ async def test_an_explicit_heartbeat_above_nsqds_limit_fails_at_start(
     with pytest.raises(ConfigurationError, match=r"heartbeat_interval.*--max-heartbeat-interval"):
         async with Worker(kit.registry(kit.Seen()), settings):
             pass
+
+
+async def test_a_producer_with_default_settings_publishes_to_a_restricted_nsqd(
+    nsqd_factory: NsqdFactory, kit
+) -> None:
+    from nsqworker.nsq.producer import Producer
+
+    nsqd = nsqd_factory(extra_args=["--max-heartbeat-interval=10s", "--max-msg-timeout=10s"])
+    settings = kit.Settings(nsqd_tcp_addresses=[nsqd.tcp_address])
+    async with Producer(settings=settings) as producer:
+        await producer.publish(kit.TOPIC, b"hello")
+    assert nsqd.topic_stats(kit.TOPIC)["message_count"] == 1  # type: ignore[index]
