@@ -24,9 +24,9 @@ def test_connection_errors_by_reason_survive_a_dead_process() -> None:
     metrics.update(2, snapshot(heartbeat=1))
     metrics.retire(1)
     text = scrape(metrics)
-    label = 'task="t",topic="clicks",channel="c"'
-    assert f'nsqworker_connection_errors_total{{{label},reason="heartbeat"}} 3.0' in text
-    assert f'nsqworker_connection_errors_total{{{label},reason="fin_failed"}} 1.0' in text
+    name = "nsqworker_connection_errors_total"
+    assert f'{name}{{channel="c",reason="heartbeat",task="t",topic="clicks"}} 3.0' in text
+    assert f'{name}{{channel="c",reason="fin_failed",task="t",topic="clicks"}} 1.0' in text
 
 
 def test_an_old_snapshot_without_errors_is_read() -> None:
