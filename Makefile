@@ -23,7 +23,7 @@ unexport VIRTUAL_ENV
 export PATH := $(CURDIR)/.tools/bin:$(PATH)
 LINT_DIRS := $(wildcard nsqworker tests bench examples)
 
-.PHONY: venv tools tools-nsq test lint bench run run-spark clean lock
+.PHONY: venv tools tools-nsq test lint bench run run-spark clean lock soak
 
 $(UV_STAMP): scripts/bootstrap-uv
 	@scripts/bootstrap-uv $(UV_VERSION)
@@ -63,6 +63,12 @@ bench: venv tools-nsq
 	else \
 		echo "bench/ does not exist yet"; \
 	fi
+
+# Not part of `make test`: nsqworker run for SOAK_MINUTES while nsqd restart and workers
+# are killed; writes its figures to docs/reliability.md and docs/soak.png.
+SOAK_MINUTES ?= 30
+soak: venv tools-nsq
+	SOAK_MINUTES=$(SOAK_MINUTES) .venv/bin/python -m bench.soak
 
 run: venv tools-nsq
 	.venv/bin/python scripts/run-local $(RUN_ARGS)

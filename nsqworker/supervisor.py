@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsqworker.health import HealthServer, WorkerMetrics
 from nsqworker.logging import configure_logging, get_logger
+from nsqworker.watchdog import rss_bytes
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -240,15 +241,6 @@ class _Child:
                 str(t.get("name")) for t in tasks if not t.get("ready", t.get("subscribed"))
             ]
         return state
-
-
-def rss_bytes(pid: int) -> int | None:
-    """Resident memory of process ``pid`` in bytes (Linux /proc), None if unknown."""
-    try:
-        with open(f"/proc/{pid}/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _workers(count: int) -> str:

@@ -1,4 +1,4 @@
-"""A watchdog thread that notices when a worker's event loop stops turning.
+"""Process health: a watchdog thread that notices when a worker's event loop stops turning.
 
 The loop stamps a clock every ``interval`` seconds; the thread checks the stamp. When
 the loop has not turned for ``timeout`` seconds (a handler doing blocking I/O or CPU
@@ -11,6 +11,7 @@ frame safely, and the supervisor kills a worker that stays hung (its ``hung_time
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 import time
@@ -20,9 +21,18 @@ from types import CodeType, FrameType
 
 from nsqworker.logging import get_logger
 
-__all__ = ["LoopWatchdog", "blocking_frame"]
+__all__ = ["LoopWatchdog", "blocking_frame", "rss_bytes"]
 
 log = get_logger("nsqworker.watchdog")
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of process ``pid`` in bytes (Linux /proc), None if unknown."""
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def blocking_frame(frame: FrameType | None, handlers: Mapping[CodeType, str]) -> str:
