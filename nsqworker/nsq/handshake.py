@@ -15,6 +15,8 @@ import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import httpx
+
 from nsqworker.errors import (
     AuthError,
     ConfigurationError,
@@ -269,6 +271,37 @@ def _shown(field: str, value: Any) -> str:
     return f"{value:g} s" if seconds else str(value)
 
 
+#: nsqd's /info limits (nanoseconds for durations) for the fields it refuses.
+_INFO_LIMITS = {
+    "heartbeat_interval": ("max_heartbeat_interval", 1.0),
+    "output_buffer_timeout": ("max_output_buffer_timeout", 0.025),
+    "output_buffer_size": ("max_output_buffer_size", 64),
+}
+
+
+async def _clamp(field: str, asked: Any, http_address: str | None, cfg: ConnectionConfig) -> Any:
+    """``asked`` within nsqd's limit as its ``/info`` says (nsqd v1.3.0 lists
+    max_heartbeat_interval, max_output_buffer_timeout and max_output_buffer_size);
+    None (nsqd's own default) when the limit cannot be learned."""
+    if http_address is None or field not in _INFO_LIMITS:
+        return None
+    key, floor = _INFO_LIMITS[field]
+    try:
+        async with httpx.AsyncClient(timeout=cfg.dial_timeout, trust_env=False) as client:
+            response = await client.get(f"{http_address}/info")
+            limit = response.json()[key]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        log.debug("nsqd %s/info gave no %s: %s", http_address, key, exc)
+        return None
+    if not isinstance(limit, int):
+        return None
+    if field == "output_buffer_size":
+        return max(floor, min(asked, limit))
+    limit_s = limit / 1e9
+    clamped = max(floor, min(asked, limit_s))
+    return clamped if clamped < asked else None
+
+
 def _used(field: str, server: ServerInfo) -> str:
     """What nsqd chose for ``field`` when we left it to nsqd, as its answer tells."""
     if field == "msg_timeout":
@@ -283,13 +316,17 @@ def _used(field: str, server: ServerInfo) -> str:
 
 
 async def connect_adapting(
-    address: str, config: ConnectionConfig, make: Callable[[ConnectionConfig], C]
+    address: str,
+    config: ConnectionConfig,
+    make: Callable[[ConnectionConfig], C],
+    http_address: str | None = None,
 ) -> C:
     """``make(config).connect()``, adapting to what this nsqd accepts.
 
     When nsqd refuses an IDENTIFY value that was left at its default, the value is
-    dropped (nsqd's own setting applies) and a fresh connection tries again, once per
-    field; one warning names the setting, the value asked and the value nsqd used, and
+    clamped to nsqd's limit when its HTTP ``/info`` (at ``http_address``, which lookupd
+    tells) gives it, else dropped (nsqd's own setting applies), and a fresh connection
+    tries again, once per field; one warning names the setting, the value asked and the value nsqd used, and
     later connections to the same nsqd ask the adapted values at once. A value the
     operator set explicitly (``config.explicit``) that nsqd refuses raises
     :class:`ConfigurationError` naming the setting and nsqd's limit: a retry loop
@@ -311,17 +348,19 @@ async def connect_adapting(
             field, flag, _asked = rejected
             if field in cfg.explicit:
                 raise await _refused_error(address, cfg, field, flag, make) from exc
-            dropped.append((field, getattr(cfg, field)))
-            unset: dict[str, Any] = {field: None}
-            cfg = dataclasses.replace(cfg, **unset)
+            asked = getattr(cfg, field)
+            dropped.append((field, asked))
+            clamped: dict[str, Any] = {field: await _clamp(field, asked, http_address, cfg)}
+            cfg = dataclasses.replace(cfg, **clamped)
             continue
         if dropped:
             _ADAPTED[key] = cfg
             for field, asked in dropped:
+                used = getattr(cfg, field)
                 log.warning(
                     "nsqd at %s refused %s=%s (outside its %s); using %s",
                     address, field, _shown(field, asked), NEGOTIABLE_FLAGS[field],
-                    _used(field, server),
+                    _used(field, server) if used is None else f"{_shown(field, used)}, its limit",
                 )  # fmt: skip
         capped = cfg.compression == "deflate" and server.deflate_level < cfg.deflate_level
         if capped and (address, "deflate_level") not in _WARNED:

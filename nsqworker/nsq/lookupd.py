@@ -52,6 +52,18 @@ def parse_producers(payload: Any) -> set[str]:
     return found
 
 
+def http_addresses(payload: Any) -> dict[str, str]:
+    """``{tcp address: "http://host:http_port"}`` of the producers in a /lookup answer."""
+    data = payload.get("data", payload) if isinstance(payload, dict) else None
+    found: dict[str, str] = {}
+    for producer in (data.get("producers") or []) if isinstance(data, dict) else []:
+        host = producer.get("broadcast_address") or producer.get("address")
+        tcp, http = producer.get("tcp_port"), producer.get("http_port")
+        if host and isinstance(tcp, int) and isinstance(http, int):
+            found[format_address(host, tcp)] = f"http://{format_address(host, http)}"
+    return found
+
+
 class LookupdPoller:
     """Polls nsqlookupd ``/lookup?topic=`` and reports the union of producers.
 
@@ -90,6 +102,8 @@ class LookupdPoller:
         self._empty = False  # the last answer had no producers
         self._told_empty = False
         self.answered = 0
+        self.http_addresses: dict[str, str] = {}
+        """nsqd HTTP API (``http://host:port``) by TCP address, as lookupd listed them."""
         """Rounds in which at least one lookupd answered."""
         self._failing: dict[str, str] = {}  # lookupd -> the error last logged for it
 
@@ -143,7 +157,9 @@ class LookupdPoller:
             if response.status_code == 404:
                 return set()  # TOPIC_NOT_FOUND: nobody has published it yet
             response.raise_for_status()
-            producers = parse_producers(response.json())
+            payload = response.json()
+            producers = parse_producers(payload)
+            self.http_addresses.update(http_addresses(payload))
         except (httpx.HTTPError, ValueError) as exc:
             kind = type(exc).__name__
             if isinstance(exc, httpx.HTTPStatusError):

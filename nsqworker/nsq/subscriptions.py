@@ -209,7 +209,8 @@ class Subscriptions:
             return session.conn
 
         try:
-            conn = await connect_adapting(link.address, self._config, make)
+            http = self._poller.http_addresses.get(link.address) if self._poller else None
+            conn = await connect_adapting(link.address, self._config, make, http)
             info = conn.server
             await conn.subscribe(self.topic, self.channel)
         except ConfigurationError:

@@ -70,12 +70,16 @@ def recording_registry(
     return registry
 
 
-async def until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    """Await ``predicate()`` truthy, polling; fail with ``what`` after ``timeout``."""
+async def until(
+    predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str]
+) -> None:
+    """Await ``predicate()`` truthy, polling; fail with ``what`` (or what it returns,
+    built at the failure) after ``timeout``."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} (waited {timeout:g} s)")
+            text = what() if callable(what) else what
+            raise AssertionError(f"{text} (waited {timeout:g} s)")
         await asyncio.sleep(0.05)
 
 

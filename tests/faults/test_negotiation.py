@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from nsqworker.errors import ConfigurationError
-from nsqworker.testing import NsqdFactory
+from nsqworker.testing import NsqdFactory, NsqlookupdFactory
 from nsqworker.worker import Worker
 
 pytestmark = pytest.mark.integration
@@ -95,3 +95,24 @@ async def test_a_producer_with_default_settings_publishes_to_a_restricted_nsqd(
     async with Producer(settings=settings) as producer:
         await producer.publish(kit.TOPIC, b"hello")
     assert nsqd.topic_stats(kit.TOPIC)["message_count"] == 1  # type: ignore[index]
+
+
+async def test_through_lookupd_a_refused_default_is_clamped_to_nsqds_limit(
+    nsqlookupd_factory: NsqlookupdFactory,
+    nsqd_factory: NsqdFactory,
+    kit,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # lookupd tells nsqd's HTTP port; its /info gives max_heartbeat_interval.
+    lookupd = nsqlookupd_factory()
+    nsqd = nsqd_factory(lookupd, extra_args=["--max-heartbeat-interval=10s"])
+    nsqd.publish(kit.TOPIC, b"via lookupd")
+    seen = kit.Seen()
+    settings = kit.Settings(lookupd_http_addresses=[lookupd.http_address])
+    with caplog.at_level(logging.WARNING, logger="nsqworker.nsq.connection"):
+        async with Worker(kit.registry(seen), settings) as worker:
+            await kit.until(lambda: seen.bodies["via lookupd"], 10, "not consumed")
+            sessions = worker._runners[0].consumer._sessions
+            assert [s.conn.config.heartbeat_interval for s in sessions] == [10.0]
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1 and "using 10 s, its limit" in refusals[0], refusals
