@@ -73,7 +73,7 @@ class LoopWatchdog:
         """Who blocked the loop the last time (see :func:`blocking_frame`)."""
         self._loop = loop
         self._handlers = dict(handlers or {})
-        self._stamp = time.monotonic()
+        self._stamp = self._since = time.monotonic()
         self._thread_id: int | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._stop = threading.Event()
@@ -102,12 +102,14 @@ class LoopWatchdog:
         while not self._stop.wait(self.interval):
             stalled = time.monotonic() - self._stamp - self.interval
             if stalled >= self.timeout and not self.blocked:
+                self._since = self._stamp
                 self.blocked = True
                 self.blocks += 1
                 self._report(stalled)
             elif stalled < self.timeout and self.blocked:
                 self.blocked = False
-                log.warning("event loop turns again", blocked_by=self.culprit)
+                took = round(self._stamp - self._since, 1)
+                log.warning(f"event loop turns again after about {took} s", blocked_by=self.culprit)
 
     def _report(self, stalled: float) -> None:
         frame = sys._current_frames().get(self._thread_id or 0)

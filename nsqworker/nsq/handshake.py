@@ -286,13 +286,8 @@ async def _clamp(field: str, asked: Any, http_address: str | None, cfg: Connecti
     if http_address is None or field not in _INFO_LIMITS:
         return None
     key, floor = _INFO_LIMITS[field]
-    try:
-        async with httpx.AsyncClient(timeout=cfg.dial_timeout, trust_env=False) as client:
-            response = await client.get(f"{http_address}/info")
-            limit = response.json()[key]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        log.debug("nsqd %s/info gave no %s: %s", http_address, key, exc)
-        return None
+    info = await _info(http_address, cfg)
+    limit = None if info is None else info.get(key)
     if not isinstance(limit, int):
         return None
     if field == "output_buffer_size":
@@ -300,6 +295,19 @@ async def _clamp(field: str, asked: Any, http_address: str | None, cfg: Connecti
     limit_s = limit / 1e9
     clamped = max(floor, min(asked, limit_s))
     return clamped if clamped < asked else None
+
+
+async def _info(http_address: str | None, cfg: ConnectionConfig) -> dict[str, Any] | None:
+    """nsqd's ``GET /info`` answer, or None."""
+    if http_address is None:
+        return None
+    try:
+        async with httpx.AsyncClient(timeout=cfg.dial_timeout, trust_env=False) as client:
+            info = (await client.get(f"{http_address}/info")).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        log.debug("nsqd %s/info: %s", http_address, exc)
+        return None
+    return info if isinstance(info, dict) else None
 
 
 def _used(field: str, server: ServerInfo) -> str:
@@ -347,7 +355,7 @@ async def connect_adapting(
                 raise
             field, flag, _asked = rejected
             if field in cfg.explicit:
-                raise await _refused_error(address, cfg, field, flag, make) from exc
+                raise await _refused_error(address, cfg, field, flag, make, http_address) from exc
             asked = getattr(cfg, field)
             dropped.append((field, asked))
             clamped: dict[str, Any] = {field: await _clamp(field, asked, http_address, cfg)}
@@ -379,6 +387,7 @@ async def _refused_error(
     field: str,
     flag: str,
     make: Callable[[ConnectionConfig], C],
+    http_address: str | None = None,
 ) -> ConfigurationError:
     """The error for an explicit value nsqd refused, with nsqd's limit when one probe
     connection (the value left to nsqd) can tell it."""
@@ -393,6 +402,12 @@ async def _refused_error(
             log.debug("probing nsqd at %s for its limits: %s", address, exc)
         finally:
             probe.abort()
+    elif field in _INFO_LIMITS and (info := await _info(http_address, cfg)) is not None:
+        key = _INFO_LIMITS[field][0]
+        value = info.get(key)
+        if isinstance(value, int):
+            shown = str(value) if field == "output_buffer_size" else f"{value / 1e9:g} s"
+            limit = f" (nsqd allows at most {shown})"
     env = "NSQWORKER_" + field.upper()
     return ConfigurationError(
         f"{env} ({field}) = {_shown(field, asked)} is refused by nsqd at {address}{limit}: "

@@ -116,3 +116,15 @@ async def test_through_lookupd_a_refused_default_is_clamped_to_nsqds_limit(
             assert [s.conn.config.heartbeat_interval for s in sessions] == [10.0]
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(refusals) == 1 and "using 10 s, its limit" in refusals[0], refusals
+
+
+async def test_an_explicit_heartbeat_refused_through_lookupd_names_nsqds_limit(
+    nsqlookupd_factory: NsqlookupdFactory, nsqd_factory: NsqdFactory, kit
+) -> None:
+    lookupd = nsqlookupd_factory()
+    nsqd = nsqd_factory(lookupd, extra_args=["--max-heartbeat-interval=10s"])
+    nsqd.publish(kit.TOPIC, b"x")
+    settings = kit.fast(lookupd_http_addresses=[lookupd.http_address], heartbeat_interval=20)
+    with pytest.raises(ConfigurationError, match=r"= 20 s .*at most 10 s"):
+        async with Worker(kit.registry(kit.Seen()), settings):
+            pass
