@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsqworker.health import HealthServer, WorkerMetrics
 from nsqworker.logging import configure_logging, get_logger
-from nsqworker.watchdog import rss_bytes
+from nsqworker.watchdog import over_memory
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -237,9 +237,7 @@ class _Child:
             state["starting"] = True
         elif not self.ready:
             tasks = (self.snapshot.get("tasks") or {}).values()
-            state["waiting_for"] = [
-                str(t.get("name")) for t in tasks if not t.get("ready", t.get("subscribed"))
-            ]
+            state["waiting_for"] = [str(t.get("name")) for t in tasks if not t.get("ready")]
         return state
 
 
@@ -287,16 +285,11 @@ class Supervisor:
     # -- health -------------------------------------------------------------------------
 
     def is_live(self) -> bool:
-        """True while the supervisor loop keeps turning and no worker's event loop has
-        been silent (blocked) for more than ``settings.watchdog_timeout``."""
-        now = time.monotonic()
-        if now - self._tick >= LIVE_TIMEOUT:
-            return False
-        limit = getattr(self.settings, "watchdog_timeout", 0.0)
-        if limit <= 0:
-            return True
-        limit += self.policy.heartbeat_interval
-        return not any(c.snapshot and now - c.last_seen > limit for c in self._children())
+        """True while this loop turns and no worker's event loop is blocked (watchdog_timeout)."""
+        now, limit = time.monotonic(), self.settings.watchdog_timeout
+        grace = limit + self.policy.heartbeat_interval  # its last stats may be that old
+        late = limit > 0 and any(c.snapshot and now - c.last_seen > grace for c in self._children())
+        return now - self._tick < LIVE_TIMEOUT and not late
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """``(ready, details)`` as of the last loop turn: every live child subscribed."""
@@ -412,29 +405,19 @@ class Supervisor:
                 self._on_death(child, code, now)
 
     def _check_memory(self) -> None:
-        """SIGTERM a child over ``max_memory_per_child`` MiB: it drains, exits, and is
-        replaced at once (not counted as a crash)."""
-        limit = getattr(self.settings, "max_memory_per_child", 0)
-        if not limit:
-            return
+        """SIGTERM a child over max_memory_per_child: it drains, exits, is replaced."""
+        limit = self.settings.max_memory_per_child
         for child in self._children():
-            rss = rss_bytes(child.pid)
-            if child.recycling or rss is None or rss <= limit * 1024 * 1024:
-                continue
-            child.recycling = True
-            log.warning(
-                f"worker {child.index + 1} uses {rss / 2**20:.0f} MiB, more than "
-                f"max_memory_per_child ({limit} MiB); replacing it after its in-flight work",
-                pid=child.pid,
-            )
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signal.SIGTERM)
+            if not child.recycling and (mib := over_memory(child.pid, limit)):
+                child.recycling = True
+                log.warning(f"worker {child.index + 1} over max_memory_per_child: {mib:.0f} MiB")
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGTERM)
 
     def _on_death(self, child: _Child, code: int | None, now: float) -> None:
         lived = now - child.started
-        if child.recycling and not child.killed:
-            self._restart_at[child.index] = now
-            self.metrics.restarts += 1
+        if child.recycling and not child.killed:  # over max_memory_per_child: not a crash
+            self._restart_at[child.index], self.metrics.restarts = now, self.metrics.restarts + 1
             log.info(f"worker {child.index + 1} replaced (memory limit)", exit=code)
             return
         why = f"killed {child.killed}" if child.killed else describe_exit(code)

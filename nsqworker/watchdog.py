@@ -16,12 +16,13 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import CodeType, FrameType
+from typing import Any
 
 from nsqworker.logging import get_logger
 
-__all__ = ["LoopWatchdog", "blocking_frame", "rss_bytes"]
+__all__ = ["LoopWatchdog", "blocking_frame", "over_memory", "rss_bytes"]
 
 log = get_logger("nsqworker.watchdog")
 
@@ -33,6 +34,13 @@ def rss_bytes(pid: int) -> int | None:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def over_memory(pid: int, limit_mib: int) -> float | None:
+    """The MiB of resident memory of ``pid`` when more than ``limit_mib`` (0 = no limit),
+    else None."""
+    rss = rss_bytes(pid) if limit_mib > 0 else None
+    return rss / 2**20 if rss is not None and rss > limit_mib * 2**20 else None
 
 
 def blocking_frame(frame: FrameType | None, handlers: Mapping[CodeType, str]) -> str:
@@ -78,6 +86,14 @@ class LoopWatchdog:
         self._timer: asyncio.TimerHandle | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @classmethod
+    def start_for(cls, tasks: Iterable[Any], timeout: float) -> LoopWatchdog:
+        """Watch the running loop for the handlers of ``tasks`` (TaskSpecs); started."""
+        handlers = {t.func.__code__: t.name for t in tasks if hasattr(t.func, "__code__")}
+        watchdog = cls(asyncio.get_running_loop(), timeout, handlers)
+        watchdog.start()
+        return watchdog
 
     def start(self) -> None:
         """Start stamping (call on the loop's thread) and watching."""

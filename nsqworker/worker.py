@@ -383,16 +383,14 @@ class Worker:
 
     @property
     def ready(self) -> bool:
-        """True while running with every task subscribed on at least one nsqd (a task
-        whose topic no nsqd has yet counts as ready: there is nothing to miss)."""
+        """True while running with every task subscribed, or its topic on no nsqd yet."""
         runners = self._runners
         ok = self._started and self._stop_task is None and bool(runners)
         return ok and all(r.consumer.ready for r in runners)
 
     @property
     def live(self) -> bool:
-        """False while the watchdog sees this worker's event loop blocked past
-        ``settings.watchdog_timeout`` (readable from any thread)."""
+        """False while the watchdog sees the event loop blocked (any thread may ask)."""
         return self.watchdog is None or not self.watchdog.blocked
 
     async def start(self) -> None:
@@ -428,11 +426,7 @@ class Worker:
 
         self._unregister_metrics = register_worker_metrics(self)
         if settings.watchdog_timeout > 0:
-            handlers = {
-                s.func.__code__: s.name for s in self.registry if hasattr(s.func, "__code__")
-            }
-            self.watchdog = LoopWatchdog(self._loop, settings.watchdog_timeout, handlers)
-            self.watchdog.start()
+            self.watchdog = LoopWatchdog.start_for(self.registry, settings.watchdog_timeout)
         waiting = [r.spec.name for r in self._runners if not r.consumer.subscribed]
         if waiting:  # each consumer logs "subscribed on ..." when it gets there
             log.warning("not subscribed yet; retrying", pid=os.getpid(), waiting_for=waiting)

@@ -97,7 +97,7 @@ def test_a_worker_over_max_memory_is_replaced_after_its_in_flight_work(
         message=lambda: f"not replaced: {run.readyz()}\n{run.output()}",
     )
     output = run.output()
-    assert "more than max_memory_per_child (250 MiB)" in output
+    assert "worker 1 over max_memory_per_child: " in output
     assert "replaced (memory limit)" in output
     assert "died" not in output  # a planned replacement, not a crash
     # The ten were running when the limit was hit: they finished before the exit.
