@@ -141,7 +141,10 @@ class Subscriptions:
     def ready(self) -> bool:
         """True when consuming works as far as anyone can tell: at least one connection is
         subscribed, or no nsqd is known to have the topic (lookupd answered that none
-        has it yet). False while nsqd have it and none is subscribed."""
+        has it yet). False before :meth:`start` and while nsqd have it and none is
+        subscribed."""
+        if not self._started:
+            return False  # no link made yet: "no nsqd has the topic" is not known
         if any(s.open for s in self._sessions):
             return True
         if any(link.wanted for link in self._links.values()):

@@ -100,7 +100,8 @@ def test_unreachable_nsqd_is_reported_and_retried(
     output = run.output()
     assert f"nsqd {address} does not answer (connection refused)" in output
     assert "worker started" not in output
-    assert run.readyz()[0] == 503
+    status, body = run.readyz()
+    assert status == 503, (body, run.output())
     run.signal(signal.SIGINT)  # Ctrl-C
     assert run.wait(20) == 0
     events = [json.loads(s).get("event", "") for s in lines(run) if s.startswith("{")]
