@@ -33,15 +33,21 @@ from typing import Any, Protocol, Self
 from opentelemetry import context as otel_context
 
 from nsqworker.errors import ConfigurationError
-from nsqworker.logging import configure_logging, get_logger
+from nsqworker.logging import (
+    TrafficSummary,
+    configure_logging,
+    configure_logging_by_default,
+    get_logger,
+)
+from nsqworker.nsq.backoff import requeue_delay
 from nsqworker.nsq.connection import ConnectionConfig
 from nsqworker.nsq.consumer import DEFERRED, Consumer
 from nsqworker.nsq.eager import resume
-from nsqworker.nsq.message import FINISH, Message, MessageOwner, Outcome
+from nsqworker.nsq.message import FINISH, Message, MessageOwner, Outcome, Requeue
 from nsqworker.nsq.producer import Producer
 from nsqworker.pool import LoopOwner, ThreadPool, run_traced
 from nsqworker.settings import Settings
-from nsqworker.task import Registry, Reject, Retry, TaskSpec, describe_outcome, outcome_of_error
+from nsqworker.task import Registry, Retry, TaskSpec, describe_outcome, outcome_of_error
 
 __all__ = ["DURATION_BUCKETS", "DurationHistogram", "TaskStats", "Worker", "WorkerStats"]
 __all__ += ["dead_letter_envelope", "event_loop_factory", "run_worker"]
@@ -147,7 +153,10 @@ class _TaskRunner:
         self.func = bind(worker.settings) if callable(bind) else spec.func
         self.inst = _instrumentation(spec, worker.settings)
         self.log = log.bind(task=spec.name, topic=spec.topic, channel=spec.channel)
-        self.log_info = self.log.is_enabled_for(logging.INFO)
+        # A success logs at debug only: at 100k messages a second a line each is the cost.
+        self.log_debug = self.log.is_enabled_for(logging.DEBUG)
+        self.summary = TrafficSummary(DURATION_BUCKETS, self.loop.time())
+        self.rejected: dict[str, BaseException] = {}  # Reject errors, for the dead-letter line
         self.bounds = DURATION_BUCKETS
         self.counts = [0] * (len(DURATION_BUCKETS) + 1)
         self.dur_sum = 0.0
@@ -215,7 +224,7 @@ class _TaskRunner:
             self.counts[bisect_left(self.bounds, duration)] += 1
         self.dur_sum += duration
         outcome = None if msg._responded else FINISH
-        if self.log_info:
+        if self.log_debug:
             if token is not None and context is not None:
                 context.run(self.log_done, msg, outcome, duration)
             else:
@@ -246,7 +255,7 @@ class _TaskRunner:
             self.counts[bisect_left(self.bounds, duration)] += 1
             self.dur_sum += duration
             outcome = None if msg._responded else FINISH
-            if self.log_info:
+            if self.log_debug:
                 ctx.run(run_traced, token, self.log_done, msg, outcome, duration)
             if token is not None or self.inst.timed:
                 self.inst.end(token, outcome, None, duration)
@@ -254,7 +263,7 @@ class _TaskRunner:
 
     def log_done(self, msg: Message, outcome: Outcome | None, duration: float) -> None:
         ms = round(duration * 1000, 3)
-        self.log.info(describe_outcome(outcome), id=msg.id, attempts=msg.attempts, duration_ms=ms)
+        self.log.debug(describe_outcome(outcome), id=msg.id, attempts=msg.attempts, duration_ms=ms)
 
     def failed(
         self, msg: Message, exc: BaseException, duration: float, token: Any,
@@ -267,6 +276,12 @@ class _TaskRunner:
         self.counts[bisect_left(self.bounds, duration)] += 1
         self.dur_sum += duration
         outcome = outcome_of_error(msg, exc)
+        if isinstance(outcome, Requeue) and outcome.delay is None:
+            # Picked here rather than by the consumer, so the log line tells the delay sent.
+            s, spec = self.worker.settings, self.spec
+            first = s.requeue_delay if spec.requeue_delay is None else spec.requeue_delay
+            delay = requeue_delay(msg.attempts, first, s.requeue_multiplier, s.max_requeue_delay)
+            outcome = Requeue(delay, backoff=outcome.backoff)
         if ctx is None:
             self.log_failure(msg, exc, outcome, duration)
         else:
@@ -280,17 +295,18 @@ class _TaskRunner:
         fields = {"id": msg.id, "attempts": msg.attempts, "duration_ms": round(duration * 1e3, 3)}
         error = type(exc).__name__
         if isinstance(exc, asyncio.CancelledError):  # the worker is stopping
-            if self.log_info:
-                self.log.info("cancelled while stopping; requeued", **fields)
+            self.log.info("cancelled while stopping; requeued", **fields)
         elif outcome is None:
             what = "handler raised after answering the message; nothing more sent"
             self.log.warning(what, error=error, exc_info=exc, **fields)
-        elif isinstance(exc, Retry):
-            if self.log_info:
-                self.log.info(describe_outcome(outcome), reason=exc.reason or error, **fields)
-        elif not isinstance(exc, Reject):  # a Reject is logged once, by give_up
-            what = f"{describe_outcome(outcome)} after {error}"
-            self.log.warning(what, error=error, exc_info=exc, **fields)
+        elif isinstance(outcome, Requeue):
+            delay = outcome.delay
+            if isinstance(exc, Retry):  # asked for: the reason says why, no traceback
+                self.log.warning("req", delay=delay, error=exc.reason or error, **fields)
+            else:
+                self.log.warning("req", delay=delay, error=error, exc_info=exc, **fields)
+        else:  # a Reject: logged once, with its traceback, by give_up
+            self.rejected[msg.id] = exc
 
     async def give_up(self, msg: Message, reason: str) -> None:
         """The dead-letter path: publish to dead_letter_topic, then on_dead_letter.
@@ -298,7 +314,8 @@ class _TaskRunner:
         Any exception propagates, so the consumer REQs the message instead of FINing it.
         """
         spec = self.spec
-        self.log.error("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason)
+        exc = self.rejected.pop(msg.id, None)
+        self.log.error("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, exc_info=exc)
         if spec.dead_letter_topic is not None:
             producer = self.worker._dead_letter_producer(msg)
             envelope = dead_letter_envelope(msg, reason, spec.name)
@@ -311,6 +328,14 @@ class _TaskRunner:
                 ctx = contextvars.copy_context()
                 await self.loop.run_in_executor(None, ctx.run, hook, msg, reason)
         self.dead_lettered += 1
+
+    def log_summary(self) -> None:
+        """The task's periodic info line, if it handled anything since the last one."""
+        cs = self.consumer.stats()
+        now = self.loop.time()
+        fields = self.summary.fields(cs.finished, cs.requeued, cs.given_up, self.counts, now)
+        if fields is not None:
+            self.log.info("summary", **fields)
 
     def stats(self) -> TaskStats:
         spec, counts, consumer = self.spec, list(self.counts), self.consumer
@@ -365,6 +390,7 @@ class Worker:
         self._forced = False
         self._ctrl_c = False  # whether SIGINT is ours (not under a supervisor)
         self._unregister_metrics: Callable[[], None] | None = None
+        self._summaries: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"<Worker tasks={len(self.registry)} ready={self.ready}>"
@@ -392,6 +418,8 @@ class Worker:
         self._started = True
         self._loop = asyncio.get_running_loop()
         settings = self.settings
+        # Unless the application set up logging itself (docs/running.md, "Logs").
+        configure_logging_by_default(settings.log_level, settings.log_format)
         self._config = ConnectionConfig.from_settings(settings)
         for spec in self.registry:
             max_in_flight = spec.max_in_flight or settings.max_in_flight
@@ -415,11 +443,19 @@ class Worker:
         from nsqworker.telemetry.metrics import register_worker_metrics
 
         self._unregister_metrics = register_worker_metrics(self)
+        if settings.log_summary_interval > 0:
+            self._summaries = asyncio.create_task(self._log_summaries())
         waiting = [r.spec.name for r in self._runners if not r.consumer.subscribed]
         if waiting:  # each consumer logs "subscribed on ..." when it gets there
             log.warning("not subscribed yet; retrying", pid=os.getpid(), waiting_for=waiting)
         else:
             log.info("worker started", pid=os.getpid(), tasks=[s.name for s in self.registry])
+
+    async def _log_summaries(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.log_summary_interval)
+            for runner in self._runners:
+                runner.log_summary()
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop taking messages, let running handlers finish within ``drain_timeout``
@@ -435,6 +471,8 @@ class Worker:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         log.info("worker draining", timeout=timeout)
+        if self._summaries is not None:
+            self._summaries.cancel()
         # 1. Each consumer: RDY 0, wait for its handlers (TOUCHing), REQ the rest, close.
         await asyncio.gather(
             *(r.consumer.stop(timeout) for r in self._runners), return_exceptions=True
@@ -453,6 +491,9 @@ class Worker:
             self._unregister_metrics()
         producers, self._producers = list(self._producers.values()), {}
         await asyncio.gather(*(p.close() for p in producers), return_exceptions=True)
+        if self._summaries is not None:  # the last window, so short runs get one too
+            for runner in self._runners:
+                runner.log_summary()
         log.info("worker stopped")
 
     async def run(self) -> None:
