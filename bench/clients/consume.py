@@ -76,6 +76,7 @@ def tracing(mode: str) -> Callable[[], None] | None:
         "messaging.message.id": "0000000000000000",
         "messaging.nsq.message.attempts": 1,
         "messaging.message.body.size": 100,
+        "messaging.nsq.outcome": "fin",
     }
 
     def bare_span() -> None:
