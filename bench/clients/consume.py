@@ -91,9 +91,8 @@ async def _worker(params: dict[str, Any]) -> dict[str, Any]:
     from nsqworker.task import Registry
     from nsqworker.worker import Worker
 
-    settings = Settings(
-        nsqd_tcp_addresses=[params["address"]], log_level="warning", **NSQD_BUFFERING
-    )
+    buffering = params.get("settings", NSQD_BUFFERING)
+    settings = Settings(nsqd_tcp_addresses=[params["address"]], log_level="warning", **buffering)
     configure_logging(settings.log_level, "console")
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
