@@ -45,7 +45,7 @@ class BenchError(RuntimeError):
 # --- processes ----------------------------------------------------------------------
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """The environment of measuring processes: ours, minus any NSQWORKER_* overrides."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NSQWORKER_")}
     env["PYTHONPATH"] = str(ROOT)
@@ -73,7 +73,7 @@ def spawn(argv: Sequence[str], env: dict[str, str] | None = None) -> Proc:
         stdout=subprocess.PIPE,
         stderr=stderr,
         cwd=ROOT,
-        env=env if env is not None else _child_env(),
+        env=env if env is not None else child_env(),
         text=True,
         start_new_session=True,
     )

@@ -150,6 +150,18 @@ def _at_most(key: str, limit: float, unit: str) -> Check:
 
 TARGETS: list[tuple[str, str, str, Check]] = [
     (
+        "out of the box: `nsqworker run --workers 1`, default settings, >= 10x pynsq",
+        ">= 10x pynsq",
+        "outofbox/run-1",
+        _at_least_ratio("outofbox/run-1", "outofbox/pynsq", 10),
+    ),
+    (
+        "out of the box: idle RSS of supervisor + 1 worker <= 120 MB",
+        "<= 120 MB",
+        "outofbox/idle-rss",
+        _at_most("outofbox/idle-rss", 120.0, "MB"),
+    ),
+    (
         "raw Consumer >= 15x pynsq",
         ">= 15x pynsq",
         "consume/consumer",
