@@ -15,6 +15,7 @@ and every bound key. Both carry ``trace_id`` and ``span_id`` inside an OpenTelem
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -28,7 +29,7 @@ from structlog.typing import EventDict, FilteringBoundLogger, Processor, Wrapped
 
 __all__ = ["LEVELS", "add_trace_context", "configure_logging", "get_logger"]
 __all__ += ["TrafficSummary", "application_configured_logging", "configure_logging_by_default"]
-__all__ += ["histogram_quantile"]
+__all__ += ["every", "histogram_quantile"]
 
 #: Level names accepted by ``configure_logging`` (``warn`` is taken for ``warning``).
 LEVELS = {
@@ -344,6 +345,13 @@ class TrafficSummary:
         self.totals = (0, 0, 0)
         self.counts = [0] * (len(bounds) + 1)
 
+    def log(self, log: Any, stats: Any, counts: Sequence[int], now: float) -> None:
+        """Log ``summary`` at info with :meth:`fields` of ``stats`` (the consumer's
+        ``finished``, ``requeued``, ``given_up``), unless nothing was handled."""
+        fields = self.fields(stats.finished, stats.requeued, stats.given_up, counts, now)
+        if fields is not None:
+            log.info("summary", **fields)
+
     def fields(
         self, finished: int, requeued: int, dead: int, counts: Sequence[int], now: float
     ) -> dict[str, Any] | None:
@@ -366,3 +374,10 @@ class TrafficSummary:
             "p99_ms": round(histogram_quantile(self.bounds, window, 0.99) * 1000, 3),
             "seconds": round(elapsed, 1),
         }
+
+
+async def every(interval: float, call: Callable[[], object]) -> None:
+    """``call()`` every ``interval`` seconds until cancelled (the summary lines)."""
+    while True:
+        await asyncio.sleep(interval)
+        call()

@@ -32,13 +32,9 @@ from typing import Any, Protocol, Self
 
 from opentelemetry import context as otel_context
 
+from nsqworker import logging as _logs
 from nsqworker.errors import ConfigurationError
-from nsqworker.logging import (
-    TrafficSummary,
-    configure_logging,
-    configure_logging_by_default,
-    get_logger,
-)
+from nsqworker.logging import TrafficSummary, configure_logging, get_logger
 from nsqworker.nsq.backoff import requeue_delay
 from nsqworker.nsq.connection import ConnectionConfig
 from nsqworker.nsq.consumer import DEFERRED, Consumer
@@ -153,10 +149,12 @@ class _TaskRunner:
         self.func = bind(worker.settings) if callable(bind) else spec.func
         self.inst = _instrumentation(spec, worker.settings)
         self.log = log.bind(task=spec.name, topic=spec.topic, channel=spec.channel)
-        # A success logs at debug only: at 100k messages a second a line each is the cost.
         self.log_debug = self.log.is_enabled_for(logging.DEBUG)
         self.summary = TrafficSummary(DURATION_BUCKETS, self.loop.time())
         self.rejected: dict[str, BaseException] = {}  # Reject errors, for the dead-letter line
+        s, base = worker.settings, spec.requeue_delay
+        base = s.requeue_delay if base is None else base
+        self.policy = (base, s.requeue_multiplier, s.max_requeue_delay)  # for requeue_delay
         self.bounds = DURATION_BUCKETS
         self.counts = [0] * (len(DURATION_BUCKETS) + 1)
         self.dur_sum = 0.0
@@ -276,12 +274,8 @@ class _TaskRunner:
         self.counts[bisect_left(self.bounds, duration)] += 1
         self.dur_sum += duration
         outcome = outcome_of_error(msg, exc)
-        if isinstance(outcome, Requeue) and outcome.delay is None:
-            # Picked here rather than by the consumer, so the log line tells the delay sent.
-            s, spec = self.worker.settings, self.spec
-            first = s.requeue_delay if spec.requeue_delay is None else spec.requeue_delay
-            delay = requeue_delay(msg.attempts, first, s.requeue_multiplier, s.max_requeue_delay)
-            outcome = Requeue(delay, backoff=outcome.backoff)
+        if isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
+            outcome = Requeue(requeue_delay(msg.attempts, *self.policy), backoff=outcome.backoff)
         if ctx is None:
             self.log_failure(msg, exc, outcome, duration)
         else:
@@ -299,12 +293,12 @@ class _TaskRunner:
         elif outcome is None:
             what = "handler raised after answering the message; nothing more sent"
             self.log.warning(what, error=error, exc_info=exc, **fields)
-        elif isinstance(outcome, Requeue):
-            delay = outcome.delay
-            if isinstance(exc, Retry):  # asked for: the reason says why, no traceback
-                self.log.warning("req", delay=delay, error=exc.reason or error, **fields)
-            else:
-                self.log.warning("req", delay=delay, error=error, exc_info=exc, **fields)
+        elif isinstance(outcome, Requeue):  # a Retry's reason says why: no traceback
+            retry = isinstance(exc, Retry)
+            error = (exc.reason or error) if isinstance(exc, Retry) else error
+            self.log.warning(
+                "req", delay=outcome.delay, error=error, exc_info=not retry and exc, **fields
+            )
         else:  # a Reject: logged once, with its traceback, by give_up
             self.rejected[msg.id] = exc
 
@@ -331,11 +325,7 @@ class _TaskRunner:
 
     def log_summary(self) -> None:
         """The task's periodic info line, if it handled anything since the last one."""
-        cs = self.consumer.stats()
-        now = self.loop.time()
-        fields = self.summary.fields(cs.finished, cs.requeued, cs.given_up, self.counts, now)
-        if fields is not None:
-            self.log.info("summary", **fields)
+        self.summary.log(self.log, self.consumer.stats(), self.counts, self.loop.time())
 
     def stats(self) -> TaskStats:
         spec, counts, consumer = self.spec, list(self.counts), self.consumer
@@ -418,8 +408,7 @@ class Worker:
         self._started = True
         self._loop = asyncio.get_running_loop()
         settings = self.settings
-        # Unless the application set up logging itself (docs/running.md, "Logs").
-        configure_logging_by_default(settings.log_level, settings.log_format)
+        _logs.configure_logging_by_default(settings.log_level, settings.log_format)
         self._config = ConnectionConfig.from_settings(settings)
         for spec in self.registry:
             max_in_flight = spec.max_in_flight or settings.max_in_flight
@@ -444,18 +433,17 @@ class Worker:
 
         self._unregister_metrics = register_worker_metrics(self)
         if settings.log_summary_interval > 0:
-            self._summaries = asyncio.create_task(self._log_summaries())
+            every = settings.log_summary_interval
+            self._summaries = asyncio.create_task(_logs.every(every, self._log_summaries))
         waiting = [r.spec.name for r in self._runners if not r.consumer.subscribed]
         if waiting:  # each consumer logs "subscribed on ..." when it gets there
             log.warning("not subscribed yet; retrying", pid=os.getpid(), waiting_for=waiting)
         else:
             log.info("worker started", pid=os.getpid(), tasks=[s.name for s in self.registry])
 
-    async def _log_summaries(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.log_summary_interval)
-            for runner in self._runners:
-                runner.log_summary()
+    def _log_summaries(self) -> None:
+        for runner in self._runners:
+            runner.log_summary()
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop taking messages, let running handlers finish within ``drain_timeout``
@@ -492,8 +480,7 @@ class Worker:
         producers, self._producers = list(self._producers.values()), {}
         await asyncio.gather(*(p.close() for p in producers), return_exceptions=True)
         if self._summaries is not None:  # the last window, so short runs get one too
-            for runner in self._runners:
-                runner.log_summary()
+            self._log_summaries()
         log.info("worker stopped")
 
     async def run(self) -> None:
