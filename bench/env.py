@@ -270,7 +270,13 @@ class Broker:
         """Create each ``topic/channel`` and queue ``count`` bodies of BODY_SIZE bytes in
         each (MPUB batches over TCP with our Producer); wait until nsqd holds them."""
         for topic in topics:
-            self.nsqd.create_channel(topic, channel)
+            for attempt in range(3):  # nsqd may be busy deleting the last case's topics
+                try:
+                    self.nsqd.create_channel(topic, channel)
+                    break
+                except httpx.TimeoutException:
+                    if attempt == 2:
+                        raise
         asyncio.run(mpub_load(self.tcp_address, topics, count))
         deadline = time.monotonic() + 60
         for topic in topics:

@@ -108,7 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"nsqd on {broker.tcp_address} (pid {broker.pid}); sections: {', '.join(args.sections)}"
         )
         for section in args.sections:
-            runner(section)(broker, cfg, results, say)
+            try:
+                runner(section)(broker, cfg, results, say)
+            except Exception as exc:  # one broken section must not lose the others
+                say(f"[red]{section} failed[/red]: {type(exc).__name__}: {exc}")
+                failed = results.row(f"{section}/failed", section, f"{section} section", "")
+                failed.errors.append(f"{type(exc).__name__}: {exc}")
         if "consume" in args.sections and "memory" in args.sections:
             memory.add_peaks(results)
     finally:
