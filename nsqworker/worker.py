@@ -35,7 +35,6 @@ from opentelemetry import context as otel_context
 from nsqworker import logging as _logs
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import TrafficSummary, configure_logging, get_logger
-from nsqworker.nsq.backoff import requeue_delay
 from nsqworker.nsq.connection import ConnectionConfig
 from nsqworker.nsq.consumer import DEFERRED, Consumer
 from nsqworker.nsq.eager import resume
@@ -152,9 +151,6 @@ class _TaskRunner:
         self.log_debug = self.log.is_enabled_for(logging.DEBUG)
         self.summary = TrafficSummary(DURATION_BUCKETS, self.loop.time())
         self.rejected: dict[str, BaseException] = {}  # Reject errors, for the dead-letter line
-        s, base = worker.settings, spec.requeue_delay
-        base = s.requeue_delay if base is None else base
-        self.policy = (base, s.requeue_multiplier, s.max_requeue_delay)  # for requeue_delay
         self.bounds = DURATION_BUCKETS
         self.counts = [0] * (len(DURATION_BUCKETS) + 1)
         self.dur_sum = 0.0
@@ -275,7 +271,7 @@ class _TaskRunner:
         self.dur_sum += duration
         outcome = outcome_of_error(msg, exc)
         if isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
-            outcome = Requeue(requeue_delay(msg.attempts, *self.policy), backoff=outcome.backoff)
+            outcome = Requeue(self.consumer.requeue_delay(msg.attempts), backoff=outcome.backoff)
         if ctx is None:
             self.log_failure(msg, exc, outcome, duration)
         else:
@@ -294,11 +290,9 @@ class _TaskRunner:
             what = "handler raised after answering the message; nothing more sent"
             self.log.warning(what, error=error, exc_info=exc, **fields)
         elif isinstance(outcome, Requeue):  # a Retry's reason says why: no traceback
-            retry = isinstance(exc, Retry)
-            error = (exc.reason or error) if isinstance(exc, Retry) else error
-            self.log.warning(
-                "req", delay=outcome.delay, error=error, exc_info=not retry and exc, **fields
-            )
+            retry, delay = isinstance(exc, Retry), outcome.delay
+            why = exc.reason or error if isinstance(exc, Retry) else error
+            self.log.warning("req", delay=delay, error=why, exc_info=not retry and exc, **fields)
         else:  # a Reject: logged once, with its traceback, by give_up
             self.rejected[msg.id] = exc
 
@@ -322,10 +316,6 @@ class _TaskRunner:
                 ctx = contextvars.copy_context()
                 await self.loop.run_in_executor(None, ctx.run, hook, msg, reason)
         self.dead_lettered += 1
-
-    def log_summary(self) -> None:
-        """The task's periodic info line, if it handled anything since the last one."""
-        self.summary.log(self.log, self.consumer.stats(), self.counts, self.loop.time())
 
     def stats(self) -> TaskStats:
         spec, counts, consumer = self.spec, list(self.counts), self.consumer
@@ -432,8 +422,7 @@ class Worker:
         from nsqworker.telemetry.metrics import register_worker_metrics
 
         self._unregister_metrics = register_worker_metrics(self)
-        if settings.log_summary_interval > 0:
-            every = settings.log_summary_interval
+        if (every := settings.log_summary_interval) > 0:
             self._summaries = asyncio.create_task(_logs.every(every, self._log_summaries))
         waiting = [r.spec.name for r in self._runners if not r.consumer.subscribed]
         if waiting:  # each consumer logs "subscribed on ..." when it gets there
@@ -442,8 +431,8 @@ class Worker:
             log.info("worker started", pid=os.getpid(), tasks=[s.name for s in self.registry])
 
     def _log_summaries(self) -> None:
-        for runner in self._runners:
-            runner.log_summary()
+        for r in self._runners:  # each busy task's periodic info line
+            r.summary.log(r.log, r.consumer.stats(), r.counts, r.loop.time())
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop taking messages, let running handlers finish within ``drain_timeout``
@@ -459,8 +448,6 @@ class Worker:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         log.info("worker draining", timeout=timeout)
-        if self._summaries is not None:
-            self._summaries.cancel()
         # 1. Each consumer: RDY 0, wait for its handlers (TOUCHing), REQ the rest, close.
         await asyncio.gather(
             *(r.consumer.stop(timeout) for r in self._runners), return_exceptions=True
@@ -479,7 +466,8 @@ class Worker:
             self._unregister_metrics()
         producers, self._producers = list(self._producers.values()), {}
         await asyncio.gather(*(p.close() for p in producers), return_exceptions=True)
-        if self._summaries is not None:  # the last window, so short runs get one too
+        if self._summaries is not None:  # and the last window, so short runs get one too
+            self._summaries.cancel()
             self._log_summaries()
         log.info("worker stopped")
 

@@ -19,6 +19,7 @@ import pytest
 import structlog
 
 from nsqworker.errors import AlreadyResponded, ConfigurationError
+from nsqworker.nsq.backoff import requeue_delay
 from nsqworker.nsq.consumer import DEFERRED
 from nsqworker.nsq.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.settings import Settings
@@ -358,8 +359,13 @@ def runner_for(func: Any, **options: Any) -> _TaskRunner:
 async def run_callback(runner: _TaskRunner, msg: Message) -> Outcome | None:
     """Run the consumer's callback as the consumer would and return the outcome."""
     completed: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
+    s = runner.worker.settings
     runner.consumer = SimpleNamespace(  # type: ignore[assignment]
-        complete=lambda _msg, outcome: completed.set_result(outcome)
+        complete=lambda _msg, outcome: completed.set_result(outcome),
+        # The policy's delay, as Consumer.requeue_delay gives it (the worker logs it).
+        requeue_delay=lambda attempts: requeue_delay(
+            attempts, s.requeue_delay, s.requeue_multiplier, s.max_requeue_delay
+        ),
     )
     result = runner.callback(msg)
     if result is DEFERRED:  # a sync handler: the pool reports through complete()
