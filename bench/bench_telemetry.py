@@ -10,7 +10,8 @@ detached (``run_async``), ``end`` with the outcome FIN:
 3. 100% sampling: the same provider with the default sampler (every span recorded);
 4. bare SDK span: ``tracer.start_span(...)`` + ``span.end()`` with the same attributes
    on the 100% provider, the floor that 3 is compared with;
-5. the same bare span plus ``add_event("fin")``, the outcome event 3 also records;
+5. the same bare span plus ``add_event("fin")``, as a wrapper that records the outcome
+   as an event would (3 records it as status OK and an attribute instead);
 6. the same span as a hand-written wrapper would make it: ``with
    tracer.start_as_current_span(...)`` (current while the handler runs) and
    ``add_event("fin")``.
@@ -111,6 +112,7 @@ def bare(
         "messaging.message.id": "0000000000000000",
         "messaging.nsq.message.attempts": 1,
         "messaging.message.body.size": 9,
+        "messaging.nsq.outcome": "fin",
     }
     name, kind = inst.span_name, SpanKind.CONSUMER
 

@@ -45,7 +45,7 @@ class BenchError(RuntimeError):
 # --- processes ----------------------------------------------------------------------
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """The environment of measuring processes: ours, minus any NSQWORKER_* overrides."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NSQWORKER_")}
     env["PYTHONPATH"] = str(ROOT)
@@ -73,7 +73,7 @@ def spawn(argv: Sequence[str], env: dict[str, str] | None = None) -> Proc:
         stdout=subprocess.PIPE,
         stderr=stderr,
         cwd=ROOT,
-        env=env if env is not None else _child_env(),
+        env=env if env is not None else child_env(),
         text=True,
         start_new_session=True,
     )
@@ -270,7 +270,13 @@ class Broker:
         """Create each ``topic/channel`` and queue ``count`` bodies of BODY_SIZE bytes in
         each (MPUB batches over TCP with our Producer); wait until nsqd holds them."""
         for topic in topics:
-            self.nsqd.create_channel(topic, channel)
+            for attempt in range(3):  # nsqd may be busy deleting the last case's topics
+                try:
+                    self.nsqd.create_channel(topic, channel)
+                    break
+                except httpx.TimeoutException:
+                    if attempt == 2:
+                        raise
         asyncio.run(mpub_load(self.tcp_address, topics, count))
         deadline = time.monotonic() + 60
         for topic in topics:

@@ -13,7 +13,25 @@ runs the cases below and stops every process it started. Each client runs in its
 process, started fresh for each run, so no client's garbage, threads or imports
 weigh on another's; our clients use {loop}, pynsq uses tornado's default asyncio loop.
 Every topic is fresh and deleted afterwards. Sizes below are this run's (`--quick`
-runs everything once with smaller sizes).
+runs everything once with smaller sizes). The machine has two cores, and nsqd shares
+them with the client it serves (and with every other process on the machine): a
+client that makes nsqd work harder, or a second worker process, takes CPU from the
+same two cores.
+
+**Out of the box.** What a user runs: `nsqworker run bench_tasks` as a subprocess
+(supervisor + 1 worker process, then `--workers 2`), default settings (nothing set but
+`NSQWORKER_NSQD_TCP_ADDRESSES` and a free `NSQWORKER_HEALTH_PORT`, so `/metrics` is
+served), stderr to a file (JSON logs, since it is not a terminal), the OpenTelemetry
+SDK installed and not configured. The task module holds one `async def` no-op task
+with `max_in_flight={mif}`. The command is started on a fresh topic; once `/readyz`
+answers 200 and a second passed, the idle RSS of the supervisor and its children is
+summed; the channel is paused, {count:,} messages (plus the Consume headroom) are
+queued, the channel is unpaused. The clock starts when the first handler call in any
+worker process sees its first message and stops when nsqd's channel stats show
+{count:,} messages finished (polled every 5 ms); SIGTERM must then end the command with
+exit code 0, and every log line must be one JSON object. pynsq's `Reader` with its
+defaults (and `max_in_flight={mif}`, as Consume (d)) drains the same count from the
+same nsqd, interleaved with these runs.
 
 **Consume.** {count:,} messages of 100 bytes (and 5% + 2 x max_in_flight more, so the
 queue never runs dry while the clock runs) are pre-loaded into a fresh topic and
@@ -37,9 +55,11 @@ threads, over its timed window: near 100% means the client itself was the bottle
 warm-up) on one connection and counts what nsqd acknowledged: PUB awaited one at a
 time; {batch:,} PUBs at once (`asyncio.gather` for ours; for pynsq's `Writer`, {batch:,}
 `pub()` calls with callbacks), the next {batch:,} once all were acknowledged; MPUB of
-{mpub} awaited one at a time. NSQ's Go `bench_writer` runs with `GOMAXPROCS=1`,
-hence one connection, one MPUB at a time, like ours; with a batch of 1 it is the Go
-reference for one-at-a-time publishing.
+{mpub} awaited one at a time; and (ours only) MPUBs of {mpub} with up to 4 outstanding
+on the one connection (`asyncio.gather` of 4 `publish_many`, then the next 4). NSQ's
+Go `bench_writer` runs with `GOMAXPROCS=1`, hence one connection, one MPUB at a time
+(it waits for each before the next); its MPUB of {mpub} is the reference of both MPUB
+rows, and with a batch of 1 it is the Go reference for one-at-a-time publishing.
 
 **Latency.** A publisher process sends PUBs at a fixed rate ({rates}) for
 {latency_s:g} s, each body starting with the send time (`time.time_ns()`), on a bare
@@ -50,7 +70,8 @@ out. nsqd buffers writes to consumers (flush at `output_buffer_size` bytes or ev
 in IDENTIFY, and the target is checked on it; the `nsqd's batching` rows show what
 nsqd's own defaults (16 KiB, 250 ms) cost at low rates. The consume cases run every
 client at nsqd's batching, as pynsq and bench_reader do: unbuffered, nsqd writes each
-message on its own and becomes the limit of a no-op consumer here (~64k msgs/s).
+message on its own and becomes the limit of a no-op consumer here (the Out of the box
+table is the default, unbuffered; docs/consumer.md says why).
 
 **Memory.** VmRSS from `/proc/<pid>/status` of a Worker process with {idle} async
 tasks, each subscribed to its own topic, no traffic, one second after all subscribed.
@@ -77,7 +98,7 @@ is: microseconds per message of what the worker does around a handler
 (`TaskInstrumentation.start`, the span's Context attached and detached, `end` with
 FIN), best of 10 passes of 5,000, with no OpenTelemetry SDK, with 1% and with 100%
 sampling, beside a bare SDK span (`start_span` + `end`, the process span's 11
-attributes), the same with the `fin` event, and `start_as_current_span` + the event
+attributes plus `messaging.nsq.outcome`), the same with a `fin` event, and `start_as_current_span` + the event
 as a hand-written wrapper would make it. (2) Through nsqd: the async no-op `@task`
 Worker (as in Consume, at nsqd's batching) drains {telemetry_count:,} messages with no
 SDK; with an SDK `TracerProvider` sampling 1% (`ParentBased(TraceIdRatioBased(0.01))`)

@@ -1,7 +1,8 @@
 """Publish: msgs/s acknowledged by nsqd, ours vs pynsq's Writer vs NSQ's bench_writer.
 
-Three shapes (see :mod:`bench.clients.publish`): PUB one at a time, ``concurrent_batch``
-PUBs at once, MPUB of ``mpub_batch`` one at a time. bench_writer only sends MPUB, so
+Four shapes (see :mod:`bench.clients.publish`): PUB one at a time, ``concurrent_batch``
+PUBs at once, MPUB of ``mpub_batch`` one at a time, and (ours only) the same MPUBs
+pipelined, up to ``MPUB_PIPELINE`` outstanding. bench_writer only sends MPUB, so
 it is the Go reference for the MPUB shape (same batch size) and, with a batch of 1,
 for the one-at-a-time shape. It runs with one connection (``GOMAXPROCS=1``), like our
 Producer and pynsq's Writer, so all three wait for the same round trips.
@@ -20,33 +21,48 @@ MODES = (
     ("pub", "PUB, one at a time"),
     ("concurrent", "PUB, {n} at once"),
     ("mpub", "MPUB of {m}, one at a time"),
+    ("mpub4", "MPUB of {m}, up to 4 outstanding"),
 )
 CLIENTS = (("ours", "Producer"), ("pynsq", "pynsq Writer"))
+MPUB_PIPELINE = 4
+"""MPUBs a pipelined Producer keeps in flight (bench_writer waits for each one)."""
+
+
+def _clients(mode: str) -> tuple[tuple[str, str], ...]:
+    return CLIENTS[:1] if mode == "mpub4" else CLIENTS
+
+
+def _go(mode: str) -> str:
+    """The bench_writer row a shape is compared with ("" for none)."""
+    return {"pub": "publish/pub-go", "mpub": "publish/mpub-go", "mpub4": "publish/mpub-go"}.get(
+        mode, ""
+    )
 
 
 def _batch(cfg: Config, mode: str) -> int:
-    return {"pub": 1, "concurrent": cfg.concurrent_batch, "mpub": cfg.mpub_batch}[mode]
+    sizes = {"pub": 1, "concurrent": cfg.concurrent_batch, "mpub": cfg.mpub_batch}
+    return sizes.get(mode, cfg.mpub_batch)
 
 
 def run(broker: Broker, cfg: Config, results: Results, say: Say) -> None:
     """Each shape with each client, ``cfg.runs`` times, interleaved."""
     for mode, title in MODES:
         shape = title.format(n=cfg.concurrent_batch, m=cfg.mpub_batch)
-        go = f"publish/{mode}-go" if mode != "concurrent" else ""
-        for client, name in CLIENTS:
+        go = _go(mode)
+        for client, name in _clients(mode):
             key = f"publish/{mode}-{client}"
             results.row(key, "publish", f"{name}: {shape}", "msgs/s")
-            results.compare(key, f"publish/{mode}-pynsq", go)
-        if go:
+            results.compare(key, f"publish/{mode}-pynsq" if mode != "mpub4" else "", go)
+        if go == f"publish/{mode}-go":
             label = f"bench_writer (Go): MPUB of {_batch(cfg, mode)}, one at a time"
             results.row(go, "publish", label, "msgs/s")
             results.compare(go, f"publish/{mode}-pynsq")
     for i in range(cfg.runs):
         for mode, _ in MODES:
-            for client, name in CLIENTS:
+            for client, name in _clients(mode):
                 say(f"publish run {i + 1}/{cfg.runs}: {name}, {mode}")
                 _measure(broker, cfg, results.series[f"publish/{mode}-{client}"], client, mode)
-            if mode != "concurrent":
+            if _go(mode) == f"publish/{mode}-go":
                 say(f"publish run {i + 1}/{cfg.runs}: bench_writer, {mode}")
                 _measure_writer(broker, cfg, results.series[f"publish/{mode}-go"], mode)
 
@@ -58,6 +74,7 @@ def _measure(broker: Broker, cfg: Config, series: Series, client: str, mode: str
         "topic": topic,
         "mode": mode,
         "batch": _batch(cfg, mode),
+        "pipeline": MPUB_PIPELINE,
         "seconds": cfg.publish_seconds,
         "loop": cfg.loop,
     }

@@ -12,7 +12,8 @@ from rich.table import Table
 from bench.results import Results, Series, Target, check_targets
 
 SECTION_TITLES = {
-    "consume": "Consume",
+    "outofbox": "Out of the box: `nsqworker run`, default settings, vs pynsq's Reader",
+    "consume": "Consume (in process; the tables from here on)",
     "publish": "Publish",
     "latency": "Latency",
     "memory": "Memory",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -20,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from bench import consume, cpu, latency, memory, publish, report, scale, telemetry_cost
+from bench import memory, report
 from bench.common import default_loop, loop_label
 from bench.config import SECTIONS, Config
 from bench.env import MEM_QUEUE_SIZE, ROOT, Broker, cleanup, nsqd_version
@@ -30,15 +31,26 @@ from bench.results import Results
 DOCS = ROOT / "docs"
 TABLE_WIDTH = 170
 """Columns of the table when stdout is not a terminal (a log file, a pipe)."""
-RUNNERS: dict[str, Callable[[Broker, Config, Results, Callable[[str], None]], None]] = {
-    "consume": consume.run,
-    "publish": publish.run,
-    "latency": latency.run,
-    "memory": memory.run,
-    "scale": scale.run,
-    "cpu": cpu.run,
-    "telemetry": telemetry_cost.run,
+SECTION_MODULES: dict[str, str] = {
+    "outofbox": "bench.outofbox",
+    "consume": "bench.consume",
+    "publish": "bench.publish",
+    "latency": "bench.latency",
+    "memory": "bench.memory",
+    "scale": "bench.scale",
+    "cpu": "bench.cpu",
+    "telemetry": "bench.telemetry_cost",
+    # Next: "spark": "bench.spark", "rpc": "bench.rpc" (and their names in
+    # config.SECTIONS, their targets in results.TARGETS, titles in report.SECTION_TITLES).
 }
+"""Each section's module; its ``run(broker, cfg, results, say)`` measures the section."""
+
+
+def runner(section: str) -> Callable[[Broker, Config, Results, Callable[[str], None]], None]:
+    """The ``run`` function of a section, imported when the section runs."""
+    run: Callable[[Broker, Config, Results, Callable[[str], None]], None]
+    run = importlib.import_module(SECTION_MODULES[section]).run
+    return run
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -96,7 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"nsqd on {broker.tcp_address} (pid {broker.pid}); sections: {', '.join(args.sections)}"
         )
         for section in args.sections:
-            RUNNERS[section](broker, cfg, results, say)
+            try:
+                runner(section)(broker, cfg, results, say)
+            except Exception as exc:  # one broken section must not lose the others
+                say(f"[red]{section} failed[/red]: {type(exc).__name__}: {exc}")
+                failed = results.row(f"{section}/failed", section, f"{section} section", "")
+                failed.errors.append(f"{type(exc).__name__}: {exc}")
         if "consume" in args.sections and "memory" in args.sections:
             memory.add_peaks(results)
     finally:

@@ -15,18 +15,21 @@ and every bound key. Both carry ``trace_id`` and ``span_id`` inside an OpenTelem
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO, cast
 
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
 __all__ = ["LEVELS", "add_trace_context", "configure_logging", "get_logger"]
+__all__ += ["TrafficSummary", "application_configured_logging", "configure_logging_by_default"]
+__all__ += ["every", "histogram_quantile"]
 
 #: Level names accepted by ``configure_logging`` (``warn`` is taken for ``warning``).
 LEVELS = {
@@ -39,6 +42,7 @@ LEVELS = {
 FORMATS = ("auto", "console", "json")
 _FIRST_KEYS = ("timestamp", "level", "logger", "event")
 _current_span: Callable[[], Any] | None = None
+_explicit = False  # configure_logging was called by code other than an embedded Worker
 
 
 def _get_current_span() -> Callable[[], Any]:
@@ -165,7 +169,9 @@ class _WriterFactory:
         return _Writer(str(args[0]) if args else "", self._handler)
 
 
-def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> None:
+def configure_logging(
+    level: str = "info", fmt: str = "auto", stream: TextIO | None = None, *, _default: bool = False
+) -> None:
     """Send every log line, ours and the stdlib's, to ``stream`` (stderr) as console or JSON.
 
     ``level`` is one of ``LEVELS`` (any case; ``warn`` works too); ``fmt`` is ``console``,
@@ -210,9 +216,36 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: TextIO | N
         old.close()
     root.addHandler(handler)
     root.setLevel(numeric)
+    global _explicit
+    _explicit = _explicit or not _default
     # httpx logs every lookupd poll at INFO; only its problems are worth a line.
     logging.getLogger("httpx").setLevel(max(numeric, logging.WARNING))
     logging.captureWarnings(True)
+
+
+def application_configured_logging() -> bool:
+    """True when something other than an embedded ``Worker`` has set up logging.
+
+    That is: ``configure_logging`` was called (``nsqworker run`` does it), or the root
+    logger has a handler nsqworker did not install (``logging.basicConfig``,
+    ``dictConfig``, a framework's setup), or structlog was configured by someone else.
+    """
+    if _explicit:
+        return True
+    if any(not isinstance(h, _Handler) for h in logging.getLogger().handlers):
+        return True
+    if structlog.is_configured():
+        return not isinstance(structlog.get_config()["logger_factory"], _WriterFactory)
+    return False
+
+
+def configure_logging_by_default(level: str, fmt: str) -> bool:
+    """``configure_logging(level, fmt)`` unless the application set up logging itself
+    (see :func:`application_configured_logging`); True if it did configure."""
+    if application_configured_logging():
+        return False
+    configure_logging(level, fmt, _default=True)
+    return True
 
 
 # Attributes a resolved logger copies onto the lazy one, so calls skip ``__getattr__``.
@@ -271,3 +304,80 @@ def get_logger(name: str | None = None, **initial: Any) -> FilteringBoundLogger:
     if name is None:
         name = str(sys._getframe(1).f_globals.get("__name__", "nsqworker"))
     return cast(FilteringBoundLogger, _LazyLogger(name, initial))
+
+
+# --- the per-task summary line -------------------------------------------------------
+
+
+def histogram_quantile(bounds: Sequence[float], counts: Sequence[int], q: float) -> float:
+    """The ``q`` quantile (0-1) of a histogram, interpolated inside its bucket.
+
+    ``counts[i]`` values were at most ``bounds[i]`` (and above ``bounds[i - 1]``); the
+    last count is the +Inf bucket, for which the highest bound is returned, as
+    Prometheus' ``histogram_quantile`` does. 0.0 for an empty histogram.
+    """
+    total = sum(counts)
+    if not total:
+        return 0.0
+    rank = q * total
+    seen = 0
+    for i, count in enumerate(counts):
+        if count and seen + count >= rank:
+            if i >= len(bounds):
+                return float(bounds[-1])
+            low = bounds[i - 1] if i else 0.0
+            return low + (bounds[i] - low) * (rank - seen) / count
+        seen += count
+    return float(bounds[-1])
+
+
+class TrafficSummary:
+    """What a task did since the last summary: the fields of its periodic info line.
+
+    Fed with the task's running totals (FINs, REQs, dead letters, handler-duration
+    histogram counts); :meth:`fields` returns the difference since the previous call,
+    or None when nothing was handled, so idle tasks stay quiet.
+    """
+
+    def __init__(self, bounds: Sequence[float], now: float) -> None:
+        self.bounds = list(bounds)
+        self.at = now
+        self.totals = (0, 0, 0)
+        self.counts = [0] * (len(bounds) + 1)
+
+    def log(self, log: Any, stats: Any, counts: Sequence[int], now: float) -> None:
+        """Log ``summary`` at info with :meth:`fields` of ``stats`` (the consumer's
+        ``finished``, ``requeued``, ``given_up``), unless nothing was handled."""
+        fields = self.fields(stats.finished, stats.requeued, stats.given_up, counts, now)
+        if fields is not None:
+            log.info("summary", **fields)
+
+    def fields(
+        self, finished: int, requeued: int, dead: int, counts: Sequence[int], now: float
+    ) -> dict[str, Any] | None:
+        """Counts, rate (messages/s) and p50/p99 handler duration (ms) since last time."""
+        fin, req, dlq = (
+            a - b for a, b in zip((finished, requeued, dead), self.totals, strict=True)
+        )
+        window = [a - b for a, b in zip(counts, self.counts, strict=True)]
+        elapsed, self.at = now - self.at, now
+        self.totals, self.counts = (finished, requeued, dead), list(counts)
+        handled = fin + req + dlq
+        if not handled:
+            return None
+        return {
+            "fin": fin,
+            "req": req,
+            "dead_letter": dlq,
+            "rate": round(handled / elapsed, 1) if elapsed > 0 else 0.0,
+            "p50_ms": round(histogram_quantile(self.bounds, window, 0.5) * 1000, 3),
+            "p99_ms": round(histogram_quantile(self.bounds, window, 0.99) * 1000, 3),
+            "seconds": round(elapsed, 1),
+        }
+
+
+async def every(interval: float, call: Callable[[], object]) -> None:
+    """``call()`` every ``interval`` seconds until cancelled (the summary lines)."""
+    while True:
+        await asyncio.sleep(interval)
+        call()

@@ -344,6 +344,9 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "console", "json"] = Field(
         "auto", description="console or json; auto is console on a terminal, else json."
     )
+    log_summary_interval: Seconds = _bounded(
+        60.0, 0, 86400, "Seconds between each task's info summary line (while busy); 0 = off."
+    )
     tracing_envelope: bool = Field(
         False, description="Producers wrap bodies in an envelope carrying trace context."
     )

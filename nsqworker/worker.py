@@ -26,89 +26,35 @@ import signal
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Coroutine
-from dataclasses import asdict, dataclass, field
 from time import perf_counter
 from typing import Any, Protocol, Self
 
 from opentelemetry import context as otel_context
 
+from nsqworker import logging as _logs
 from nsqworker.errors import ConfigurationError
-from nsqworker.logging import configure_logging, get_logger
+from nsqworker.logging import TrafficSummary, configure_logging, get_logger
 from nsqworker.nsq.connection import ConnectionConfig
 from nsqworker.nsq.consumer import DEFERRED, Consumer
 from nsqworker.nsq.eager import resume
-from nsqworker.nsq.message import FINISH, Message, MessageOwner, Outcome
+from nsqworker.nsq.message import FINISH, Message, MessageOwner, Outcome, Requeue
 from nsqworker.nsq.producer import Producer
 from nsqworker.pool import LoopOwner, ThreadPool, run_traced
 from nsqworker.settings import Settings
-from nsqworker.task import Registry, Reject, Retry, TaskSpec, describe_outcome, outcome_of_error
+from nsqworker.stats import (
+    DURATION_BUCKETS,
+    FROM_CONSUMER,
+    DurationHistogram,
+    TaskStats,
+    WorkerStats,
+)
+from nsqworker.task import Registry, Retry, TaskSpec, describe_outcome, outcome_of_error
 from nsqworker.watchdog import LoopWatchdog
 
-__all__ = ["DURATION_BUCKETS", "DurationHistogram", "TaskStats", "Worker", "WorkerStats"]
-__all__ += ["dead_letter_envelope", "event_loop_factory", "run_worker"]
-
-#: Upper bounds (seconds) of the handler-duration histogram: 1 ms handlers to 1 h jobs.
-DURATION_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
-DURATION_BUCKETS += (600, 1800, 3600)
+__all__ = ["Worker", "dead_letter_envelope", "event_loop_factory", "run_worker"]
 
 log = get_logger("nsqworker.worker")
 _copy_context = contextvars.copy_context
-
-
-# --- stats ---------------------------------------------------------------------------
-
-
-@dataclass
-class DurationHistogram:
-    """Handler run times: ``counts[i]`` ran at most ``buckets[i]`` s; the last is +Inf."""
-
-    buckets: list[float]
-    counts: list[int]
-    sum: float = 0.0
-    count: int = 0
-
-
-def _empty_histogram() -> DurationHistogram:
-    return DurationHistogram(list(DURATION_BUCKETS), [0] * (len(DURATION_BUCKETS) + 1))
-
-
-@dataclass
-class TaskStats:
-    """One task's numbers: the consumer's counters and gauges plus the worker's own."""
-
-    name: str
-    topic: str
-    channel: str
-    subscribed: bool = False
-    ready: bool = False
-    max_in_flight: int = 0
-    received: int = 0
-    finished: int = 0
-    requeued: int = 0
-    dead_lettered: int = 0
-    in_flight: int = 0
-    running: int = 0
-    rdy: int = 0
-    connections: int = 0
-    backoff_level: int = 0
-    duration: DurationHistogram = field(default_factory=_empty_histogram)
-    connection_errors: dict[str, int] = field(default_factory=dict)
-
-
-_FROM_CONSUMER = "max_in_flight received finished requeued in_flight running rdy backoff_level"
-
-
-@dataclass
-class WorkerStats:
-    """A snapshot of one worker process; plain data, picklable."""
-
-    pid: int
-    ready: bool
-    tasks: dict[str, TaskStats]
-
-    def as_dict(self) -> dict[str, Any]:
-        """The snapshot as JSON-ready dicts and lists."""
-        return asdict(self)
 
 
 # --- telemetry seam ------------------------------------------------------------------
@@ -150,7 +96,9 @@ class _TaskRunner:
         self.func = bind(worker.settings) if callable(bind) else spec.func
         self.inst = _instrumentation(spec, worker.settings)
         self.log = log.bind(task=spec.name, topic=spec.topic, channel=spec.channel)
-        self.log_info = self.log.is_enabled_for(logging.INFO)
+        self.log_debug = self.log.is_enabled_for(logging.DEBUG)
+        self.summary = TrafficSummary(DURATION_BUCKETS, self.loop.time())
+        self.rejected: dict[str, BaseException] = {}  # Reject errors, for the dead-letter line
         self.bounds = DURATION_BUCKETS
         self.counts = [0] * (len(DURATION_BUCKETS) + 1)
         self.dur_sum = 0.0
@@ -218,7 +166,7 @@ class _TaskRunner:
             self.counts[bisect_left(self.bounds, duration)] += 1
         self.dur_sum += duration
         outcome = None if msg._responded else FINISH
-        if self.log_info:
+        if self.log_debug:
             if token is not None and context is not None:
                 context.run(self.log_done, msg, outcome, duration)
             else:
@@ -249,7 +197,7 @@ class _TaskRunner:
             self.counts[bisect_left(self.bounds, duration)] += 1
             self.dur_sum += duration
             outcome = None if msg._responded else FINISH
-            if self.log_info:
+            if self.log_debug:
                 ctx.run(run_traced, token, self.log_done, msg, outcome, duration)
             if token is not None or self.inst.timed:
                 self.inst.end(token, outcome, None, duration)
@@ -257,7 +205,7 @@ class _TaskRunner:
 
     def log_done(self, msg: Message, outcome: Outcome | None, duration: float) -> None:
         ms = round(duration * 1000, 3)
-        self.log.info(describe_outcome(outcome), id=msg.id, attempts=msg.attempts, duration_ms=ms)
+        self.log.debug(describe_outcome(outcome), id=msg.id, attempts=msg.attempts, duration_ms=ms)
 
     def failed(
         self, msg: Message, exc: BaseException, duration: float, token: Any,
@@ -270,6 +218,8 @@ class _TaskRunner:
         self.counts[bisect_left(self.bounds, duration)] += 1
         self.dur_sum += duration
         outcome = outcome_of_error(msg, exc)
+        if isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
+            outcome = Requeue(self.consumer.requeue_delay(msg.attempts), backoff=outcome.backoff)
         if ctx is None:
             self.log_failure(msg, exc, outcome, duration)
         else:
@@ -283,17 +233,16 @@ class _TaskRunner:
         fields = {"id": msg.id, "attempts": msg.attempts, "duration_ms": round(duration * 1e3, 3)}
         error = type(exc).__name__
         if isinstance(exc, asyncio.CancelledError):  # the worker is stopping
-            if self.log_info:
-                self.log.info("cancelled while stopping; requeued", **fields)
+            self.log.info("cancelled while stopping; requeued", **fields)
         elif outcome is None:
             what = "handler raised after answering the message; nothing more sent"
             self.log.warning(what, error=error, exc_info=exc, **fields)
-        elif isinstance(exc, Retry):
-            if self.log_info:
-                self.log.info(describe_outcome(outcome), reason=exc.reason or error, **fields)
-        elif not isinstance(exc, Reject):  # a Reject is logged once, by give_up
-            what = f"{describe_outcome(outcome)} after {error}"
-            self.log.warning(what, error=error, exc_info=exc, **fields)
+        elif isinstance(outcome, Requeue):  # a Retry's reason says why: no traceback
+            retry, delay = isinstance(exc, Retry), outcome.delay
+            why = exc.reason or error if isinstance(exc, Retry) else error
+            self.log.warning("req", delay=delay, error=why, exc_info=not retry and exc, **fields)
+        else:  # a Reject: logged once, with its traceback, by give_up
+            self.rejected[msg.id] = exc
 
     async def give_up(self, msg: Message, reason: str) -> None:
         """The dead-letter path: publish to dead_letter_topic, then on_dead_letter.
@@ -301,7 +250,8 @@ class _TaskRunner:
         Any exception propagates, so the consumer REQs the message instead of FINing it.
         """
         spec = self.spec
-        self.log.error("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason)
+        exc = self.rejected.pop(msg.id, None)
+        self.log.error("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, exc_info=exc)
         if spec.dead_letter_topic is not None:
             producer = self.worker._dead_letter_producer(msg)
             envelope = dead_letter_envelope(msg, reason, spec.name)
@@ -323,7 +273,7 @@ class _TaskRunner:
             dead_lettered=self.dead_lettered, connections=cs.connected,
             connection_errors=dict(consumer.connection_errors),
             duration=DurationHistogram(list(self.bounds), counts, self.dur_sum, sum(counts)),
-            **{key: getattr(cs, key) for key in _FROM_CONSUMER.split()},
+            **{key: getattr(cs, key) for key in FROM_CONSUMER.split()},
         )  # fmt: skip
 
 
@@ -370,6 +320,7 @@ class Worker:
         self._ctrl_c = False  # whether SIGINT is ours (not under a supervisor)
         self._unregister_metrics: Callable[[], None] | None = None
         self.watchdog: LoopWatchdog | None = None
+        self._summaries: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"<Worker tasks={len(self.registry)} ready={self.ready}>"
@@ -402,6 +353,7 @@ class Worker:
         self._started = True
         self._loop = asyncio.get_running_loop()
         settings = self.settings
+        _logs.configure_logging_by_default(settings.log_level, settings.log_format)
         self._config = ConnectionConfig.from_settings(settings)
         for spec in self.registry:
             max_in_flight = spec.max_in_flight or settings.max_in_flight
@@ -427,11 +379,17 @@ class Worker:
         self._unregister_metrics = register_worker_metrics(self)
         if settings.watchdog_timeout > 0:
             self.watchdog = LoopWatchdog.start_for(self.registry, settings.watchdog_timeout)
+        if (every := settings.log_summary_interval) > 0:
+            self._summaries = asyncio.create_task(_logs.every(every, self._log_summaries))
         waiting = [r.spec.name for r in self._runners if not r.consumer.subscribed]
         if waiting:  # each consumer logs "subscribed on ..." when it gets there
             log.warning("not subscribed yet; retrying", pid=os.getpid(), waiting_for=waiting)
         else:
             log.info("worker started", pid=os.getpid(), tasks=[s.name for s in self.registry])
+
+    def _log_summaries(self) -> None:
+        for r in self._runners:  # each busy task's periodic info line
+            r.summary.log(r.log, r.consumer.stats(), r.counts, r.loop.time())
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop taking messages, let running handlers finish within ``drain_timeout``
@@ -467,6 +425,9 @@ class Worker:
             self._unregister_metrics()
         producers, self._producers = list(self._producers.values()), {}
         await asyncio.gather(*(p.close() for p in producers), return_exceptions=True)
+        if self._summaries is not None:  # and the last window, so short runs get one too
+            self._summaries.cancel()
+            self._log_summaries()
         log.info("worker stopped")
 
     async def run(self) -> None:

@@ -76,6 +76,7 @@ def tracing(mode: str) -> Callable[[], None] | None:
         "messaging.message.id": "0000000000000000",
         "messaging.nsq.message.attempts": 1,
         "messaging.message.body.size": 100,
+        "messaging.nsq.outcome": "fin",
     }
 
     def bare_span() -> None:
@@ -90,9 +91,8 @@ async def _worker(params: dict[str, Any]) -> dict[str, Any]:
     from nsqworker.task import Registry
     from nsqworker.worker import Worker
 
-    settings = Settings(
-        nsqd_tcp_addresses=[params["address"]], log_level="warning", **NSQD_BUFFERING
-    )
+    buffering = params.get("settings", NSQD_BUFFERING)
+    settings = Settings(nsqd_tcp_addresses=[params["address"]], log_level="warning", **buffering)
     configure_logging(settings.log_level, "console")
     loop = asyncio.get_running_loop()
     done = asyncio.Event()

@@ -6,7 +6,8 @@ one of three shapes (``params["mode"]``):
 * ``pub`` - PUB, each awaited before the next;
 * ``concurrent`` - ``batch`` PUBs at once (``asyncio.gather``; for pynsq, ``batch``
   ``Writer.pub`` calls with callbacks), then the next ``batch`` once all are acked;
-* ``mpub`` - MPUB of ``batch`` bodies, each awaited before the next.
+* ``mpub`` - MPUB of ``batch`` bodies, each awaited before the next;
+* ``mpub4`` - the same MPUBs, ``pipeline`` (4) sent at once and awaited together (ours).
 """
 
 from __future__ import annotations
@@ -64,7 +65,14 @@ async def _ours(params: dict[str, Any]) -> dict[str, Any]:
             await producer.publish_many(topic, bodies)
             return batch
 
-        step = {"pub": pub, "concurrent": concurrent, "mpub": mpub}[mode]
+        pipeline: int = params.get("pipeline", 4)
+
+        async def mpub4() -> int:
+            # Up to `pipeline` MPUBs outstanding on the one connection.
+            await asyncio.gather(*(producer.publish_many(topic, bodies) for _ in range(pipeline)))
+            return batch * pipeline
+
+        step = {"pub": pub, "concurrent": concurrent, "mpub": mpub, "mpub4": mpub4}[mode]
         await _repeat(step, WARMUP)
         started, cpu = time.perf_counter(), time.process_time()
         count = await _repeat(step, params["seconds"])

@@ -447,12 +447,7 @@ class Consumer(Subscriptions):
             assert isinstance(outcome, Requeue)
             delay = outcome.delay
             if delay is None:
-                delay = requeue_delay(
-                    msg.attempts,
-                    self._requeue_delay,
-                    self._settings.requeue_multiplier,
-                    self._settings.max_requeue_delay,
-                )
+                delay = self.requeue_delay(msg.attempts)
             if session.open:
                 ms = min(max(int(delay * 1000), 0), protocol.DEFAULT_MAX_REQ_TIMEOUT_MS)
                 session.conn.req(msg.id_bytes, ms)
@@ -464,6 +459,13 @@ class Consumer(Subscriptions):
             self._give_up(msg, outcome.reason)
             return
         self._release(msg)
+
+    def requeue_delay(self, attempts: int) -> float:
+        """Seconds of a REQ the handler left to the policy, after ``attempts`` deliveries."""
+        s = self._settings
+        return requeue_delay(
+            attempts, self._requeue_delay, s.requeue_multiplier, s.max_requeue_delay
+        )
 
     def touch(self, msg: Message) -> None:
         """TOUCH ``msg`` now (for handlers that answer themselves)."""

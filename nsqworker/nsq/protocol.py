@@ -189,16 +189,26 @@ def mpub(
     check_topic(topic)
     if not bodies:
         raise LocalProtocolError("MPUB needs at least one message")
-    parts = []
-    total = 4
-    for body in bodies:
-        _check_body(body, max_size)
-        parts.append(_SIZE.pack(len(body)))
-        parts.append(bytes(body))
-        total += 4 + len(body)
+    try:
+        sizes = list(map(len, bodies))
+    except TypeError:
+        sizes = []
+    if not sizes or min(sizes) == 0 or (max_size is not None and max(sizes) > max_size):
+        for body in bodies:  # the slow path finds the culprit and names it
+            _check_body(body, max_size)
+    if not all(type(body) is bytes for body in bodies):
+        for body in bodies:
+            _check_body(body, max_size)
+        bodies = [bytes(body) for body in bodies]
+    total = 4 + 4 * len(sizes) + sum(sizes)
     if max_body_size is not None and total > max_body_size:
         raise MessageTooLarge(total, max_body_size, "MPUB body")
-    return b"MPUB " + topic.encode() + b"\n" + _TWO_SIZES.pack(total, len(bodies)) + b"".join(parts)
+    # One pack per message and one join: sizes and bodies interleaved by slicing.
+    parts: list[bytes] = [b""] * (2 * len(sizes))
+    parts[0::2] = map(_SIZE.pack, sizes)
+    parts[1::2] = bodies
+    head = b"MPUB " + topic.encode() + b"\n" + _TWO_SIZES.pack(total, len(sizes))
+    return head + b"".join(parts)
 
 
 def mpub_size(bodies: list[bytes]) -> int:

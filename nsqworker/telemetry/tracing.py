@@ -30,6 +30,7 @@ loads (see :class:`ProducerInstrumentation`). Metrics live in
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Awaitable, Callable
 from random import getrandbits
@@ -48,7 +49,7 @@ from nsqworker._version import __version__
 from nsqworker.nsq.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.telemetry.envelope import ENVELOPE_MAGIC, unwrap_envelope, wrap_envelope
 from nsqworker.telemetry.metrics import SCOPE, SYSTEM_ATTRS, hub
-from nsqworker.telemetry.shortcuts import add_plain_event, context_with
+from nsqworker.telemetry.shortcuts import context_with
 
 if TYPE_CHECKING:
     from nsqworker.nsq.publishing import PublishCall
@@ -70,7 +71,7 @@ __all__ = [
 T = TypeVar("T")
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600)
 """Bounds (s) of ``messaging.process.duration``, 1 ms handlers to 1 h jobs; the same as
-``nsqworker.worker.DURATION_BUCKETS``, which ``/metrics`` uses."""
+``nsqworker.stats.DURATION_BUCKETS``, which ``/metrics`` uses."""
 RECHECK_EVERY = 256
 """Messages between looks at the global providers while one of them is not installed."""
 _LIMIT = (1 << 64) - 1  # TraceIdRatioBased compares the low 64 bits of the trace id
@@ -78,6 +79,9 @@ _DISABLED, _GENERIC, _RATIO = 0, 1, 2
 _SYSTEM = SYSTEM_ATTRS
 _CONSUMER = SpanKind.CONSUMER
 _ROOT = otel_context.Context()
+_OK = Status(StatusCode.OK)
+OUTCOME = "messaging.nsq.outcome"
+"""Span attribute: what was sent to nsqd, ``fin``, ``req`` or ``dead_letter``."""
 """The parent of a process span without a remote parent: none. Whatever span is
 current where the worker runs (one around its startup, say) is not a message's parent."""
 
@@ -160,15 +164,10 @@ def _sampling_plan(
         return _DISABLED, 0, False, None
     if not isinstance(tracer, SdkTracer):
         return _GENERIC, 0, False, None
-    root, parent_based = tracer.sampler, False
-    if isinstance(root, sampling.ParentBased):
-        on = ("_remote_parent_sampled", "_local_parent_sampled")
-        off = ("_remote_parent_not_sampled", "_local_parent_not_sampled")
-        if any(getattr(root, d, None) is not sampling.ALWAYS_ON for d in on) or any(
-            getattr(root, d, None) is not sampling.ALWAYS_OFF for d in off
-        ):
-            return _GENERIC, 0, False, None
-        root, parent_based = getattr(root, "_root", root), True
+    root: sampling.Sampler | None = tracer.sampler
+    parent_based = isinstance(root, sampling.ParentBased)
+    if parent_based:
+        root = _default_parent_based_root(tracer.sampler)
     if root is sampling.ALWAYS_OFF:
         return _RATIO, 0, parent_based, None
     if type(root) is not sampling.TraceIdRatioBased or root.bound > _LIMIT:
@@ -179,6 +178,33 @@ def _sampling_plan(
     if not isinstance(ids, _PresetIds):
         return _GENERIC, 0, False, None  # custom ids (X-Ray...): let the SDK draw them
     return _RATIO, root.bound, parent_based, ids
+
+
+_ROOT_DESCRIPTION = re.compile(
+    r"ParentBased\{root:(AlwaysOffSampler|TraceIdRatioBased\{([^{}]+)\}),"
+)
+
+
+def _default_parent_based_root(sampler: sampling.Sampler) -> sampling.Sampler | None:
+    """The root of a ParentBased sampler whose parent rules are the defaults (follow a
+    sampled parent, drop an unsampled one) and whose root is AlwaysOff or a ratio; else
+    None. Read through the public ``get_description`` only: the sampler is rebuilt from
+    it and must describe itself the same way."""
+    description: str = sampler.get_description()
+    match = _ROOT_DESCRIPTION.match(description)
+    if match is None:
+        return None
+    root: sampling.Sampler
+    if match[2] is None:
+        root = sampling.ALWAYS_OFF
+    else:
+        try:
+            root = sampling.TraceIdRatioBased(float(match[2]))
+        except ValueError:
+            return None
+    rebuilt: str = sampling.ParentBased(root).get_description()  # type: ignore[no-untyped-call]
+    same = rebuilt == description
+    return root if same else None
 
 
 def _server(attrs: dict[str, Any], address: str) -> dict[str, Any]:
@@ -367,16 +393,24 @@ class TaskInstrumentation:
         touches = msg.touch_count
         if touches:  # absent means none: an attribute set after start costs a few us
             span.set_attribute("messaging.nsq.message.touches", touches)
+        if outcome is FINISH and error is None:
+            # The common case, kept to two cheap calls: no event, status OK.
+            span.set_attribute(OUTCOME, "fin")
+            span.set_status(_OK)
+            span.end()
+            return
         failed = error is not None
         if outcome is FINISH:
-            add_plain_event(span, "fin")
+            span.set_attribute(OUTCOME, "fin")
         elif isinstance(outcome, Requeue):
             event: dict[str, Any] = {"messaging.nsq.requeue.backoff": outcome.backoff}
             if outcome.delay is not None:
                 event["messaging.nsq.requeue.delay"] = float(outcome.delay)
+            span.set_attribute(OUTCOME, "req")
             span.add_event("req", event)
             failed = failed or outcome.backoff
         elif isinstance(outcome, GiveUp):
+            span.set_attribute(OUTCOME, "dead_letter")
             span.add_event("dead_letter", {"messaging.nsq.dead_letter.reason": outcome.reason})
             failed = True
         if error is not None:

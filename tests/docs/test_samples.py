@@ -42,8 +42,7 @@ from nsqworker.testing import NsqBinaries, NsqdFactory, NsqlookupdProcess
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("examples/*/README.md")])
 #: Pages whose blocks are not checked yet, with the reason; empty is the goal.
-NOT_YET: dict[str, str] = {
-}
+NOT_YET: dict[str, str] = {}
 #: Fence languages that would hide a runnable sample from the rules above.
 WRONG_LANGUAGES = {"py", "python3", "pycon", "bash", "sh", "shell", "zsh", "shell-session"}
 FILE_HEADER = re.compile(r"^# ([\w./-]+\.(?:py|toml|env)|\.env)\s*$")

@@ -1,21 +1,30 @@
-"""The SDK shortcuts give what the public API gives, and are taken with the pinned SDK."""
+"""The sampled path uses the public OpenTelemetry API only, and gives what it gives."""
 
 from __future__ import annotations
 
-import time
+import ast
+from pathlib import Path
 from typing import Any
 
+import pytest
 from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
 from opentelemetry.metrics import NoOpMeterProvider
-from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider, sampling
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import nsqworker.telemetry as telemetry_package
 from nsqworker.nsq.message import FINISH, Message
 from nsqworker.task import TaskSpec
-from nsqworker.telemetry.shortcuts import add_plain_event, context_with, direct_events
-from nsqworker.telemetry.tracing import TaskInstrumentation
+from nsqworker.telemetry.shortcuts import context_with
+from nsqworker.telemetry.tracing import (
+    _DISABLED,
+    _GENERIC,
+    _RATIO,
+    TaskInstrumentation,
+    _sampling_plan,
+)
 
 
 def provider(exporter: InMemorySpanExporter, **kw: Any) -> TracerProvider:
@@ -24,66 +33,45 @@ def provider(exporter: InMemorySpanExporter, **kw: Any) -> TracerProvider:
     return tp
 
 
-def event_fields(span: Any) -> list[tuple[str, dict[str, Any], int]]:
-    return [(e.name, dict(e.attributes or {}), e.dropped_attributes) for e in span.events]
+def test_no_private_opentelemetry_names_are_used() -> None:
+    """No ``obj._name`` attribute and no ``from opentelemetry... import _name`` in
+    nsqworker/telemetry: an SDK upgrade cannot break or silently slow a shortcut."""
+    private = []
+    for path in Path(telemetry_package.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("opentel"):
+                private += [f"{path.name}: {a.name}" for a in node.names if a.name[0] == "_"]
+            name = node.attr if isinstance(node, ast.Attribute) else ""
+            if name.startswith("_") and not name.startswith("__"):
+                value = node.value  # type: ignore[attr-defined]
+                if not (isinstance(value, ast.Name) and value.id in ("self", "cls")):
+                    private.append(f"{path.name}:{node.lineno}: .{node.attr}")
+    assert private == []
 
 
-def test_the_shortcut_is_taken_for_sdk_spans() -> None:
-    # Fails when an SDK upgrade moves the internals: the public fallback then runs
-    # (correct, 3x slower), and docs/observability.md's cost figures need a new look.
-    span = TracerProvider().get_tracer("t").start_span("s")
-    assert direct_events(span)
+def plan(sampler: sampling.Sampler) -> tuple[int, int, bool]:
+    tp = TracerProvider(sampler=sampler)
+    mode, bound, parent_based, _ = _sampling_plan(tp, tp.get_tracer("t"))
+    return mode, bound, parent_based
 
 
-def test_plain_event_reads_back_as_the_public_one() -> None:
-    exporter = InMemorySpanExporter()
-    tracer = provider(exporter).get_tracer("t")
-    for add in (lambda s: add_plain_event(s, "fin"), lambda s: s.add_event("fin")):
-        span = tracer.start_span("s")
-        before = time.time_ns()
-        add(span)
-        after = time.time_ns()
-        span.end()
-        (event,) = exporter.get_finished_spans()[-1].events
-        assert before <= event.timestamp <= after
-    shortcut, public = exporter.get_finished_spans()
-    assert event_fields(shortcut) == event_fields(public) == [("fin", {}, 0)]
-    assert shortcut.to_json().count('"name": "fin"') == 1
+@pytest.mark.parametrize("rate", [0.01, 0.5, 1e-6, 1 / 3])
+def test_ratio_samplers_are_read_through_their_description(rate: float) -> None:
+    bound = sampling.TraceIdRatioBased(rate).bound
+    assert plan(sampling.TraceIdRatioBased(rate)) == (_RATIO, bound, False)
+    assert plan(sampling.ParentBased(sampling.TraceIdRatioBased(rate))) == (_RATIO, bound, True)
+    assert plan(sampling.ParentBased(sampling.ALWAYS_OFF)) == (_RATIO, 0, True)
 
 
-def test_plain_event_respects_the_span_event_limit() -> None:
-    exporter = InMemorySpanExporter()
-    tracer = provider(exporter, span_limits=SpanLimits(max_events=1)).get_tracer("t")
-    span = tracer.start_span("s")
-    add_plain_event(span, "first")
-    add_plain_event(span, "fin")
-    span.end()
-    (finished,) = exporter.get_finished_spans()
-    assert [e.name for e in finished.events] == ["fin"]
-    assert finished.dropped_events == 1
-
-
-def test_plain_event_on_an_ended_span_is_ignored() -> None:
-    exporter = InMemorySpanExporter()
-    span = provider(exporter).get_tracer("t").start_span("s")
-    span.end()
-    add_plain_event(span, "fin")
-    assert list(exporter.get_finished_spans()[0].events) == []
-
-
-def test_other_spans_get_the_public_call() -> None:
-    class Recorder(trace.NonRecordingSpan):
-        def __init__(self) -> None:
-            super().__init__(trace.INVALID_SPAN_CONTEXT)
-            self.events: list[str] = []
-
-        def add_event(self, name: str, attributes: Any = None, timestamp: Any = None) -> None:
-            self.events.append(name)
-
-    span = Recorder()
-    add_plain_event(span, "fin")
-    assert not direct_events(span)
-    assert span.events == ["fin"]
+def test_other_samplers_are_left_to_the_sdk() -> None:
+    assert plan(sampling.ALWAYS_ON)[0] == _GENERIC
+    assert plan(sampling.ParentBased(sampling.ALWAYS_ON))[0] == _GENERIC
+    odd = sampling.ParentBased(
+        sampling.TraceIdRatioBased(0.1), remote_parent_not_sampled=sampling.ALWAYS_ON
+    )
+    assert plan(odd)[0] == _GENERIC
+    assert _sampling_plan(trace.NoOpTracerProvider(), trace.NoOpTracer())[0] == _DISABLED
 
 
 def test_context_with_matches_set_span_in_context() -> None:

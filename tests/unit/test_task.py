@@ -19,9 +19,11 @@ import pytest
 import structlog
 
 from nsqworker.errors import AlreadyResponded, ConfigurationError
+from nsqworker.nsq.backoff import requeue_delay
 from nsqworker.nsq.consumer import DEFERRED
 from nsqworker.nsq.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.settings import Settings
+from nsqworker.stats import DURATION_BUCKETS
 from nsqworker.task import (
     Registry,
     Reject,
@@ -35,7 +37,7 @@ from nsqworker.task import (
     outcome_of_error,
     outcome_of_return,
 )
-from nsqworker.worker import DURATION_BUCKETS, _TaskRunner, dead_letter_envelope
+from nsqworker.worker import _TaskRunner, dead_letter_envelope
 
 # --- helpers --------------------------------------------------------------------------
 
@@ -358,8 +360,13 @@ def runner_for(func: Any, **options: Any) -> _TaskRunner:
 async def run_callback(runner: _TaskRunner, msg: Message) -> Outcome | None:
     """Run the consumer's callback as the consumer would and return the outcome."""
     completed: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
+    s = runner.worker.settings
     runner.consumer = SimpleNamespace(  # type: ignore[assignment]
-        complete=lambda _msg, outcome: completed.set_result(outcome)
+        complete=lambda _msg, outcome: completed.set_result(outcome),
+        # The policy's delay, as Consumer.requeue_delay gives it (the worker logs it).
+        requeue_delay=lambda attempts: requeue_delay(
+            attempts, s.requeue_delay, s.requeue_multiplier, s.max_requeue_delay
+        ),
     )
     result = runner.callback(msg)
     if result is DEFERRED:  # a sync handler: the pool reports through complete()
@@ -401,7 +408,10 @@ async def test_callback_maps_each_outcome(
     runner = runner_for(func)
     msg, owner = make_message()
     outcome = await run_callback(runner, msg)
-    assert describe_outcome(outcome) == expected
+    if expected == "req":  # the worker picks the policy's (jittered) delay, to log it
+        assert isinstance(outcome, Requeue) and outcome.delay is not None and outcome.delay > 0
+    else:
+        assert describe_outcome(outcome) == expected
     if isinstance(outcome, Requeue):
         assert outcome.backoff is not isinstance(exc, asyncio.CancelledError)
     assert owner.settled == []  # the consumer sends the outcome, not the callback
@@ -513,7 +523,7 @@ async def test_sync_handler_returning_a_coroutine_is_a_failure() -> None:
 
     runner = runner_for(wrong)
     outcome = await run_callback(runner, make_message()[0])
-    assert isinstance(outcome, Requeue) and outcome.delay is None
+    assert isinstance(outcome, Requeue) and outcome.backoff  # a failure: the policy's delay
     assert runner.pool is not None
     runner.pool.shutdown()
 

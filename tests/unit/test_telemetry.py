@@ -104,9 +104,10 @@ def test_success_span_has_the_messaging_attributes_from_the_start(
         "messaging.message.body.size": 9,
         "server.address": "10.0.0.7",
         "server.port": 4150,
+        "messaging.nsq.outcome": "fin",
     }
-    assert [e.name for e in span.events] == ["fin"]
-    assert span.status.status_code is StatusCode.UNSET
+    assert list(span.events) == []  # a success is told by the status and the attribute
+    assert span.status.status_code is StatusCode.OK
 
 
 def test_touches_are_counted_on_the_span(
@@ -158,7 +159,10 @@ def test_requeue_without_backoff_is_not_an_error(
 ) -> None:
     inst = instrument(provider)
     inst.end(inst.start(make_msg()), Requeue(0.0, backoff=False), None, 0.1)
-    assert only_span(exporter).status.status_code is StatusCode.UNSET
+    span = only_span(exporter)
+    assert span.status.status_code is StatusCode.UNSET
+    assert span.attributes["messaging.nsq.outcome"] == "req"  # type: ignore[index]
+    assert [e.name for e in span.events] == ["req"]
 
 
 def test_dead_letter_event_carries_the_reason(
@@ -172,6 +176,7 @@ def test_dead_letter_event_carries_the_reason(
     assert span.attributes["error.type"] == "Reject"  # type: ignore[index]
     event = next(e for e in span.events if e.name == "dead_letter")
     assert dict(event.attributes or {}) == {"messaging.nsq.dead_letter.reason": "bad payload"}
+    assert span.attributes["messaging.nsq.outcome"] == "dead_letter"  # type: ignore[index]
 
 
 def test_handler_runs_inside_the_span(
@@ -517,7 +522,7 @@ def test_duration_histogram_only_with_an_sdk_meter(
 
 
 def test_duration_buckets_match_the_workers() -> None:
-    from nsqworker.worker import DURATION_BUCKETS
+    from nsqworker.stats import DURATION_BUCKETS
 
     assert tuple(map(float, DURATION_BUCKETS)) == tuple(map(float, telemetry.DURATION_BUCKETS))
 

@@ -1,0 +1,70 @@
+"""What one worker process reports: per-task counters, gauges and handler durations.
+
+Plain, picklable data: the supervisor aggregates it for ``/metrics`` and ``/readyz``,
+and the OpenTelemetry observable instruments read the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["DURATION_BUCKETS", "FROM_CONSUMER", "DurationHistogram", "TaskStats", "WorkerStats"]
+
+#: Upper bounds (seconds) of the handler-duration histogram: 1 ms handlers to 1 h jobs.
+DURATION_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
+DURATION_BUCKETS += (600, 1800, 3600)
+
+
+@dataclass
+class DurationHistogram:
+    """Handler run times: ``counts[i]`` ran at most ``buckets[i]`` s; the last is +Inf."""
+
+    buckets: list[float]
+    counts: list[int]
+    sum: float = 0.0
+    count: int = 0
+
+
+def _empty_histogram() -> DurationHistogram:
+    return DurationHistogram(list(DURATION_BUCKETS), [0] * (len(DURATION_BUCKETS) + 1))
+
+
+@dataclass
+class TaskStats:
+    """One task's numbers: the consumer's counters and gauges plus the worker's own."""
+
+    name: str
+    topic: str
+    channel: str
+    subscribed: bool = False
+    ready: bool = False
+    max_in_flight: int = 0
+    received: int = 0
+    finished: int = 0
+    requeued: int = 0
+    dead_lettered: int = 0
+    in_flight: int = 0
+    running: int = 0
+    rdy: int = 0
+    connections: int = 0
+    backoff_level: int = 0
+    duration: DurationHistogram = field(default_factory=_empty_histogram)
+    connection_errors: dict[str, int] = field(default_factory=dict)
+
+
+#: TaskStats fields copied from the consumer's own stats.
+FROM_CONSUMER = "max_in_flight received finished requeued in_flight running rdy backoff_level"
+
+
+@dataclass
+class WorkerStats:
+    """A snapshot of one worker process; plain data, picklable."""
+
+    pid: int
+    ready: bool
+    tasks: dict[str, TaskStats]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The snapshot as JSON-ready dicts and lists."""
+        return asdict(self)

@@ -1,0 +1,220 @@
+"""The Worker's log policy against a real nsqd (DESIGN.md "Logs"): a success writes
+nothing at info, a REQ one warning, a dead letter one error with its traceback, each
+busy task an info summary; an embedded Worker applies Settings.log_level itself."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import structlog
+
+import nsqworker.logging as nsqworker_logging
+from nsqworker.logging import configure_logging
+from nsqworker.nsq.message import Message
+from nsqworker.settings import Settings
+from nsqworker.task import Registry, Reject
+from nsqworker.testing import NsqdProcess
+from nsqworker.worker import Worker
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "logs_test"
+CHANNEL = "c"
+
+
+@pytest.fixture
+def lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[dict[str, Any]]]]:
+    """JSON logging at info into a buffer; returns a reader of the lines so far."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    monkeypatch.setattr(nsqworker_logging, "_explicit", False)
+    buffer = io.StringIO()
+    configure_logging("info", "json", stream=buffer)
+
+    def read() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in buffer.getvalue().splitlines() if line]
+
+    yield read
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
+    logging.captureWarnings(False)
+    structlog.reset_defaults()
+
+
+def settings(nsqd: NsqdProcess, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "nsqd_tcp_addresses": [nsqd.tcp_address],
+        "requeue_delay": 0.05,
+        "backoff_multiplier": 0.0,
+        "drain_timeout": 5.0,
+        "health_port": 0,
+    }
+    return Settings(**{**values, **overrides})
+
+
+async def wait_until(predicate: Callable[[], Any], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def about(lines: list[dict[str, Any]], ids: set[str]) -> list[dict[str, Any]]:
+    return [line for line in lines if line.get("id") in ids]
+
+
+async def test_a_successful_message_writes_no_line_at_info(
+    nsqd: NsqdProcess, lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    seen: set[str] = set()
+    registry = Registry()
+
+    @registry.task(TOPIC, channel=CHANNEL)
+    async def handle(msg: Message) -> None:
+        seen.add(msg.id)
+
+    async with Worker(registry, settings(nsqd, log_summary_interval=0)):
+        nsqd.mpublish(TOPIC, [b"x"] * 20)
+        await wait_until(lambda: len(seen) == 20)
+    assert about(lines(), seen) == []
+    assert "fin" not in [line["event"] for line in lines()]
+    assert len(lines()) < 10  # start, subscribe, drain, stop: never one per message
+
+
+async def test_a_req_writes_one_warning_with_its_delay(
+    nsqd: NsqdProcess, lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    attempts: list[int] = []
+    registry = Registry()
+
+    @registry.task(TOPIC, channel=CHANNEL, name="flaky")
+    async def handle(msg: Message) -> None:
+        attempts.append(msg.attempts)
+        if msg.attempts == 1:
+            raise ValueError("not yet")
+
+    async with Worker(registry, settings(nsqd, log_summary_interval=0)):
+        nsqd.publish(TOPIC, b"x")
+        await wait_until(lambda: attempts == [1, 2])
+    [line] = [line for line in lines() if "id" in line]
+    assert line["level"] == "warning"
+    assert line["event"] == "req"
+    assert line["task"] == "flaky"
+    assert line["attempts"] == 1
+    assert line["error"] == "ValueError"
+    assert 0 < line["delay"] <= 0.1  # requeue_delay 0.05 with the policy's jitter
+    assert "not yet" in line["exception"]
+
+
+async def test_a_dead_letter_writes_one_error_with_the_traceback(
+    nsqd: NsqdProcess, lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    dead: list[str] = []
+    registry = Registry()
+
+    @registry.task(TOPIC, channel=CHANNEL, on_dead_letter=lambda msg, reason: dead.append(reason))
+    async def handle(msg: Message) -> None:
+        raise Reject("malformed")
+
+    async with Worker(registry, settings(nsqd, log_summary_interval=0)):
+        nsqd.publish(TOPIC, b"x")
+        await wait_until(lambda: dead)
+    [line] = [line for line in lines() if "id" in line]
+    assert (line["level"], line["event"], line["reason"]) == ("error", "dead-letter", "malformed")
+    assert "Reject" in line["exception"]
+    assert "raise Reject" in line["exception"]
+
+
+async def test_a_busy_task_logs_a_summary_and_an_idle_one_does_not(
+    nsqd: NsqdProcess, lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    seen: list[str] = []
+    registry = Registry()
+
+    @registry.task(TOPIC, channel=CHANNEL, name="busy")
+    async def busy(msg: Message) -> None:
+        seen.append(msg.id)
+        if msg.attempts == 1 and len(seen) <= 3:
+            raise ValueError("first three fail once")
+
+    @registry.task(TOPIC + "_idle", channel=CHANNEL, name="idle")
+    async def idle(msg: Message) -> None:
+        pass
+
+    async with Worker(registry, settings(nsqd, log_summary_interval=0.3)):
+        nsqd.mpublish(TOPIC, [b"x"] * 50)
+        await wait_until(lambda: len(seen) == 53)
+        await wait_until(lambda: any(line["event"] == "summary" for line in lines()), 3)
+    summaries = [line for line in lines() if line["event"] == "summary"]
+    assert {line["task"] for line in summaries} == {"busy"}
+    assert all(line["level"] == "info" for line in summaries)
+    assert sum(line["fin"] for line in summaries) == 50
+    assert sum(line["req"] for line in summaries) == 3
+    assert sum(line["dead_letter"] for line in summaries) == 0
+    first = summaries[0]
+    assert first["rate"] > 0
+    assert 0 < first["p50_ms"] <= first["p99_ms"] <= 1.0  # no-op handlers: the 1 ms bucket
+
+
+EMBEDDED = """
+import asyncio, sys
+from nsqworker import Registry, Settings, Worker
+
+seen = []
+registry = Registry()
+
+@registry.task("logs_embedded", channel="c")
+async def handle(msg):
+    seen.append(msg.id)
+
+async def main():
+    settings = Settings(nsqd_tcp_addresses=[sys.argv[1]], log_level=sys.argv[2],
+                        log_format="json", health_port=0)
+    async with Worker(registry, settings):
+        while not seen:
+            await asyncio.sleep(0.01)
+
+asyncio.run(asyncio.wait_for(main(), 20))
+"""
+
+
+@pytest.mark.parametrize("level", ["debug", "warning"])
+def test_an_embedded_worker_honours_log_level(nsqd: NsqdProcess, level: str) -> None:
+    """A program that sets up no logging of its own gets Settings.log_level/log_format."""
+    nsqd.publish("logs_embedded", b"x")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NSQWORKER_")}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(EMBEDDED), nsqd.tcp_address, level],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    events = [(line["level"], line["event"]) for line in map(json.loads, done.stderr.splitlines())]
+    if level == "debug":
+        assert ("debug", "fin") in events
+        assert ("info", "worker started") in events
+    else:
+        assert events == []
+
+
+def test_an_application_that_configured_logging_keeps_its_own(nsqd: NsqdProcess) -> None:
+    """logging.basicConfig first: the Worker leaves logging alone (no JSON, no debug)."""
+    nsqd.publish("logs_embedded", b"x")
+    script = "import logging; logging.basicConfig(level=logging.WARNING)\n" + EMBEDDED
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), nsqd.tcp_address, "debug"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
