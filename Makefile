@@ -23,7 +23,7 @@ unexport VIRTUAL_ENV
 export PATH := $(CURDIR)/.tools/bin:$(PATH)
 LINT_DIRS := $(wildcard nsqworker tests bench examples)
 
-.PHONY: venv tools tools-nsq test lint bench run run-spark clean lock soak
+.PHONY: venv tools tools-nsq test lint bench soak run run-spark clean lock
 
 $(UV_STAMP): scripts/bootstrap-uv
 	@scripts/bootstrap-uv $(UV_VERSION)
@@ -57,12 +57,12 @@ lint: venv
 	.venv/bin/mypy nsqworker
 	.venv/bin/hadolint Dockerfile examples/docker/Dockerfile
 
+# The sections of docs/benchmarks.md, then RPC (bench/rpc.py) and Spark (bench/spark.py),
+# which print their own tables (docs/rpc.md and docs/spark.md explain them).
 bench: venv tools-nsq
-	@if [[ -d bench ]]; then \
-		.venv/bin/python -m bench; \
-	else \
-		echo "bench/ does not exist yet"; \
-	fi
+	.venv/bin/python -m bench
+	.venv/bin/python -m bench.rpc
+	.venv/bin/python -m bench.spark
 
 # Not part of `make test`: nsqworker run for SOAK_MINUTES while nsqd restart and workers
 # are killed; writes its figures to docs/reliability.md and docs/soak.png.

@@ -60,7 +60,7 @@ def publish(
     batch_size: Annotated[int, typer.Option(help="Lines per MPUB when reading stdin.")] = 100,
 ) -> None:
     """Publish one message, or one per line of stdin."""
-    from nsqworker.supervisor import configure_telemetry
+    from nsqworker.child import configure_telemetry
 
     configure_telemetry()
     code = publish_command(topic, body, nsqd=list(nsqd or []), delay=delay, batch_size=batch_size)

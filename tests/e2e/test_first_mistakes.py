@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from nsqworker.testing import NsqdProcess, free_port, wait_for
+from nsqworker.testing import NsqdFactory, NsqdProcess, free_port, wait_for
 
 if TYPE_CHECKING:
     from tests.e2e.conftest import Supervised
@@ -107,3 +107,21 @@ def test_unreachable_nsqd_is_reported_and_retried(
     events = [json.loads(s).get("event", "") for s in lines(run) if s.startswith("{")]
     assert "SIGINT: draining" in events
     assert not [e for e in events if e.startswith("SIGTERM")], events
+
+
+def test_a_setting_nsqd_refuses_stops_the_run_with_exit_2(
+    supervise: Start, write_module: Write, nsqd_factory: NsqdFactory
+) -> None:
+    # Set explicitly, a heartbeat above nsqd's --max-heartbeat-interval cannot be
+    # adapted: the worker says so once and the supervisor stops, instead of restarting
+    # it into a crash loop.
+    nsqd = nsqd_factory(extra_args=["--max-heartbeat-interval=10s"])
+    module = write_module("refused_tasks", TASKS)
+    env = {"NSQWORKER_NSQD_TCP_ADDRESSES": nsqd.tcp_address, "NSQWORKER_HEARTBEAT_INTERVAL": "30"}
+    run = supervise(module, env=env)
+    assert run.wait(BOOT) == 2, run.output()
+    output = run.output()
+    assert "heartbeat_interval" in output and "cannot start" in output, output
+    assert "stopped on a configuration error" in output
+    assert "worker 1 started" in output and "restarting in" not in output
+    assert "giving up" not in output
