@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import atexit
-import concurrent.futures
-import logging
-import os
-import threading
-from collections.abc import Coroutine
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self
 
-from nsqworker.errors import ConnectionClosed
+from nsqworker.nsq.loop_thread import LoopThread
 from nsqworker.rpc.client import RpcClient
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
 __all__ = ["SyncRpcClient"]
-
-log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 class SyncRpcClient:
@@ -58,15 +47,8 @@ class SyncRpcClient:
             encoding=encoding,
             max_in_flight=max_in_flight,
         )
-        self._pid = os.getpid()
-        self._loop = asyncio.new_event_loop()
-        self._lock = threading.Lock()
-        self._closed = False
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="nsqworker-rpc", daemon=True
-        )
-        self._thread.start()
-        atexit.register(self.close)
+        self._runner = LoopThread("SyncRpcClient", "RpcClient", "the RPC client", self.close)
+        self._call = self._runner.call
         try:
             self._call(self._client.start())
         except BaseException:
@@ -103,47 +85,6 @@ class SyncRpcClient:
         """Call the endpoint on ``topic`` and wait for its answer; see RpcClient.call."""
         return self._call(self._client.call(topic, value, timeout=timeout, encoding=encoding))
 
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        problem = self._unusable()
-        if problem is not None:
-            coro.close()
-            raise problem
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        while not concurrent.futures.wait([future], 1.0)[0]:
-            if not self._thread.is_alive():
-                future.cancel()
-                raise ConnectionClosed("the RPC client was closed during the call")
-        return future.result()
-
-    def _unusable(self) -> Exception | None:
-        if self._closed:
-            return ConnectionClosed("the RPC client is closed")
-        if threading.current_thread() is self._thread:
-            return RuntimeError("SyncRpcClient called from its own event loop; use RpcClient")
-        if os.getpid() != self._pid:
-            return RuntimeError(
-                "SyncRpcClient was created before this process forked; create it in each process"
-            )
-        return None
-
     def close(self, timeout: float = 5.0) -> None:
         """Close the client (deleting its reply topic), stop the loop. Idempotent."""
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("SyncRpcClient.close() called from its own event loop")
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        atexit.unregister(self.close)
-        if os.getpid() != self._pid:
-            return
-        try:
-            future = asyncio.run_coroutine_threadsafe(self._client.close(timeout), self._loop)
-            future.result(timeout + 5)
-        except Exception as exc:
-            log.debug("closing the RPC client: %s", exc)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout)
-            if not self._thread.is_alive():
-                self._loop.close()
+        self._runner.close(self._client.close(timeout), timeout)

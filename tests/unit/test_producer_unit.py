@@ -494,13 +494,13 @@ def test_nsqworker_installs_the_telemetry_factory() -> None:
 
 def test_sync_producer_lifecycle(nsqds: dict[str, FakeNsqd]) -> None:
     producer = SyncProducer(["a:1"], timeout=1)
-    assert producer._thread.daemon
+    assert producer._runner.thread.daemon
     producer.publish("t", "x")
     producer.publish_json("t", {"a": [1, "é"]})
     producer.publish_many("t", iter([b"1", b"2"]))
     assert pubs(nsqds["a:1"]) == [b"x", '{"a":[1,"é"]}'.encode()]
     producer.close()
-    assert not producer._thread.is_alive()
+    assert not producer._runner.thread.is_alive()
     assert nsqds["a:1"].connections == []
     producer.close()
     with pytest.raises(ConnectionClosed):
@@ -518,7 +518,7 @@ def test_sync_producer_closes_at_exit(
     producer.publish("t", b"x")
     registered[0]()  # what the interpreter does at exit
     assert registered == []
-    assert not producer._thread.is_alive()
+    assert not producer._runner.thread.is_alive()
 
 
 def test_sync_producer_refuses_its_own_loop(nsqds: dict[str, FakeNsqd]) -> None:
@@ -528,7 +528,7 @@ def test_sync_producer_refuses_its_own_loop(nsqds: dict[str, FakeNsqd]) -> None:
             producer.publish("t", b"x")
 
         with pytest.raises(RuntimeError, match="own event loop"):
-            asyncio.run_coroutine_threadsafe(inside(), producer._loop).result(2)
+            asyncio.run_coroutine_threadsafe(inside(), producer._runner.loop).result(2)
 
 
 # --- publish command helpers ---------------------------------------------------------
