@@ -52,6 +52,24 @@ ConfigFile = Annotated[
     ),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
+NsqdOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--nsqd",
+        metavar="HOST:PORT",
+        help="nsqd TCP address; repeat for several (default: nsqd_tcp_addresses).",
+        show_default=False,
+    ),
+]
+LookupdOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--lookupd",
+        metavar="URL",
+        help="nsqlookupd HTTP address; repeat for several (default: lookupd_http_addresses).",
+        show_default=False,
+    ),
+]
 
 
 def flag(field: str) -> str:

@@ -21,6 +21,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
+from nsqworker.cli.common import NsqdOption
 from nsqworker.errors import ConfigurationError, NSQWorkerError
 from nsqworker.nsq import protocol
 
@@ -46,14 +47,7 @@ def publish(
             metavar="BODY", help="Message body; omit or '-' to send each line of stdin."
         ),
     ] = None,
-    nsqd: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--nsqd",
-            metavar="HOST:PORT",
-            help="nsqd TCP address; repeat for several (default: nsqd_tcp_addresses).",
-        ),
-    ] = None,
+    nsqd: NsqdOption = None,
     delay: Annotated[
         float | None, typer.Option(help="Seconds before nsqd delivers it (DPUB).")
     ] = None,

@@ -17,7 +17,7 @@ from typing import IO, Annotated, Any
 import typer
 from rich.console import Console
 
-from nsqworker.cli.common import EXIT_USAGE, ConfigFile, load_settings
+from nsqworker.cli.common import EXIT_USAGE, ConfigFile, NsqdOption, load_settings
 from nsqworker.cli.publish import _quiet_library_logs
 
 __all__ = ["app", "call", "call_command"]
@@ -49,14 +49,7 @@ def call(
     encoding: Annotated[
         str, typer.Option(help="json, msgpack or binary: how the request travels.")
     ] = "json",
-    nsqd: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--nsqd",
-            metavar="HOST:PORT",
-            help="nsqd TCP address; repeat for several (default: nsqd_tcp_addresses).",
-        ),
-    ] = None,
+    nsqd: NsqdOption = None,
     lookupd: Annotated[
         list[str] | None,
         typer.Option(

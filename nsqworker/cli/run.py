@@ -9,6 +9,8 @@ import typer
 from nsqworker.cli.common import (
     EXIT_USAGE,
     ConfigFile,
+    LookupdOption,
+    NsqdOption,
     Target,
     flag,
     load_registry,
@@ -29,24 +31,8 @@ def run(
         typer.Option("--workers", "-w", help="Worker processes (default: the workers setting, 1)."),
     ] = None,
     config: ConfigFile = None,
-    nsqd: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--nsqd",
-            metavar="HOST:PORT",
-            help="nsqd TCP address; repeat for several (default: nsqd_tcp_addresses).",
-            show_default=False,
-        ),
-    ] = None,
-    lookupd: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--lookupd",
-            metavar="URL",
-            help="nsqlookupd HTTP address; repeat for several (default: lookupd_http_addresses).",
-            show_default=False,
-        ),
-    ] = None,
+    nsqd: NsqdOption = None,
+    lookupd: LookupdOption = None,
     log_level: Annotated[
         str | None, typer.Option(help="debug, info, warning, error or critical.")
     ] = None,
