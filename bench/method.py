@@ -66,12 +66,12 @@ rows, and with a batch of 1 it is the Go reference for one-at-a-time publishing.
 pipelined connection so it never limits the rate. A Worker process (async `@task`)
 computes `time.time_ns() - sent` in the handler. The first 10% of messages are left
 out. nsqd buffers writes to consumers (flush at `output_buffer_size` bytes or every
-`output_buffer_timeout`). nsqworker's default, `output_buffer_size=-1`, turns that off
-in IDENTIFY, and the target is checked on it; the `nsqd's batching` rows show what
-nsqd's own defaults (16 KiB, 250 ms) cost at low rates. The consume cases run every
-client at nsqd's batching, as pynsq and bench_reader do: unbuffered, nsqd writes each
-message on its own and becomes the limit of a no-op consumer here (the Out of the box
-table is the default, unbuffered; docs/consumer.md says why).
+`output_buffer_timeout`). nsqworker's default (`output_buffer_size` unset) reads each
+nsqd unbuffered and moves to a second, buffered connection only under load
+(docs/consumer.md), and the target is checked on it; the `nsqd's batching` rows show
+what nsqd's own defaults (16 KiB, 250 ms) cost at low rates. The in-process consume
+cases run every client at nsqd's batching, as pynsq and bench_reader do; the Out of
+the box table runs the default.
 
 **Memory.** VmRSS from `/proc/<pid>/status` of a Worker process with {idle} async
 tasks, each subscribed to its own topic, no traffic, one second after all subscribed.

@@ -288,15 +288,21 @@ class Settings(BaseSettings):
         " A value above nsqd's --max-msg-timeout fails at start.",
     )
     heartbeat_interval: Seconds = _bounded(30.0, 1, 60, "Seconds between nsqd heartbeats.")
-    output_buffer_size: int = _bounded(
-        -1,
+    output_buffer_size: int | None = _bounded(
+        None,  # type: ignore[arg-type]
         -1,
         65536,
-        "Bytes nsqd buffers before writing to us; -1 (default) writes each message at once"
-        " (lowest latency); 16384 with a timeout of 0.25 is nsqd's own batching.",
+        "Bytes nsqd buffers before writing to us. Unset (default): adaptive, each message"
+        " written at once while the rate is low, and a second, buffered connection to the"
+        " same nsqd under load; -1: always at once (lowest latency); 16384 with a timeout"
+        " of 0.25: nsqd's own batching (highest throughput).",
     )
     output_buffer_timeout: Seconds = _bounded(
-        0.25, 0.025, 30, "Seconds nsqd may hold buffered data; lower = less latency, more CPU."
+        0.25,
+        0.025,
+        30,
+        "Seconds nsqd may hold buffered data; lower = less latency, more CPU. When"
+        " output_buffer_size is unset, the buffered connection uses 0.025 unless this is set.",
     )
     sample_rate: int = _bounded(0, 0, 99, "Percent of messages nsqd sends us; 0 sends all.")
     compression: Literal["none", "deflate", "snappy"] = Field(
@@ -433,8 +439,8 @@ class Settings(BaseSettings):
 
     @field_validator("output_buffer_size")
     @classmethod
-    def _check_buffer(cls, value: int) -> int:
-        if 0 <= value < 64:
+    def _check_buffer(cls, value: int | None) -> int | None:
+        if value is not None and 0 <= value < 64:
             raise ValueError("must be -1 (no buffering) or from 64 to 65536")
         return value
 

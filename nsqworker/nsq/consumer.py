@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import logging
 import time
 import types
@@ -29,6 +30,7 @@ from nsqworker.nsq import protocol
 from nsqworker.nsq.backoff import BackoffPhase, BackoffState, requeue_delay
 from nsqworker.nsq.connection import ConnectionConfig
 from nsqworker.nsq.eager import finish_in_task
+from nsqworker.nsq.lanes import BULK_BUFFER, BULK_TIMEOUT
 from nsqworker.nsq.lookupd import LookupdPoller
 from nsqworker.nsq.message import FINISH, Finish, GiveUp, Message, Outcome, Requeue
 from nsqworker.nsq.rdy import Mode, plan
@@ -105,6 +107,15 @@ class Consumer(Subscriptions):
         self._requeue_delay = settings.requeue_delay if requeue_delay is None else requeue_delay
         self._on_give_up = on_give_up
         self._config = connection_config or ConnectionConfig.from_settings(settings)
+        self._bulk_config = None
+        if self._config.output_buffer_size is None and settings.output_buffer_size is None:
+            # Adaptive: unbuffered, with a buffered lane under load (nsq/lanes.py).
+            explicit = "output_buffer_timeout" in self._config.explicit
+            timeout = self._config.output_buffer_timeout if explicit else BULK_TIMEOUT
+            self._bulk_config = dataclasses.replace(
+                self._config, output_buffer_size=BULK_BUFFER, output_buffer_timeout=timeout
+            )
+            self._config = dataclasses.replace(self._config, output_buffer_size=-1)
         if not settings.nsqd_tcp_addresses and not settings.lookupd_http_addresses:
             raise ConfigurationError(
                 "no nsqd to consume from: set nsqd_tcp_addresses (NSQWORKER_NSQD_TCP_ADDRESSES)"
@@ -222,8 +233,9 @@ class Consumer(Subscriptions):
         sessions = [s for s in self._sessions if s.open]
         await asyncio.gather(*(s.conn.close() for s in sessions), return_exceptions=True)
         for link in self._links.values():
-            if link.task is not None:
-                link.task.cancel()
+            for keeper in (link.task, link.bulk_task):
+                if keeper is not None:
+                    keeper.cancel()
         if self._poller is not None:
             await self._poller.close()
 
@@ -260,9 +272,8 @@ class Consumer(Subscriptions):
             session.conn.rdy(count)
         wanted = self.max_in_flight if self._mode() is Mode.NORMAL else 1
         total = sum(s.rdy for s in slots)
-        self._unsatisfied = (
-            bool(slots) and total < min(wanted, len(slots) * 2500) and not (self._stopping)
-        )
+        lanes = sum(1 for s in slots if not s.standby)
+        self._unsatisfied = bool(lanes) and total < min(wanted, lanes * 2500) and not self._stopping
         self._plain = (
             not self._unsatisfied
             and not self._stopping
@@ -289,6 +300,9 @@ class Consumer(Subscriptions):
             if now >= self._next_touch_sweep:
                 self._touch_sweep(now)
                 self._next_touch_sweep = now + 0.25
+            for session in list(self._sessions):
+                if now >= session.check_at:  # a lane with no message in its window
+                    self._check_lane(session, now)
 
     def _touch_sweep(self, now: float) -> None:
         for msg in [*self._tasks, *self._deferred, *self._backlog]:
@@ -320,6 +334,8 @@ class Consumer(Subscriptions):
         self._in_flight += 1
         link = session.link
         link.received += 1
+        if now >= session.check_at:
+            self._check_lane(session, now)
         if self._stopping or attempts > self.max_attempts or self._running >= self.max_in_flight:
             self._admit(msg)
             return
@@ -549,22 +565,7 @@ class Consumer(Subscriptions):
 
     def stats(self) -> ConsumerStats:
         """Counters and gauges for this consumer and each nsqd it knows."""
-        conns = []
-        for link in self._links.values():
-            session = link.session
-            conns.append(
-                ConnectionStats(
-                    link.address,
-                    session is not None and session.open,
-                    session.slot.rdy if session else 0,
-                    session.slot.in_flight if session else 0,
-                    link.received,
-                    link.finished,
-                    link.requeued,
-                    link.given_up,
-                    link.connects,
-                )
-            )
+        conns = [link.stats() for link in self._links.values()]
         r = self._retired
         return ConsumerStats(
             topic=self.topic,

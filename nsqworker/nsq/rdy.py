@@ -10,6 +10,13 @@ lowering RDY: nsqd may already have put up to the old RDY on the wire, so after 
 decrease the old value stays committed for a short settle time, unless every message
 the old window allowed is already in our hands (then nothing can be on the wire).
 
+A connection on ``standby`` (the idle lane of an nsqd read on two connections, see
+:mod:`nsqworker.nsq.lanes`) is planned no RDY, and when one goes to standby its old
+window is not held: its capacity passes to the other lane at once. Messages nsqd had
+already put on the wire then arrive on top of the new window, so nsqd may briefly have
+up to one window more in flight; the consumer still runs at most max_in_flight
+callbacks at once (the rest wait in order).
+
 When connections outnumber max_in_flight, turns rotate: each holder keeps RDY 1 for
 at most ``rotate_after`` seconds (``idle_after`` if nothing arrives), and the next turn
 goes to the connection served least recently, so no nsqd can starve or be skipped.
@@ -55,6 +62,7 @@ class Slot:
     last_served: float = NEVER
     last_message: float = NEVER
     retiring: bool = False
+    standby: bool = False
     extra: dict[str, object] = field(default_factory=dict)
 
     def committed(self, now: float) -> int:
@@ -108,7 +116,7 @@ def plan(
 
 
 def _decrease(slot: Slot, target: int, now: float, settle: float) -> None:
-    if slot.in_flight < slot.rdy:
+    if slot.in_flight < slot.rdy and not slot.standby:
         # Up to rdy - in_flight messages may be on the wire already.
         slot.held = max(slot.rdy, slot.held if now < slot.held_until else 0)
         slot.held_until = now + settle
@@ -126,7 +134,7 @@ def _targets(
     rotate_after: float,
     idle_after: float,
 ) -> list[int]:
-    active = [i for i, s in enumerate(slots) if not s.retiring]
+    active = [i for i, s in enumerate(slots) if not s.retiring and not s.standby]
     targets = [0] * len(slots)
     if mode is Mode.PAUSED or not active:
         return targets

@@ -1,6 +1,10 @@
 """The connections of one subscription: one link per nsqd address, one session per
 connection, kept up with reconnect backoff and discovered through nsqlookupd.
 
+With adaptive output buffering (``output_buffer_size`` unset) a link reads its nsqd on
+an unbuffered connection and, under load, on a second, buffered one (the bulk lane,
+see :mod:`nsqworker.nsq.lanes`); one of the two holds the link's RDY at a time.
+
 :class:`Subscriptions` is the base of :class:`~nsqworker.nsq.consumer.Consumer`: it
 opens, subscribes, retires and forgets connections; the consumer decides RDY and runs
 messages. The attributes it declares are the consumer's.
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -18,6 +23,7 @@ from nsqworker.errors import ConfigurationError, ConnectionClosed, NSQDError
 from nsqworker.nsq.backoff import reconnect_delay
 from nsqworker.nsq.connection import Connection, ConnectionConfig
 from nsqworker.nsq.handshake import connect_adapting
+from nsqworker.nsq.lanes import NEVER, LaneMeter
 from nsqworker.nsq.lookupd import LookupdPoller
 from nsqworker.nsq.rdy import Slot
 
@@ -27,6 +33,9 @@ if TYPE_CHECKING:
 __all__ = ["REASONS", "ConnectionStats", "ConsumerStats", "Subscriptions", "error_reason"]
 
 log = logging.getLogger("nsqworker.nsq.consumer")
+
+BULK_RETRY = 30.0
+"""Seconds before a bulk lane that failed to open is tried again."""
 
 
 @dataclass
@@ -42,6 +51,9 @@ class ConnectionStats:
     requeued: int
     given_up: int
     connects: int
+    lane: str = "single"
+    """Where this nsqd's RDY is: "single" (one connection, output_buffer_size set),
+    "fast" (unbuffered) or "bulk" (the buffered connection opened under load)."""
 
 
 @dataclass
@@ -69,11 +81,15 @@ class _Link:
 
     __slots__ = (
         "address",
+        "bulk",
+        "bulk_retry_at",
+        "bulk_task",
         "connects",
         "direct",
         "finished",
         "given_up",
         "listed",
+        "meter",
         "received",
         "requeued",
         "session",
@@ -86,17 +102,54 @@ class _Link:
         self.listed = False
         self.session: _Session | None = None
         self.task: asyncio.Task[None] | None = None
+        # The buffered lane, when open (adaptive buffering only), and its meter.
+        self.bulk: _Session | None = None
+        self.bulk_task: asyncio.Task[None] | None = None
+        self.bulk_retry_at = 0.0
+        self.meter: LaneMeter | None = None
         self.received = self.finished = self.requeued = self.given_up = self.connects = 0
 
     @property
     def wanted(self) -> bool:
         return self.direct or self.listed
 
+    def stats(self) -> ConnectionStats:
+        """This address's counters; RDY and in flight summed over its lanes."""
+        lanes = [s for s in (self.session, self.bulk) if s is not None]
+        return ConnectionStats(
+            self.address,
+            self.session is not None and self.session.open,
+            sum(s.slot.rdy for s in lanes),
+            sum(s.slot.in_flight for s in lanes),
+            self.received,
+            self.finished,
+            self.requeued,
+            self.given_up,
+            self.connects,
+            self.lane,
+        )
+
+    @property
+    def lane(self) -> str:
+        """See :attr:`ConnectionStats.lane`."""
+        if self.meter is None:
+            return "single"
+        return "bulk" if self.bulk is not None and not self.bulk.slot.standby else "fast"
+
 
 class _Session:
     """One connection's life: the Connection, its RDY slot, its negotiated limits."""
 
-    __slots__ = ("address", "conn", "link", "max_msg_timeout", "open", "slot", "touch_interval")
+    __slots__ = (
+        "address",
+        "check_at",
+        "conn",
+        "link",
+        "max_msg_timeout",
+        "open",
+        "slot",
+        "touch_interval",
+    )
 
     def __init__(self, link: _Link) -> None:
         self.link = link
@@ -106,6 +159,8 @@ class _Session:
         self.slot = Slot(key=self)
         self.touch_interval = 30.0
         self.max_msg_timeout = 900.0
+        # When the link's LaneMeter wants a look (the lane in use only), else NEVER.
+        self.check_at = NEVER
 
     def __str__(self) -> str:
         return self.address
@@ -119,6 +174,9 @@ class Subscriptions:
     channel: str
     _settings: Settings
     _config: ConnectionConfig
+    _bulk_config: ConnectionConfig | None
+    """The bulk lane's config when output buffering is adaptive, else None."""
+    _time: Callable[[], float]
     _links: dict[str, _Link]
     _sessions: list[_Session]
     _stopping: bool
@@ -198,8 +256,10 @@ class Subscriptions:
     def _wants(self, link: _Link) -> bool:
         return link.wanted and not self._stopping
 
-    async def _open(self, link: _Link) -> _Session | None:
+    async def _open(self, link: _Link, bulk: bool = False) -> _Session | None:
         session = _Session(link)
+        config = self._bulk_config if bulk else self._config
+        assert config is not None
 
         def make(config: ConnectionConfig) -> Connection:
             session.conn = Connection(
@@ -213,15 +273,20 @@ class Subscriptions:
 
         try:
             http = self._poller.http_addresses.get(link.address) if self._poller else None
-            conn = await connect_adapting(link.address, self._config, make, http)
+            conn = await connect_adapting(link.address, config, make, http)
             info = conn.server
             await conn.subscribe(self.topic, self.channel)
         except ConfigurationError:
             raise  # a setting this nsqd refuses: retrying cannot help
-        except Exception as exc:  # every other failure means "try again later"
+        except BaseException as exc:  # every other failure means "try again later"
             if hasattr(session, "conn"):
                 session.conn.abort()
+            if not isinstance(exc, Exception):
+                raise  # cancelled
             self._count_error(error_reason(exc))
+            if bulk:
+                log.info("%s: no buffered connection to %s: %s", self.name, link.address, exc)
+                return None
             log.warning("%s: cannot subscribe on %s: %s", self.name, link.address, exc)
             if self._poller is not None:
                 self._poller.poll_soon()
@@ -230,9 +295,17 @@ class Subscriptions:
         session.slot.max_rdy = info.max_rdy_count
         session.touch_interval = max(info.msg_timeout / 2.0, 0.5)
         session.max_msg_timeout = info.max_msg_timeout
+        self._sessions.append(session)
+        if bulk:
+            session.slot.standby = True
+            link.bulk = session
+            log.debug("%s: buffered connection to %s open", self.name, link.address)
+            return session
         link.session = session
         link.connects += 1
-        self._sessions.append(session)
+        if self._bulk_config is not None:
+            link.meter = LaneMeter(self._time(), conn.bytes_received)
+            session.check_at = link.meter.check_at
         log.info("%s: subscribed on %s", self.name, link.address)
         self._replan()
         return session
@@ -253,6 +326,8 @@ class Subscriptions:
             link.session = None
         if session in self._sessions:
             self._sessions.remove(session)
+        if link.bulk is not None and not session.slot.retiring:
+            link.bulk.conn.abort()  # the pair is one nsqd: reconnect it as one
         if self._stopping:
             return
         if link.wanted and not session.slot.retiring:
@@ -280,16 +355,19 @@ class Subscriptions:
     def _retire(self, link: _Link) -> None:
         """Drop an nsqd that vanished from lookupd, once its messages are done."""
         log.info("%s: %s left lookupd; closing it when idle", self.name, link.address)
-        session = link.session
-        if session is None:
-            if link.task is not None:
-                link.task.cancel()
+        sessions = [s for s in (link.session, link.bulk) if s is not None]
+        if not sessions:
+            for task in (link.task, link.bulk_task):
+                if task is not None:
+                    task.cancel()
             self._forget(link)
             return
-        session.slot.retiring = True
+        for session in sessions:
+            session.slot.retiring = True
         self._replan()
-        if session.slot.in_flight == 0:
-            self._close_retired(session)
+        for session in sessions:
+            if session.slot.in_flight == 0:
+                self._close_retired(session)
 
     def _close_retired(self, session: _Session) -> None:
         link = session.link
@@ -311,6 +389,70 @@ class Subscriptions:
             r.requeued += link.requeued
             r.given_up += link.given_up
             r.connects += link.connects
+
+    # --- lanes (adaptive output buffering) --------------------------------------
+
+    def _check_lane(self, session: _Session, now: float) -> None:
+        """The link's meter window on the lane in use ended: move RDY if it says so."""
+        link = session.link
+        meter = link.meter
+        if meter is None or session.slot.standby:
+            session.check_at = NEVER
+            return
+        move = meter.observe(now, session.conn.bytes_received, session.slot.rdy)
+        session.check_at = meter.check_at
+        if move is None or self._stopping or session.slot.retiring:
+            return
+        bulk = link.bulk
+        if not move:
+            self._use_lane(link, bulk=False)
+        elif bulk is not None and bulk.open:
+            self._use_lane(link, bulk=True)
+        elif (link.bulk_task is None or link.bulk_task.done()) and now >= link.bulk_retry_at:
+            link.bulk_task = asyncio.create_task(self._bulk_lane(link))
+
+    def _use_lane(self, link: _Link, bulk: bool) -> None:
+        """Give the link's RDY to its bulk lane (or back to the fast one)."""
+        fast, other = link.session, link.bulk
+        if fast is None or link.meter is None:
+            return
+        if other is None or not other.open:
+            bulk = False
+        active = other if bulk and other is not None else fast
+        for session in (fast, other):
+            if session is not None and session is not active:
+                session.slot.standby = True
+                session.check_at = NEVER
+        active.slot.standby = False
+        link.meter.moved(self._time(), bulk, active.conn.bytes_received)
+        active.check_at = link.meter.check_at
+        log.debug("%s: %s lane of %s", self.name, "bulk" if bulk else "fast", link.address)
+        self._replan()
+
+    async def _bulk_lane(self, link: _Link) -> None:
+        """Open the link's buffered connection, hand it the RDY, and tidy up once it is
+        closed (by nsqd, with its fast lane, or at stop)."""
+        try:
+            session = await self._open(link, bulk=True)
+        except ConfigurationError as exc:
+            log.info("%s: no buffered connection to %s: %s", self.name, link.address, exc)
+            session = None
+        if session is None:
+            link.bulk_retry_at = self._time() + BULK_RETRY
+            return
+        fast = link.session
+        if self._stopping or fast is None or not fast.open or fast.slot.retiring:
+            session.conn.abort()
+        else:
+            self._use_lane(link, bulk=True)
+        await session.conn.wait_closed()
+        session.open = False
+        if session in self._sessions:
+            self._sessions.remove(session)
+        if link.bulk is session:
+            link.bulk = None
+        if fast is not None and fast.open and link.session is fast:
+            self._use_lane(link, bulk=False)
 
     def _on_nsqd_error(self, conn: Connection, error: NSQDError) -> None:
         # E_FIN_FAILED and friends: nsqd already gave the message to someone else (it

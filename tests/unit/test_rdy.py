@@ -160,3 +160,24 @@ def test_invariants_hold_under_random_traffic(n: int, mif: int, seed: int) -> No
 @given(n=st.integers(2, 10), seed=st.integers(0, 10_000))
 def test_more_connections_than_max_in_flight_all_get_turns(n: int, seed: int) -> None:
     simulate(n, 1, seed, steps=800)
+
+
+def test_a_standby_lane_gets_no_rdy_and_hands_its_window_over_at_once() -> None:
+    fast, bulk = Slot(key="fast"), Slot(key="bulk", standby=True)
+    plan([fast, bulk], 100, now=0.0)
+    assert (fast.rdy, bulk.rdy) == (100, 0)
+    fast.in_flight = 30  # and up to 70 more may be on the wire
+    fast.standby, bulk.standby = True, False
+    plan([fast, bulk], 100, now=0.01)
+    # No settle time: the bulk lane gets all but what the fast lane holds in our hands.
+    assert (fast.rdy, bulk.rdy) == (0, 70)
+    fast.in_flight = 0
+    plan([fast, bulk], 100, now=0.02)
+    assert (fast.rdy, bulk.rdy) == (0, 100)
+
+
+def test_a_lane_pair_counts_as_one_nsqd_in_the_shares() -> None:
+    a_fast, a_bulk = Slot(key="a"), Slot(key="a-bulk", standby=True)
+    b = Slot(key="b")
+    plan([a_fast, a_bulk, b], 100, now=0.0)
+    assert (a_fast.rdy, a_bulk.rdy, b.rdy) == (50, 0, 50)

@@ -1,0 +1,194 @@
+"""Adaptive output buffering against a real nsqd: an unbuffered lane for a trickle, a
+buffered one under a backlog, and nothing lost or run twice in between."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+from nsqworker.nsq.consumer import Consumer
+from nsqworker.nsq.message import FINISH, Message, Outcome
+from nsqworker.settings import Settings
+from nsqworker.testing import NsqdProcess
+
+TOPIC = "lanes_test"
+CHANNEL = "c"
+BODY = 2048  # big bodies: the fast lane's byte rate passes UP_RATE on a loaded machine
+
+
+def settings(nsqd: NsqdProcess, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "nsqd_tcp_addresses": [nsqd.tcp_address],
+        "backoff_multiplier": 0.0,
+        "drain_timeout": 5.0,
+        "dial_timeout": 2.0,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def preload(nsqd: NsqdProcess, count: int, prefix: str = "m") -> list[bytes]:
+    nsqd.create_channel(TOPIC, CHANNEL)
+    bodies = [f"{prefix}{i:06d}".encode().ljust(BODY, b".") for i in range(count)]
+    for start in range(0, count, 500):
+        nsqd.mpublish(TOPIC, bodies[start : start + 500], binary=True)
+    return bodies
+
+
+async def wait_until(predicate: Any, timeout: float = 20.0, message: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s: {message}")
+        await asyncio.sleep(0.01)
+
+
+def lane(consumer: Consumer) -> str:
+    return consumer.stats().connections[0].lane
+
+
+async def test_a_backlog_drains_on_the_bulk_lane_and_a_trickle_returns_to_the_fast_one(
+    nsqd: NsqdProcess,
+) -> None:
+    bodies = preload(nsqd, 10_000)
+    seen: Counter[bytes] = Counter()
+    lanes: list[str] = []
+    trickle: list[str] = []
+    consumer: Consumer
+
+    def handle(msg: Message) -> Outcome:
+        seen[msg.body] += 1
+        if msg.body.startswith(b"t"):
+            trickle.append(lane(consumer))
+        elif len(seen) % 500 == 0:
+            lanes.append(lane(consumer))
+        return FINISH
+
+    consumer = Consumer(TOPIC, CHANNEL, handle, settings(nsqd), max_in_flight=500)
+    await consumer.start()
+    try:
+        assert lane(consumer) == "fast"
+        await wait_until(lambda: len(seen) == len(bodies), message=f"{len(seen)} seen")
+        assert "bulk" in lanes, lanes
+        assert set(seen) == set(bodies) and set(seen.values()) == {1}
+        await wait_until(lambda: lane(consumer) == "fast", timeout=2, message="back to fast")
+        for i in range(20):
+            await asyncio.to_thread(nsqd.publish, TOPIC, f"t{i}")
+            await asyncio.sleep(0.01)
+        await wait_until(lambda: len(trickle) == 20, message=f"trickle {trickle}")
+        assert set(trickle) == {"fast"}
+        stats = consumer.stats()
+        assert (stats.finished, stats.rdy, stats.in_flight) == (len(bodies) + 20, 500, 0)
+    finally:
+        await consumer.stop()
+
+
+async def test_moving_lanes_never_runs_more_than_max_in_flight_handlers(
+    nsqd: NsqdProcess,
+) -> None:
+    bodies = preload(nsqd, 6_000)
+    seen: Counter[bytes] = Counter()
+    running = peak = 0
+    lanes: set[str] = set()
+    consumer: Consumer
+
+    async def handle(msg: Message) -> Outcome:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        lanes.add(lane(consumer))
+        await asyncio.sleep(0.001)
+        running -= 1
+        seen[msg.body] += 1
+        return FINISH
+
+    consumer = Consumer(TOPIC, CHANNEL, handle, settings(nsqd), max_in_flight=64)
+    await consumer.start()
+    try:
+        await wait_until(lambda: len(seen) == len(bodies), message=f"{len(seen)} seen")
+    finally:
+        await consumer.stop()
+    assert "bulk" in lanes
+    assert peak <= 64
+    assert set(seen.values()) == {1}
+
+
+async def test_stop_on_the_bulk_lane_loses_nothing(nsqd: NsqdProcess) -> None:
+    bodies = preload(nsqd, 8_000)
+    finished: Counter[bytes] = Counter()
+    consumer: Consumer
+
+    async def handle(msg: Message) -> Outcome:
+        await asyncio.sleep(0.002)
+        finished[msg.body] += 1
+        return FINISH
+
+    consumer = Consumer(TOPIC, CHANNEL, handle, settings(nsqd), max_in_flight=200)
+    await consumer.start()
+    await wait_until(lambda: lane(consumer) == "bulk", message="bulk lane")
+    await consumer.stop()
+    assert 0 < len(finished) < len(bodies)
+    assert nsqd.channel_stats(TOPIC, CHANNEL)["in_flight_count"] == 0
+
+    rest = Consumer(TOPIC, CHANNEL, handle, settings(nsqd), max_in_flight=200)
+    await rest.start()
+    try:
+        await wait_until(lambda: len(finished) == len(bodies), message=f"{len(finished)}")
+    finally:
+        await rest.stop()
+    assert set(finished.values()) == {1}, "a message FINed twice"
+
+
+async def test_a_lost_bulk_lane_hands_rdy_back_and_loses_nothing(nsqd: NsqdProcess) -> None:
+    bodies = preload(nsqd, 10_000)
+    seen: Counter[bytes] = Counter()
+    cut = False
+    consumer: Consumer
+
+    async def handle(msg: Message) -> Outcome:
+        nonlocal cut
+        if not cut and lane(consumer) == "bulk":
+            cut = True  # nsqd requeues what the lost connection had in flight
+            consumer._links[nsqd.tcp_address].bulk.conn._fail("test: bulk lane cut")  # type: ignore[union-attr]
+        await asyncio.sleep(0)
+        seen[msg.body] += 1
+        return FINISH
+
+    consumer = Consumer(TOPIC, CHANNEL, handle, settings(nsqd), max_in_flight=300)
+    await consumer.start()
+    try:
+        await wait_until(lambda: set(seen) == set(bodies), message=f"{len(seen)} seen")
+        assert cut
+        stats = consumer.stats()
+        assert stats.connected == 1 and stats.connections[0].connects == 1
+        assert consumer.connection_errors.get("closed", 0) >= 1
+        await wait_until(lambda: consumer.stats().in_flight == 0, timeout=2)
+    finally:
+        await consumer.stop()
+
+
+async def test_an_explicit_buffer_setting_keeps_one_connection(nsqd: NsqdProcess) -> None:
+    bodies = preload(nsqd, 5_000)
+    seen: set[bytes] = set()
+
+    def handle(msg: Message) -> Outcome:
+        seen.add(msg.body)
+        return FINISH
+
+    for size in (-1, 16384):
+        seen.clear()
+        if size == 16384:
+            preload(nsqd, len(bodies))
+        consumer = Consumer(
+            TOPIC, CHANNEL, handle, settings(nsqd, output_buffer_size=size), max_in_flight=500
+        )
+        await consumer.start()
+        try:
+            await wait_until(lambda: len(seen) == len(bodies), message=f"{len(seen)} seen")
+            assert lane(consumer) == "single"
+            clients = nsqd.channel_stats(TOPIC, CHANNEL)["clients"]
+            assert len(clients) == 1
+        finally:
+            await consumer.stop()
