@@ -28,7 +28,7 @@ answers 200 and a second passed, the idle RSS of the supervisor and its children
 summed; the channel is paused, {count:,} messages (plus the Consume headroom) are
 queued, the channel is unpaused. The clock starts when the first handler call in any
 worker process sees its first message and stops when nsqd's channel stats show
-{count:,} messages finished (polled every 5 ms); SIGTERM must then end the command with
+{count:,} messages finished (looked at every 3 ms near the end, less often before); SIGTERM must then end the command with
 exit code 0, and every log line must be one JSON object. pynsq's `Reader` with its
 defaults (and `max_in_flight={mif}`, as Consume (d)) drains the same count from the
 same nsqd, interleaved with these runs.

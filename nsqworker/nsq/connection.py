@@ -54,6 +54,9 @@ FIN_DELAY = 0.002
 """Seconds the FINs of a small read burst may wait for later bursts' (see
 ``Connection._flush_fins``): with nsqd writing unbuffered, a read often holds one
 message; sharing writes lifted a drain by about a quarter (docs/consumer.md)."""
+WRITE_NOW = 4096
+"""A command this large (an MPUB) is written at once: it is a write of its own anyway,
+and waiting for the loop's next turn to join it with others would only add latency."""
 FIN_BATCH_SHARE = 4
 """FINs are written at once when they are at least 1/FIN_BATCH_SHARE of RDY."""
 
@@ -369,9 +372,12 @@ class Connection(Handshake):
         if self._fins:
             self._take_fins()
         self._wbuf.append(command)
-        if not self._in_read and not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush)
+        if not self._in_read:
+            if len(command) >= WRITE_NOW:
+                self._flush()  # with whatever was queued before it, in order
+            elif not self._flush_scheduled:
+                self._flush_scheduled = True
+                loop.call_soon(self._flush)
         if timeout is None:
             self._pending.append((future, is_publish, None, 0.0))
             return future

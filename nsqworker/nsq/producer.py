@@ -35,7 +35,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self, cast
 
 from nsqworker.errors import (
     ConfigurationError,
@@ -76,6 +76,7 @@ log = logging.getLogger(__name__)
 RECONNECT_DELAY: Final = 0.1
 MAX_RECONNECT_DELAY: Final = 30.0
 _STABLE_AFTER: Final = 1.0  # a connection that lived this long resets the backoff
+_JUST_BYTES: Final = {bytes}
 
 
 # --- the async producer -------------------------------------------------------------
@@ -457,7 +458,11 @@ class Producer:
         """
         if type(topic) is not str or topic not in self._pub_lines:
             self._check_topic(topic)
-        items = [to_bytes(b) for b in bodies]
+        given = list(bodies)
+        if {*map(type, given)} == _JUST_BYTES:
+            items = cast("list[bytes]", given)
+        else:
+            items = [to_bytes(b) for b in given]
         if not items:
             raise LocalProtocolError("publish_many needs at least one message")
         await self._run(PublishCall(topic, items, "MPUB", None, self.envelope), timeout)
@@ -493,9 +498,15 @@ class Producer:
             commands = [(protocol.dpub(topic, call.delay_ms, call.bodies[0], max_size), 1)]
         else:
             limit = self.max_body_size or protocol.DEFAULT_MAX_BODY_SIZE
+            bodies = call.bodies
+            line = b"M" + (self._pub_lines.get(topic) or self._check_topic(topic))
+            if 4 + 4 * len(bodies) + sum(map(len, bodies)) <= limit:  # the usual case
+                batches = [bodies]
+            else:
+                batches = split_batches(bodies, limit)
             commands = [
-                (protocol.mpub(topic, batch, max_size, self.max_body_size), len(batch))
-                for batch in split_batches(call.bodies, limit)
+                (protocol.mpub_line(line, batch, max_size, self.max_body_size), len(batch))
+                for batch in batches
             ]
         for command, count in commands:
             try:

@@ -55,6 +55,7 @@ _HEADER: Final = struct.Struct(">iI")
 _MESSAGE: Final = struct.Struct(">qH16s")
 _MESSAGE_FRAME: Final = struct.Struct(">iIqH16s")
 _TWO_SIZES: Final = struct.Struct(">II")
+_JUST_BYTES: Final = {bytes}
 
 
 class Response(NamedTuple):
@@ -187,28 +188,32 @@ def mpub(
 ) -> bytes:
     """``MPUB topic`` with several messages in one atomic command."""
     check_topic(topic)
+    return mpub_line(b"MPUB " + topic.encode() + b"\n", bodies, max_size, max_body_size)
+
+
+def mpub_line(
+    line: bytes, bodies: list[bytes], max_size: int | None = None, max_body_size: int | None = None
+) -> bytes:
+    """:func:`mpub` for a topic already checked: ``line`` is ``b"MPUB topic\\n"``."""
     if not bodies:
         raise LocalProtocolError("MPUB needs at least one message")
-    try:
-        sizes = list(map(len, bodies))
-    except TypeError:
-        sizes = []
-    if not sizes or min(sizes) == 0 or (max_size is not None and max(sizes) > max_size):
+    if {*map(type, bodies)} != _JUST_BYTES:
         for body in bodies:  # the slow path finds the culprit and names it
             _check_body(body, max_size)
-    if not all(type(body) is bytes for body in bodies):
+        bodies = [bytes(body) for body in bodies]
+    sizes = list(map(len, bodies))
+    if min(sizes) == 0 or (max_size is not None and max(sizes) > max_size):
         for body in bodies:
             _check_body(body, max_size)
-        bodies = [bytes(body) for body in bodies]
-    total = 4 + 4 * len(sizes) + sum(sizes)
+    count = len(sizes)
+    total = 4 + 4 * count + sum(sizes)
     if max_body_size is not None and total > max_body_size:
         raise MessageTooLarge(total, max_body_size, "MPUB body")
     # One pack per message and one join: sizes and bodies interleaved by slicing.
-    parts: list[bytes] = [b""] * (2 * len(sizes))
+    parts: list[bytes] = [b""] * (2 * count)
     parts[0::2] = map(_SIZE.pack, sizes)
     parts[1::2] = bodies
-    head = b"MPUB " + topic.encode() + b"\n" + _TWO_SIZES.pack(total, len(sizes))
-    return head + b"".join(parts)
+    return line + _TWO_SIZES.pack(total, count) + b"".join(parts)
 
 
 def mpub_size(bodies: list[bytes]) -> int:

@@ -8,6 +8,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -116,6 +117,19 @@ async def test_mpub_ten_thousand(nsqd: NsqdProcess) -> None:
         await producer.publish_many("bulk", bodies)
     assert message_count(nsqd, "bulk") == 10_000
     assert sorted(await read_all(nsqd, "bulk")) == sorted(bodies)
+
+
+async def test_mpub_takes_str_and_bytes_like_bodies_and_names_a_bad_one(
+    nsqd: NsqdProcess,
+) -> None:
+    bodies: list[Any] = ["text é", bytearray(b"array"), memoryview(b"view"), b"bytes"]
+    async with Producer([nsqd.tcp_address], timeout=5) as producer:
+        await producer.publish_many("mixed", (b for b in bodies))  # any iterable
+        with pytest.raises(TypeError, match="got int"):
+            await producer.publish_many("mixed", [b"fine", 42])  # type: ignore[list-item]
+    assert sorted(await read_all(nsqd, "mixed")) == sorted(
+        [b"text \xc3\xa9", b"array", b"view", b"bytes"]
+    )
 
 
 async def test_mpub_larger_than_max_body_size_is_split(nsqd: NsqdProcess) -> None:
