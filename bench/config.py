@@ -46,6 +46,9 @@ class Config:
     cpu_count: int = 200_000
     # telemetry: consume with tracing off, 1%, 100%
     telemetry_count: int = 100_000
+    telemetry_extra_runs: int = 2
+    """Runs beyond ``runs`` for the through-nsqd tracing costs (differences of rates,
+    from each case's fastest run)."""
 
     @classmethod
     def quick(cls, loop: str | None = None) -> Config:
@@ -61,4 +64,5 @@ class Config:
             per_nsqd=250,
             cpu_count=50_000,
             telemetry_count=10_000,
+            telemetry_extra_runs=0,
         )

@@ -96,16 +96,24 @@ per read); the ratio column shows each path's speed relative to it.
 **Telemetry.** Two measures. (1) In one process, `bench/bench_telemetry.py` as it
 is: microseconds per message of what the worker does around a handler
 (`TaskInstrumentation.start`, the span's Context attached and detached, `end` with
-FIN), best of 10 passes of 5,000, with no OpenTelemetry SDK, with 1% and with 100%
+FIN), best of 20 passes of 5,000, with no OpenTelemetry SDK, with 1% and with 100%
 sampling, beside a bare SDK span (`start_span` + `end`, the process span's 11
-attributes plus `messaging.nsq.outcome`), the same with a `fin` event, and `start_as_current_span` + the event
-as a hand-written wrapper would make it. (2) Through nsqd: the async no-op `@task`
+attributes plus `messaging.nsq.outcome`), the same with a `fin` event, and
+`start_as_current_span` + the event as a hand-written wrapper would make it. The
+"minus" rows (what the framework adds around the SDK) are measured again with a span
+processor that drops each span as it ends and no BatchSpanProcessor thread running
+(that thread competes for the GIL and moves single passes by more than the
+difference), as the median of 20 paired differences (the 100% pass right before the
+bare one). (2) Through nsqd: the async no-op `@task`
 Worker (as in Consume, at nsqd's batching) drains {telemetry_count:,} messages with no
 SDK; with an SDK `TracerProvider` sampling 1% (`ParentBased(TraceIdRatioBased(0.01))`)
 and every message (the default sampler), a `BatchSpanProcessor` and an exporter that
 drops; and untraced, with a handler that makes one bare SDK span with the same
-attributes. Cost per message is `1e6 / rate - 1e6 / rate with no SDK`, run by run; the
-fully sampled cost minus the bare span's is what the framework adds around the SDK.
+attributes, each case {telemetry_runs} times interleaved. Cost per message is
+`1e6 / rate - 1e6 / rate with no SDK`, from each case's fastest run (as in (1): the
+machine's other load only ever slows a run, and a difference of two single runs
+carries the noise of both; the run-by-run figures are in the rows' notes); the fully
+sampled cost minus the bare span's is what the framework adds around the SDK.
 
 ## Running
 
@@ -140,4 +148,5 @@ def method(cfg: Config, loop: str, mem_queue: int) -> str:
         nsqd_mif=cfg.nsqd_max_in_flight,
         cpu_count=cfg.cpu_count,
         telemetry_count=cfg.telemetry_count,
+        telemetry_runs=cfg.runs + cfg.telemetry_extra_runs,
     )

@@ -223,6 +223,12 @@ TARGETS: list[tuple[str, str, str, Check]] = [
         _at_most("telemetry/consume-cost-ratio", 3.0, "us"),
     ),
     (
+        "tracing, 100% sampled: <= 5 us more than a bare SDK span (in process)",
+        "<= bare + 5 us",
+        "telemetry/100-minus-bare-span",
+        _at_most("telemetry/100-minus-bare-span", 5.0, "us"),
+    ),
+    (
         "tracing, 100% sampled: <= 5 us more than a bare SDK span (through nsqd)",
         "<= bare + 5 us",
         "telemetry/consume-full-over-bare",

@@ -81,6 +81,7 @@ _CONSUMER = SpanKind.CONSUMER
 _ROOT = otel_context.Context()
 _OK = Status(StatusCode.OK)
 OUTCOME = "messaging.nsq.outcome"
+_FIN = {OUTCOME: "fin"}  # set_attribute(k, v) is set_attributes({k: v}) in the SDK
 """Span attribute: what was sent to nsqd, ``fin``, ``req`` or ``dead_letter``."""
 """The parent of a process span without a remote parent: none. Whatever span is
 current where the worker runs (one around its startup, say) is not a message's parent."""
@@ -395,7 +396,7 @@ class TaskInstrumentation:
             span.set_attribute("messaging.nsq.message.touches", touches)
         if outcome is FINISH and error is None:
             # The common case, kept to two cheap calls: no event, status OK.
-            span.set_attribute(OUTCOME, "fin")
+            span.set_attributes(_FIN)
             span.set_status(_OK)
             span.end()
             return
