@@ -67,6 +67,12 @@ GAUGES = (
     ("in_flight", "nsqworker_messages_in_flight", "Messages received and not yet answered.", sum),
     ("rdy", "nsqworker_rdy", "RDY count granted to nsqd, over all connections.", sum),
     ("connections", "nsqworker_connections", "Open nsqd connections of the task.", sum),
+    (
+        "buffered",
+        "nsqworker_nsqd_buffered",
+        "nsqd whose messages come on the buffered connection opened under load.",
+        sum,
+    ),
     ("backoff_level", "nsqworker_backoff_level", "Consumer backoff level; 0 = none.", max),
 )
 

@@ -48,6 +48,8 @@ class TaskStats:
     running: int = 0
     rdy: int = 0
     connections: int = 0
+    buffered: int = 0
+    """nsqd read on their buffered connection (adaptive output buffering, under load)."""
     backoff_level: int = 0
     duration: DurationHistogram = field(default_factory=_empty_histogram)
     connection_errors: dict[str, int] = field(default_factory=dict)

@@ -271,6 +271,7 @@ class _TaskRunner:
         return TaskStats(
             spec.name, spec.topic, spec.channel, consumer.subscribed, consumer.ready,
             dead_lettered=self.dead_lettered, connections=cs.connected,
+            buffered=sum(c.lane == "bulk" for c in cs.connections),
             connection_errors=dict(consumer.connection_errors),
             duration=DurationHistogram(list(self.bounds), counts, self.dur_sum, sum(counts)),
             **{key: getattr(cs, key) for key in FROM_CONSUMER.split()},
