@@ -18,8 +18,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "nsqworker"
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 CI_IDS = [p.stem for p in CI_VALUES]
-# Settings fields the Spark runner adds; checked once Settings has them (spark_runner).
-HAS_SPARK_SETTINGS = "spark_runner" in Settings.model_fields
 SPARK_ENV = {
     "NSQWORKER_SPARK_RUNNER",
     "NSQWORKER_SPARK_NAMESPACE",
@@ -122,13 +120,10 @@ def test_grace_period_follows_a_fractional_drain(helm: Any) -> None:
 def test_env_names_are_settings(helm: Any, values: Path | None) -> None:
     manifests = helm.template(*([values] if values else []))
     names = nsqworker_env_names(manifests)
-    if not HAS_SPARK_SETTINGS:
-        names -= SPARK_ENV  # test_spark_env_names_are_settings checks them after the merge
     unknown = names - settings_env_names() - RESERVED_ENV_VARS
     assert not unknown, f"the chart sets variables Settings does not know: {sorted(unknown)}"
 
 
-@pytest.mark.skipif(not HAS_SPARK_SETTINGS, reason="Settings has no Spark fields yet")
 def test_spark_env_names_are_settings(helm: Any) -> None:
     manifests = helm.template(ci("spark-rbac"))
     assert nsqworker_env_names(manifests) >= SPARK_ENV

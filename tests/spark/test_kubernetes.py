@@ -51,11 +51,8 @@ class Operator:
 
 
 @pytest.fixture
-def cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    try:
-        plane = request.getfixturevalue("kube_control_plane")
-    except pytest.FixtureLookupError:
-        pytest.skip("needs the kube_control_plane fixture (nsqworker.testing, deploy branch)")
+def cluster(kube_control_plane: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    plane = kube_control_plane
     plane.apply_crds(CRD)
     monkeypatch.setenv("KUBECONFIG", str(plane.kubeconfig))
     yield plane
