@@ -31,7 +31,9 @@ worker process sees its first message and stops when nsqd's channel stats show
 {count:,} messages finished (looked at every 3 ms near the end, less often before); SIGTERM must then end the command with
 exit code 0, and every log line must be one JSON object. pynsq's `Reader` with its
 defaults (and `max_in_flight={mif}`, as Consume (d)) drains the same count from the
-same nsqd, interleaved with these runs.
+same nsqd, interleaved with these runs; this table has {outofbox_runs} runs of each (its
+ratio is the headline, and each side's rate varies by up to a fifth from run to run
+here).
 
 **Consume.** {count:,} messages of 100 bytes (and 5% + 2 x max_in_flight more, so the
 queue never runs dry while the clock runs) are pre-loaded into a fresh topic and
@@ -95,8 +97,8 @@ per read); the ratio column shows each path's speed relative to it.
 
 **Telemetry.** Two measures. (1) In one process, `bench/bench_telemetry.py` as it
 is: microseconds per message of what the worker does around a handler
-(`TaskInstrumentation.start`, the span's Context attached and detached, `end` with
-FIN), best of 20 passes of 5,000, with no OpenTelemetry SDK, with 1% and with 100%
+(`TaskInstrumentation.start`, the span's Context attached in the message's own copy
+of the Context, `end` with FIN), best of 20 passes of 5,000, with no OpenTelemetry SDK, with 1% and with 100%
 sampling, beside a bare SDK span (`start_span` + `end`, the process span's 11
 attributes plus `messaging.nsq.outcome`), the same with a `fin` event, and
 `start_as_current_span` + the event as a hand-written wrapper would make it. The
@@ -149,4 +151,5 @@ def method(cfg: Config, loop: str, mem_queue: int) -> str:
         cpu_count=cfg.cpu_count,
         telemetry_count=cfg.telemetry_count,
         telemetry_runs=cfg.runs + cfg.telemetry_extra_runs,
+        outofbox_runs=cfg.runs + cfg.outofbox_extra_runs,
     )

@@ -62,7 +62,8 @@ about a tenth off its rate)."""
 
 
 def run(broker: Broker, cfg: Config, results: Results, say: Say) -> None:
-    """``nsqworker run --workers N`` for each N and pynsq's Reader, ``cfg.runs`` times."""
+    """``nsqworker run --workers N`` for each N and pynsq's Reader, ``cfg.runs +
+    cfg.outofbox_extra_runs`` times, interleaved."""
     for n in WORKERS:
         key = f"outofbox/run-{n}"
         results.row(key, "outofbox", f"nsqworker run --workers {n}, default settings", "msgs/s")
@@ -76,11 +77,12 @@ def run(broker: Broker, cfg: Config, results: Results, say: Say) -> None:
         "MB",
         higher_is_better=False,
     )
-    for i in range(cfg.runs):
+    runs = cfg.runs + cfg.outofbox_extra_runs
+    for i in range(runs):
         for n in WORKERS:
-            say(f"out of the box run {i + 1}/{cfg.runs}: nsqworker run --workers {n}")
+            say(f"out of the box run {i + 1}/{runs}: nsqworker run --workers {n}")
             measure(broker, cfg, results.series[f"outofbox/run-{n}"], n, idle if n == 1 else None)
-        say(f"out of the box run {i + 1}/{cfg.runs}: pynsq Reader")
+        say(f"out of the box run {i + 1}/{runs}: pynsq Reader")
         consume.measure(broker, cfg, results.series["outofbox/pynsq"], "consume:pynsq_reader", {})
     if idle.raw:
         idle.note = "processes: " + ", ".join(idle.raw[0]["processes"])
