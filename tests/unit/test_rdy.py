@@ -181,3 +181,29 @@ def test_a_lane_pair_counts_as_one_nsqd_in_the_shares() -> None:
     b = Slot(key="b")
     plan([a_fast, a_bulk, b], 100, now=0.0)
     assert (a_fast.rdy, a_bulk.rdy, b.rdy) == (50, 0, 50)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 4), mif=st.integers(16, 400), seed=st.integers(0, 10_000))
+def test_lane_handovers_keep_the_budget_and_settle_on_the_active_lanes(
+    n: int, mif: int, seed: int
+) -> None:
+    rng = random.Random(seed)
+    pairs = [(Slot(key=f"fast{i}"), Slot(key=f"bulk{i}", standby=True)) for i in range(n)]
+    everything = [slot for pair in pairs for slot in pair]
+    now = 0.0
+    for _ in range(300):
+        for slot in everything:  # nsqd fills windows, we finish some
+            slot.in_flight = min(slot.rdy, slot.in_flight + rng.randint(0, 20))
+            slot.in_flight -= rng.randint(0, slot.in_flight)
+        if rng.random() < 0.1:  # a lane move on one nsqd
+            fast, bulk = rng.choice(pairs)
+            fast.standby, bulk.standby = bulk.standby, fast.standby
+        plan(everything, mif, now)
+        assert committed(everything, now) <= mif
+        assert all(slot.rdy == 0 for slot in everything if slot.standby)
+        now += 0.01
+    for slot in everything:  # everything answered: the active lanes share the budget
+        slot.in_flight = 0
+    plan(everything, mif, now)
+    assert sum(slot.rdy for slot in everything if not slot.standby) == mif
