@@ -498,7 +498,7 @@ class Consumer(Subscriptions):
         if self._unsatisfied:
             self._schedule_plan()
         if slot.retiring and slot.in_flight == 0:
-            self._close_retired(session)
+            self._retired_idle(session)
         if self._stopping and self._in_flight == 0:
             self._drained.set()
 

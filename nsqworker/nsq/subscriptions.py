@@ -143,6 +143,7 @@ class _Session:
     __slots__ = (
         "address",
         "check_at",
+        "closing",
         "conn",
         "link",
         "max_msg_timeout",
@@ -161,6 +162,7 @@ class _Session:
         self.max_msg_timeout = 900.0
         # When the link's LaneMeter wants a look (the lane in use only), else NEVER.
         self.check_at = NEVER
+        self.closing = False  # retired: closing once its messages are answered
 
     def __str__(self) -> str:
         return self.address
@@ -303,6 +305,8 @@ class Subscriptions:
             return session
         link.session = session
         link.connects += 1
+        if link.bulk is not None:  # left from before (listed again while retiring)
+            link.bulk.slot.standby = True
         if self._bulk_config is not None:
             link.meter = LaneMeter(self._time(), conn.bytes_received)
             session.check_at = link.meter.check_at
@@ -367,7 +371,19 @@ class Subscriptions:
         self._replan()
         for session in sessions:
             if session.slot.in_flight == 0:
-                self._close_retired(session)
+                self._retired_idle(session)
+
+    def _retired_idle(self, session: _Session) -> None:
+        """A retiring connection has nothing in flight: close it once nothing can still
+        be on the wire either (its lowered RDY settled, see nsq/rdy.py)."""
+        slot = session.slot
+        if session.closing or not slot.retiring or slot.in_flight:
+            return
+        wait = slot.held_until - self._time()
+        if wait > 0:
+            asyncio.get_running_loop().call_later(wait, self._retired_idle, session)
+            return
+        self._close_retired(session)
 
     def _close_retired(self, session: _Session) -> None:
         link = session.link
@@ -375,7 +391,9 @@ class Subscriptions:
             session.slot.retiring = False
             self._replan()
             return
-        self._forget(link)
+        session.closing = True
+        if all(s is None or s.closing or not s.open for s in (link.session, link.bulk)):
+            self._forget(link)  # the last lane of a retired nsqd: its stats go too
         closing = asyncio.ensure_future(session.conn.close())
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)

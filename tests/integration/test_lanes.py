@@ -11,7 +11,7 @@ from typing import Any
 from nsqworker.nsq.consumer import Consumer
 from nsqworker.nsq.message import FINISH, Message, Outcome
 from nsqworker.settings import Settings
-from nsqworker.testing import NsqdProcess
+from nsqworker.testing import NsqdFactory, NsqdProcess, NsqlookupdProcess
 
 TOPIC = "lanes_test"
 CHANNEL = "c"
@@ -218,3 +218,48 @@ async def test_a_worker_reports_its_buffered_nsqd(nsqd: NsqdProcess) -> None:
             await asyncio.sleep(0.005)
         await wait_until(lambda: now_buffered() == 0, timeout=2)
     assert 1 in buffered
+
+
+async def test_an_nsqd_leaving_lookupd_mid_backlog_is_retired_on_both_lanes(
+    nsqlookupd: NsqlookupdProcess, nsqd_factory: NsqdFactory
+) -> None:
+    nsqd = nsqd_factory(nsqlookupd)
+    bodies = preload(nsqd, 20_000)  # at most 20,000 msg/s below: it outlasts the retire
+    await wait_until(lambda: len(nsqlookupd.lookup(TOPIC)) == 1, message="registered")
+    finished: Counter[bytes] = Counter()
+    consumer: Consumer
+
+    async def handle(msg: Message) -> Outcome:
+        await asyncio.sleep(0.005)
+        finished[msg.body] += 1
+        return FINISH
+
+    config = settings(
+        nsqd,
+        nsqd_tcp_addresses=[],
+        lookupd_http_addresses=[nsqlookupd.http_address],
+        lookupd_poll_interval=0.2,
+        lookupd_poll_jitter=0.1,
+    )
+    consumer = Consumer(TOPIC, CHANNEL, handle, config, max_in_flight=100)
+    await consumer.start()
+    try:
+        await wait_until(lambda: lane(consumer) == "bulk", message="bulk lane")
+        # Tombstoned: lookupd stops listing the nsqd, which keeps running.
+        node = f"127.0.0.1:{nsqd.http_port}"
+        nsqlookupd._request("POST", "/topic/tombstone", params={"topic": TOPIC, "node": node})
+        await wait_until(lambda: not consumer.stats().connections, message="retired")
+
+        def closed() -> bool:  # the last FINs and CLS reach nsqd a moment later
+            stats = nsqd.channel_stats(TOPIC, CHANNEL) or {}
+            return stats.get("in_flight_count") == 0 and not stats.get("clients")
+
+        await wait_until(closed, timeout=5, message="both connections closed, nothing in flight")
+        stats = nsqd.channel_stats(TOPIC, CHANNEL) or {}
+        assert stats.get("requeue_count") == 0 and stats.get("timeout_count") == 0
+        assert set(finished.values()) == {1}
+        assert 0 < len(finished) < len(bodies)
+        assert len(finished) + stats["depth"] == len(bodies)
+        assert not consumer.connection_errors
+    finally:
+        await consumer.stop()
