@@ -54,7 +54,7 @@ test: venv tools
 lint: venv
 	.venv/bin/ruff check $(LINT_DIRS)
 	.venv/bin/ruff format --check $(LINT_DIRS)
-	.venv/bin/mypy nsqworker
+	.venv/bin/mypy nsqworker bench
 	.venv/bin/hadolint Dockerfile examples/docker/Dockerfile
 
 # The sections of docs/benchmarks.md, then RPC (bench/rpc.py) and Spark (bench/spark.py),

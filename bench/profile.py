@@ -114,7 +114,7 @@ class OfflineFeed:
             Consumer.start, Consumer.stop = start, stop  # type: ignore[method-assign]
 
     async def _attach(self, consumer: Consumer) -> None:
-        from nsqworker.nsq.consumer import _Link, _Session
+        from nsqworker.nsq.subscriptions import _Link, _Session
 
         loop = asyncio.get_running_loop()
         consumer._started, consumer._loop, consumer._time = True, loop, loop.time

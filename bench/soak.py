@@ -195,7 +195,9 @@ class Soak:
         """The worker processes, as the supervisor's /readyz lists them (its other
         children, such as multiprocessing's resource tracker, are not workers)."""
         workers = get_json(f"http://127.0.0.1:{self.health}/readyz").get("workers") or []
-        return [int(w["pid"]) for w in workers if isinstance(w, dict) and w.get("pid")]  # type: ignore[union-attr]
+        if not isinstance(workers, list):
+            return []
+        return [int(w["pid"]) for w in workers if isinstance(w, dict) and w.get("pid")]
 
     def ready(self) -> bool:
         return get_json(f"http://127.0.0.1:{self.health}/readyz").get("ready") is True
