@@ -452,9 +452,10 @@ class Subscriptions:
         closed (by nsqd, with its fast lane, or at stop)."""
         try:
             session = await self._open(link, bulk=True)
-        except ConfigurationError as exc:
-            log.info("%s: no buffered connection to %s: %s", self.name, link.address, exc)
-            session = None
+        except ConfigurationError as exc:  # an explicit setting it refuses: never retried
+            log.warning("%s: reading %s unbuffered only: %s", self.name, link.address, exc)
+            link.bulk_retry_at = float("inf")
+            return
         if session is None:
             link.bulk_retry_at = self._time() + BULK_RETRY
             return

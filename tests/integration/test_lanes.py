@@ -144,27 +144,33 @@ async def test_stop_on_the_bulk_lane_loses_nothing(nsqd: NsqdProcess) -> None:
 async def test_a_lost_bulk_lane_hands_rdy_back_and_loses_nothing(nsqd: NsqdProcess) -> None:
     bodies = preload(nsqd, 10_000)
     seen: Counter[bytes] = Counter()
-    cut = False
+    lost: list[bytes] = []  # in flight on the bulk lane when it was cut
     consumer: Consumer
 
     async def handle(msg: Message) -> Outcome:
-        nonlocal cut
-        if not cut and lane(consumer) == "bulk":
-            cut = True  # nsqd requeues what the lost connection had in flight
-            consumer._links[nsqd.tcp_address].bulk.conn._fail("test: bulk lane cut")  # type: ignore[union-attr]
+        bulk = consumer._links[nsqd.tcp_address].bulk
+        if not lost and bulk is not None and msg._conn is bulk:
+            lost.append(msg.body)
+            bulk.conn._fail("test: bulk lane cut")  # its FIN cannot be sent any more
         await asyncio.sleep(0)
         seen[msg.body] += 1
         return FINISH
 
-    consumer = Consumer(TOPIC, CHANNEL, handle, settings(nsqd), max_in_flight=300)
+    # nsqd redelivers what a lost connection had in flight after msg_timeout: 1 s here.
+    consumer = Consumer(TOPIC, CHANNEL, handle, settings(nsqd, msg_timeout=1), max_in_flight=300)
     await consumer.start()
     try:
-        await wait_until(lambda: set(seen) == set(bodies), message=f"{len(seen)} seen")
-        assert cut
+        await wait_until(lambda: set(seen) == set(bodies), message="every message handled")
+        assert lost and seen[lost[0]] == 2  # handled, unanswered, delivered again
         stats = consumer.stats()
         assert stats.connected == 1 and stats.connections[0].connects == 1
         assert consumer.connection_errors.get("closed", 0) >= 1
         await wait_until(lambda: consumer.stats().in_flight == 0, timeout=2)
+        await wait_until(
+            lambda: (nsqd.channel_stats(TOPIC, CHANNEL) or {}).get("in_flight_count") == 0,
+            timeout=5,
+            message="nothing left in flight at nsqd",
+        )
     finally:
         await consumer.stop()
 
