@@ -116,7 +116,7 @@ async def test_moving_lanes_never_runs_more_than_max_in_flight_handlers(
 
 
 async def test_stop_on_the_bulk_lane_loses_nothing(nsqd: NsqdProcess) -> None:
-    bodies = preload(nsqd, 8_000)
+    bodies = preload(nsqd, 20_000)  # far more than drain in the time it takes to stop
     finished: Counter[bytes] = Counter()
     consumer: Consumer
 
