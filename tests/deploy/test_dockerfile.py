@@ -62,8 +62,7 @@ def test_the_build_stage_installs_from_the_lock_into_a_fresh_venv(
     same flags, same lock.
     """
     uv = ROOT / ".tools" / "uv" / "bin" / "uv"
-    if not uv.exists():
-        pytest.skip("uv is missing; `make venv` installs it into .tools/uv")
+    assert uv.exists(), f"{uv} is missing: `make venv` installs it (scripts/bootstrap-uv)"
     stage = dockerfile.build
     env_in_image = dockerfile.env(stage)
     venv = tmp_path / "venv"

@@ -41,8 +41,6 @@ from nsqworker.testing import NsqBinaries, NsqdFactory, NsqlookupdProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("examples/*/README.md")])
-#: Pages whose blocks are not checked yet, with the reason; empty is the goal.
-NOT_YET: dict[str, str] = {}
 #: Fence languages that would hide a runnable sample from the rules above.
 WRONG_LANGUAGES = {"py", "python3", "pycon", "bash", "sh", "shell", "zsh", "shell-session"}
 FILE_HEADER = re.compile(r"^# ([\w./-]+\.(?:py|toml|env)|\.env)\s*$")
@@ -190,6 +188,15 @@ def _relative(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
 
+def _runs_something(path: Path) -> bool:
+    return any(e.region.evaluator in (run_python, run_console) for e in SYBIL.parse(path))
+
+
+#: The pages with python or console blocks: one test each (a page with neither has
+#: nothing to run; the fence rules below still read every page).
+RUNNABLE = [path for path in PAGES if _runs_something(path)]
+
+
 @pytest.fixture
 def page_env(nsqlookupd: NsqlookupdProcess, nsqd_factory: NsqdFactory) -> dict[str, str]:
     """The documented addresses mapped to a real nsqlookupd and an nsqd registered with it."""
@@ -237,7 +244,7 @@ def _console_env(project: Path) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("path", PAGES, ids=_relative)
+@pytest.mark.parametrize("path", RUNNABLE, ids=_relative)
 def test_page_samples_run(
     path: Path,
     nsq_binaries: NsqBinaries,  # session scope: found before `project` changes directory
@@ -245,18 +252,13 @@ def test_page_samples_run(
     project: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if _relative(path) in NOT_YET:
-        pytest.skip(NOT_YET[_relative(path)])
     document = SYBIL.parse(path)
-    examples = list(document)
-    if not any(e.region.evaluator in (run_python, run_console) for e in examples):
-        pytest.skip("no python or console blocks")
     for key in [k for k in os.environ if k.startswith("NSQWORKER_")]:
         monkeypatch.delenv(key)
     addresses: dict[str, str] = request.getfixturevalue("page_env")
     document.namespace["__page__"] = Page(path, project, addresses, _console_env(project))
     document.namespace["__name__"] = "__doc_sample__"
-    for example in examples:
+    for example in document:
         try:
             example.evaluate()
         except SkipTest:
@@ -284,8 +286,6 @@ def _fences(text: str) -> Iterator[tuple[int, str]]:
 def test_every_runnable_block_is_python_or_console_and_every_skip_says_why() -> None:
     problems = []
     for path in PAGES:
-        if _relative(path) in NOT_YET:
-            continue
         text = path.read_text()
         for line, language in _fences(text):
             if language in WRONG_LANGUAGES:

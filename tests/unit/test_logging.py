@@ -207,7 +207,8 @@ def test_bad_arguments(level: str, fmt: str) -> None:
 
 
 def test_trace_ids_inside_a_span(out: io.StringIO) -> None:
-    sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
+    from opentelemetry.sdk import trace as sdk_trace  # a dependency of nsqworker
+
     tracer = sdk_trace.TracerProvider().get_tracer("test")  # a local provider, not the global
     configure_logging("info", "json", out)
     log = get_logger("t")
