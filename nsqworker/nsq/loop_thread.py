@@ -10,15 +10,35 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, Self, TypeVar
 
 from nsqworker.errors import ConnectionClosed
 
-__all__ = ["LoopThread"]
+__all__ = ["BlockingClient", "LoopThread"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class BlockingClient:
+    """``with`` for the blocking clients built on a :class:`LoopThread`: the block's end
+    runs ``close()``."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 class LoopThread:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from nsqworker.nsq.connection import ConnectionConfig
-from nsqworker.nsq.loop_thread import LoopThread
+from nsqworker.nsq.loop_thread import BlockingClient, LoopThread
 from nsqworker.nsq.producer import Body, Producer
 
 if TYPE_CHECKING:
@@ -16,7 +15,7 @@ if TYPE_CHECKING:
 __all__ = ["SyncProducer"]
 
 
-class SyncProducer:
+class SyncProducer(BlockingClient):
     """A blocking :class:`Producer` for threads: Flask, Django, scripts.
 
     It runs its own event loop in a daemon thread, started here; the methods hand
@@ -55,17 +54,6 @@ class SyncProducer:
 
     def __repr__(self) -> str:
         return f"<SyncProducer {self._producer!r}>"
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     @property
     def producer(self) -> Producer:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
-from nsqworker.nsq.loop_thread import LoopThread
+from nsqworker.nsq.loop_thread import BlockingClient, LoopThread
 from nsqworker.rpc.client import RpcClient
 
 if TYPE_CHECKING:
@@ -14,7 +13,7 @@ if TYPE_CHECKING:
 __all__ = ["SyncRpcClient"]
 
 
-class SyncRpcClient:
+class SyncRpcClient(BlockingClient):
     """A blocking :class:`RpcClient`: same arguments, ``call()`` waits for the answer.
 
     Like :class:`~nsqworker.SyncProducer`, it runs its own event loop in a daemon
@@ -57,17 +56,6 @@ class SyncRpcClient:
 
     def __repr__(self) -> str:
         return f"<SyncRpcClient {self._client!r}>"
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     @property
     def client(self) -> RpcClient:

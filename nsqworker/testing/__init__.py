@@ -81,6 +81,7 @@ __all__ = [
     "free_ports",
     "port_is_free",
     "wait_for",
+    "wait_until",
 ]
 
 T = TypeVar("T")
@@ -110,9 +111,35 @@ def wait_for(
         if result:
             return result
         if time.monotonic() >= deadline:
-            text = message() if callable(message) else message
-            raise AssertionError(f"{text} (waited {timeout:g}s)")
+            raise _timed_out(message, timeout)
         time.sleep(interval)
+
+
+async def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    message: str | Callable[[], str] = "condition not met",
+    *,
+    interval: float = 0.02,
+) -> T:
+    """:func:`wait_for` for async tests: the loop keeps running between the calls.
+
+    ``await wait_until(lambda: consumer.subscribed, 5, "subscribed")``; returns the
+    first truthy result of ``predicate``, raises AssertionError after ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise _timed_out(message, timeout)
+        await asyncio.sleep(interval)
+
+
+def _timed_out(message: str | Callable[[], str], timeout: float) -> AssertionError:
+    text = message() if callable(message) else message
+    return AssertionError(f"{text} (waited {timeout:g}s)")
 
 
 class NsqdFactory(Protocol):

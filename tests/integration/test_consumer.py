@@ -13,7 +13,7 @@ import pytest
 from nsqworker.nsq.consumer import Consumer
 from nsqworker.nsq.message import FINISH, Message, Outcome, Requeue
 from nsqworker.settings import Settings
-from nsqworker.testing import NsqdFactory, NsqdProcess, NsqlookupdProcess
+from nsqworker.testing import NsqdFactory, NsqdProcess, NsqlookupdProcess, wait_until
 
 TOPIC = "consumer_test"
 CHANNEL = "c"
@@ -33,14 +33,6 @@ def fast_settings(**overrides: Any) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)
-
-
-async def wait_until(predicate: Any, timeout: float = 10.0, message: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s: {message}")
-        await asyncio.sleep(0.02)
 
 
 def channel(nsqd: NsqdProcess) -> dict[str, Any]:

@@ -4,14 +4,13 @@ buffered one under a backlog, and nothing lost or run twice in between."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from typing import Any
 
 from nsqworker.nsq.consumer import Consumer
 from nsqworker.nsq.message import FINISH, Message, Outcome
 from nsqworker.settings import Settings
-from nsqworker.testing import NsqdFactory, NsqdProcess, NsqlookupdProcess
+from nsqworker.testing import NsqdFactory, NsqdProcess, NsqlookupdProcess, wait_until
 
 TOPIC = "lanes_test"
 CHANNEL = "c"
@@ -35,14 +34,6 @@ def preload(nsqd: NsqdProcess, count: int, prefix: str = "m") -> list[bytes]:
     for start in range(0, count, 500):
         nsqd.mpublish(TOPIC, bodies[start : start + 500], binary=True)
     return bodies
-
-
-async def wait_until(predicate: Any, timeout: float = 20.0, message: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s: {message}")
-        await asyncio.sleep(0.01)
 
 
 def lane(consumer: Consumer) -> str:
@@ -70,14 +61,14 @@ async def test_a_backlog_drains_on_the_bulk_lane_and_a_trickle_returns_to_the_fa
     await consumer.start()
     try:
         assert lane(consumer) == "fast"
-        await wait_until(lambda: len(seen) == len(bodies), message=f"{len(seen)} seen")
+        await wait_until(lambda: len(seen) == len(bodies), timeout=20, message=f"{len(seen)} seen")
         assert "bulk" in lanes, lanes
         assert set(seen) == set(bodies) and set(seen.values()) == {1}
         await wait_until(lambda: lane(consumer) == "fast", timeout=2, message="back to fast")
         for i in range(20):
             await asyncio.to_thread(nsqd.publish, TOPIC, f"t{i}")
             await asyncio.sleep(0.01)
-        await wait_until(lambda: len(trickle) == 20, message=f"trickle {trickle}")
+        await wait_until(lambda: len(trickle) == 20, timeout=20, message=f"trickle {trickle}")
         assert set(trickle) == {"fast"}
         stats = consumer.stats()
         assert (stats.finished, stats.rdy, stats.in_flight) == (len(bodies) + 20, 500, 0)
@@ -107,7 +98,7 @@ async def test_moving_lanes_never_runs_more_than_max_in_flight_handlers(
     consumer = Consumer(TOPIC, CHANNEL, handle, settings(nsqd), max_in_flight=64)
     await consumer.start()
     try:
-        await wait_until(lambda: len(seen) == len(bodies), message=f"{len(seen)} seen")
+        await wait_until(lambda: len(seen) == len(bodies), timeout=20, message=f"{len(seen)} seen")
     finally:
         await consumer.stop()
     assert "bulk" in lanes
@@ -127,7 +118,7 @@ async def test_stop_on_the_bulk_lane_loses_nothing(nsqd: NsqdProcess) -> None:
 
     consumer = Consumer(TOPIC, CHANNEL, handle, settings(nsqd), max_in_flight=200)
     await consumer.start()
-    await wait_until(lambda: lane(consumer) == "bulk", message="bulk lane")
+    await wait_until(lambda: lane(consumer) == "bulk", timeout=20, message="bulk lane")
     await consumer.stop()
     assert 0 < len(finished) < len(bodies)
     assert (nsqd.channel_stats(TOPIC, CHANNEL) or {}).get("in_flight_count") == 0
@@ -135,7 +126,9 @@ async def test_stop_on_the_bulk_lane_loses_nothing(nsqd: NsqdProcess) -> None:
     rest = Consumer(TOPIC, CHANNEL, handle, settings(nsqd), max_in_flight=200)
     await rest.start()
     try:
-        await wait_until(lambda: len(finished) == len(bodies), message=f"{len(finished)}")
+        await wait_until(
+            lambda: len(finished) == len(bodies), timeout=20, message=f"{len(finished)}"
+        )
     finally:
         await rest.stop()
     assert set(finished.values()) == {1}, "a message FINed twice"
@@ -160,7 +153,9 @@ async def test_a_lost_bulk_lane_hands_rdy_back_and_loses_nothing(nsqd: NsqdProce
     consumer = Consumer(TOPIC, CHANNEL, handle, settings(nsqd, msg_timeout=1), max_in_flight=300)
     await consumer.start()
     try:
-        await wait_until(lambda: set(seen) == set(bodies), message="every message handled")
+        await wait_until(
+            lambda: set(seen) == set(bodies), timeout=20, message="every message handled"
+        )
         assert lost and seen[lost[0]] == 2  # handled, unanswered, delivered again
         stats = consumer.stats()
         assert stats.connected == 1 and stats.connections[0].connects == 1
@@ -192,7 +187,9 @@ async def test_an_explicit_buffer_setting_keeps_one_connection(nsqd: NsqdProcess
         )
         await consumer.start()
         try:
-            await wait_until(lambda: len(seen) == len(bodies), message=f"{len(seen)} seen")
+            await wait_until(
+                lambda: len(seen) == len(bodies), timeout=20, message=f"{len(seen)} seen"
+            )
             assert lane(consumer) == "single"
             clients = (nsqd.channel_stats(TOPIC, CHANNEL) or {}).get("clients", [])
             assert len(clients) == 1
@@ -231,7 +228,7 @@ async def test_an_nsqd_leaving_lookupd_mid_backlog_is_retired_on_both_lanes(
 ) -> None:
     nsqd = nsqd_factory(nsqlookupd)
     bodies = preload(nsqd, 20_000)  # at most 20,000 msg/s below: it outlasts the retire
-    await wait_until(lambda: len(nsqlookupd.lookup(TOPIC)) == 1, message="registered")
+    await wait_until(lambda: len(nsqlookupd.lookup(TOPIC)) == 1, timeout=20, message="registered")
     finished: Counter[bytes] = Counter()
     consumer: Consumer
 
@@ -250,11 +247,11 @@ async def test_an_nsqd_leaving_lookupd_mid_backlog_is_retired_on_both_lanes(
     consumer = Consumer(TOPIC, CHANNEL, handle, config, max_in_flight=100)
     await consumer.start()
     try:
-        await wait_until(lambda: lane(consumer) == "bulk", message="bulk lane")
+        await wait_until(lambda: lane(consumer) == "bulk", timeout=20, message="bulk lane")
         # Tombstoned: lookupd stops listing the nsqd, which keeps running.
         node = f"127.0.0.1:{nsqd.http_port}"
         nsqlookupd._request("POST", "/topic/tombstone", params={"topic": TOPIC, "node": node})
-        await wait_until(lambda: not consumer.stats().connections, message="retired")
+        await wait_until(lambda: not consumer.stats().connections, timeout=20, message="retired")
 
         def closed() -> bool:  # the last FINs and CLS reach nsqd a moment later
             stats = nsqd.channel_stats(TOPIC, CHANNEL) or {}

@@ -6,7 +6,6 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from nsqworker.nsq.message import Message
 from nsqworker.rpc import RpcClient, RpcError, RpcTimeout, SyncRpcClient, codec, rpc
 from nsqworker.settings import Settings
 from nsqworker.task import Registry
-from nsqworker.testing import NsqdFactory, NsqdProcess, NsqlookupdProcess
+from nsqworker.testing import NsqdFactory, NsqdProcess, NsqlookupdProcess, wait_until
 from nsqworker.worker import Worker
 
 TOPIC = "pricing"
@@ -55,14 +54,6 @@ def pricing(registry: Registry, **options: Any) -> None:
         if request.get("sku") == "bad":
             raise LookupError(f"no sku {request['sku']!r}")
         return {"sku": request["sku"], "price": 42, "echo": request.get("echo")}
-
-
-async def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def topic_names(nsqd: NsqdProcess) -> list[str]:
@@ -166,7 +157,7 @@ async def test_an_endpoint_exception_is_raised_as_rpc_error(
         assert (info.value.type, info.value.message) == ("LookupError", "no sku 'bad'")
         assert info.value.topic == TOPIC
         # The request was answered, so it is finished, not retried.
-        await wait_until(lambda: nsqd.depth(TOPIC, "rpc") == 0, what="depth 0")
+        await wait_until(lambda: nsqd.depth(TOPIC, "rpc") == 0, message="depth 0")
         assert await client.call(TOPIC, {"sku": "ok"}, timeout=10) == {
             "sku": "ok", "price": 42, "echo": None,
         }  # fmt: skip
@@ -205,7 +196,7 @@ async def test_timeout_then_the_late_reply_is_dropped_and_counted(nsqd: NsqdProc
             await client.call("slow", {"sleep": 0.6}, timeout=0.2)
         assert 0.2 <= time.monotonic() - started < 2.0  # a busy machine may be slow to wake
         assert (client.timeouts, client.pending) == (1, 0)
-        await wait_until(lambda: client.late_replies == 1, what="the late reply")
+        await wait_until(lambda: client.late_replies == 1, message="the late reply")
         assert await client.call("slow", {"sleep": 0}, timeout=10) == "done"
 
 
@@ -256,8 +247,8 @@ async def test_undecodable_requests_are_dead_lettered(nsqd: NsqdProcess) -> None
         nsqd.publish(TOPIC, b"\x00 not a request")
         nsqd.publish(TOPIC, b"\x01" + b"x" * 40)
         nsqd.publish(TOPIC, bad_json)
-        await wait_until(lambda: len(letters) == 3, what="three dead letters")
-        await wait_until(lambda: nsqd.depth(TOPIC, "rpc") == 0, what="depth 0")
+        await wait_until(lambda: len(letters) == 3, message="three dead letters")
+        await wait_until(lambda: nsqd.depth(TOPIC, "rpc") == 0, message="depth 0")
     reasons = {body: reason for body, reason in letters}
     assert "15 bytes, shorter than its 24-byte header" in reasons[b"\x00 not a request"]
     assert "version 1; this side speaks version 0" in reasons[b"\x01" + b"x" * 40]
@@ -279,7 +270,7 @@ async def read_messages(nsqd: NsqdProcess, topic: str, count: int) -> list[bytes
     readers = Registry()
     readers.task(topic, channel="peek")(reader)
     async with Worker(readers, settings_for(nsqd)):
-        await wait_until(lambda: len(got) >= count, what=f"{count} messages on {topic}")
+        await wait_until(lambda: len(got) >= count, message=f"{count} messages on {topic}")
     return got
 
 
@@ -316,7 +307,7 @@ async def test_client_finds_nsqd_through_lookupd(
         lookupd_http_addresses=[nsqlookupd.http_address], settings=settings_for(nsqd)
     )
     async with Worker(registry, settings_for(nsqd)):
-        await wait_until(lambda: nsqlookupd.nodes(), what="nsqd registered")
+        await wait_until(lambda: nsqlookupd.nodes(), message="nsqd registered")
         async with client:
             assert client.reply_nsqd.endswith(f":{nsqd.tcp_port}")
             assert client.nsqd_http_address is not None
@@ -334,7 +325,7 @@ async def test_client_close_removes_its_reply_topic(nsqd: NsqdProcess, with_http
         async with client:
             await client.call(TOPIC, {"sku": "A1"}, timeout=10)
             assert client.reply_topic in topic_names(nsqd)
-        await wait_until(lambda: client.reply_topic not in topic_names(nsqd), what="topic gone")
+        await wait_until(lambda: client.reply_topic not in topic_names(nsqd), message="topic gone")
     with pytest.raises(ConnectionClosed):
         await client.call(TOPIC, {"sku": "A1"})
 
@@ -394,7 +385,7 @@ async def test_drain_answers_the_calls_in_flight(nsqd: NsqdProcess) -> None:
         worker = Worker(registry, settings_for(nsqd, drain_timeout=5.0))
         await worker.start()
         calls = asyncio.gather(*(client.call("work", n, timeout=10) for n in range(20)))
-        await wait_until(lambda: len(entered) == 20, what="all handlers running")
+        await wait_until(lambda: len(entered) == 20, message="all handlers running")
         await worker.stop()
         assert await calls == [n * 2 for n in range(20)]
 
@@ -418,7 +409,7 @@ async def test_drain_requeues_what_it_cannot_answer_and_nothing_is_lost(
         first = Worker(registry, settings_for(nsqd))
         await first.start()
         calls = asyncio.gather(*(client.call("stuck", n, timeout=20) for n in range(10)))
-        await wait_until(lambda: len(handled) == 10, what="all handlers running")
+        await wait_until(lambda: len(handled) == 10, message="all handlers running")
         await first.stop(drain_timeout=0.1)  # handlers still blocked: REQ 0
         assert not calls.done()
         release.set()
@@ -439,8 +430,8 @@ async def test_reply_producers_are_pooled_and_closed_when_idle(nsqd_factory: Nsq
     assert len(pool) == 2  # one producer per reply nsqd
     assert (one.topic_stats("replies") or {}).get("message_count") == 2
     assert len(one.stats()["producers"]) == 1
-    await wait_until(lambda: len(pool) == 0, timeout=5, what="idle producers closed")
-    await wait_until(lambda: not one.stats()["producers"], timeout=5, what="disconnected")
+    await wait_until(lambda: len(pool) == 0, timeout=5, message="idle producers closed")
+    await wait_until(lambda: not one.stats()["producers"], timeout=5, message="disconnected")
     await pool.send("127.0.0.1", two.tcp_port, "replies", b"d")  # reopened on demand
     assert (two.topic_stats("replies") or {}).get("message_count") == 2
     await pool.close()

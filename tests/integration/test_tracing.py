@@ -4,8 +4,7 @@ raw bodies from other clients left untouched."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from nsqworker.nsq.producer import Producer
 from nsqworker.settings import Settings
 from nsqworker.task import Registry
 from nsqworker.telemetry.tracing import ProducerInstrumentation
-from nsqworker.testing import NsqdProcess
+from nsqworker.testing import NsqdProcess, wait_until
 from nsqworker.worker import Worker
 
 CHANNEL = "traced"
@@ -55,13 +54,6 @@ def settings(nsqd: NsqdProcess, **overrides: Any) -> Settings:
         "drain_timeout": 5.0,
     }
     return Settings(**(values | overrides))
-
-
-async def wait_until(predicate: Callable[[], Any], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:

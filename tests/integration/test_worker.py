@@ -8,7 +8,6 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from nsqworker.errors import AlreadyResponded
 from nsqworker.nsq.message import Message
 from nsqworker.settings import Settings
 from nsqworker.task import Registry, Reject, Retry
-from nsqworker.testing import NsqdFactory, NsqdProcess
+from nsqworker.testing import NsqdFactory, NsqdProcess, wait_until
 from nsqworker.worker import Worker
 
 TOPIC = "worker_test"
@@ -58,14 +57,6 @@ def prepare(nsqd: NsqdProcess, *channels: tuple[str, str]) -> NsqdProcess:
     return nsqd.restart()
 
 
-async def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 def channel(nsqd: NsqdProcess, topic: str = TOPIC, name: str = CHANNEL) -> dict[str, Any]:
     return nsqd.channel_stats(topic, name) or {}
 
@@ -90,7 +81,7 @@ async def test_return_finishes(nsqd: NsqdProcess) -> None:
 
     nsqd.publish(TOPIC, b'{"id": 1}')
     async with Worker(reg, fast_settings(nsqd)) as worker:
-        await wait_until(lambda: bodies, what="delivery")
+        await wait_until(lambda: bodies, message="delivery")
         await wait_until(lambda: client_counts(nsqd) == (1, 0), 5, "FIN at nsqd")
         stats = worker.stats().tasks[handle.spec.name]
         assert (stats.received, stats.finished, stats.requeued) == (1, 1, 0)

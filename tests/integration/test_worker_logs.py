@@ -4,7 +4,6 @@ busy task an info summary; an embedded Worker applies Settings.log_level itself.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
@@ -23,7 +22,7 @@ from nsqworker.logging import configure_logging
 from nsqworker.nsq.message import Message
 from nsqworker.settings import Settings
 from nsqworker.task import Registry, Reject
-from nsqworker.testing import NsqdProcess
+from nsqworker.testing import NsqdProcess, wait_until
 from nsqworker.worker import Worker
 
 pytestmark = pytest.mark.integration
@@ -62,13 +61,6 @@ def settings(nsqd: NsqdProcess, **overrides: Any) -> Settings:
         "health_port": 0,
     }
     return Settings(**{**values, **overrides})
-
-
-async def wait_until(predicate: Callable[[], Any], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 def about(lines: list[dict[str, Any]], ids: set[str]) -> list[dict[str, Any]]:

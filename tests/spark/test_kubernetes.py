@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from nsqworker.settings import Settings
 from nsqworker.spark import SparkJob, runner_for, spark_task
 from nsqworker.spark.kubernetes import GROUP, PLURAL, VERSION, KubernetesRunner, application_name
 from nsqworker.task import Registry
-from nsqworker.testing import NsqdProcess
+from nsqworker.testing import NsqdProcess, wait_until
 from nsqworker.worker import Worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
@@ -104,15 +104,6 @@ def declare(registry: Registry, dead: list[str], **options: Any) -> None:
     def report(msg: Message) -> SparkJob:
         day = msg.json()["day"]
         return SparkJob(APP, ["--day", day], conf={"spark.executor.instances": 2}, env={"DAY": day})
-
-
-async def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
-    return value
 
 
 def prepare(nsqd: NsqdProcess) -> NsqdProcess:

@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from nsqworker.settings import Settings
 from nsqworker.spark import SparkJob, runner_for, spark_task
 from nsqworker.spark.local import LocalRunner
 from nsqworker.task import Registry
-from nsqworker.testing import NsqdProcess
+from nsqworker.testing import NsqdProcess, wait_until
 from nsqworker.worker import Worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(150)]
@@ -51,14 +50,6 @@ def prepare(nsqd: NsqdProcess) -> NsqdProcess:
     """Create the channel and restart nsqd so requeued messages come back at once."""
     nsqd.create_channel(TOPIC, CHANNEL)
     return nsqd.restart()
-
-
-async def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def channel(nsqd: NsqdProcess) -> dict[str, Any]:
