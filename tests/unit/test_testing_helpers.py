@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import stat
@@ -17,6 +18,7 @@ from nsqworker.testing import (
     free_ports,
     port_is_free,
     wait_for,
+    wait_until,
 )
 
 
@@ -93,6 +95,14 @@ def test_wait_for_raises_with_message() -> None:
         wait_for(lambda: False, timeout=0.1, message="never ready")
     with pytest.raises(AssertionError, match="depth was 3"):
         wait_for(lambda: False, timeout=0, message=lambda: "depth was 3")
+
+
+async def test_wait_until_lets_the_loop_run_and_returns_the_value() -> None:
+    done: list[str] = []
+    asyncio.get_running_loop().call_later(0.05, done.append, "done")
+    assert await wait_until(lambda: done, 2, "the callback") == ["done"]
+    with pytest.raises(AssertionError, match=r"never ready \(waited 0.1s\)"):
+        await wait_until(lambda: False, 0.1, lambda: "never ready")
 
 
 def test_process_properties_before_start(tmp_path: Path) -> None:
