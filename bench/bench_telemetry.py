@@ -50,7 +50,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind
 
-from nsqworker.nsq.message import FINISH, Message
+from nsqworker.message import FINISH, Message
 from nsqworker.task import TaskSpec
 from nsqworker.telemetry.tracing import TaskInstrumentation
 

@@ -39,10 +39,10 @@ from functools import partial
 from typing import Any
 
 from bench.common import BODY_SIZE, CHANNEL, Clock, default_loop, loop_label, run_on
+from nsqworker.consumer import Consumer
+from nsqworker.message import FINISH, Finish, Message
 from nsqworker.nsq import protocol
 from nsqworker.nsq.connection import Connection
-from nsqworker.nsq.consumer import Consumer
-from nsqworker.nsq.message import FINISH, Finish, Message
 
 PATHS = ("lean", "consumer", "worker-async", "worker-sync")
 PUBLISH_PATHS = ("pub", "concurrent", "mpub")
@@ -107,28 +107,37 @@ class OfflineFeed:
             return attach(consumer)
 
         Consumer.start = fake_start  # type: ignore[method-assign,assignment]
-        Consumer.stop = _no_stop  # type: ignore[method-assign]
+        Consumer.stop = _no_stop  # type: ignore[method-assign,assignment]
         try:
             yield
         finally:
             Consumer.start, Consumer.stop = start, stop  # type: ignore[method-assign]
 
     async def _attach(self, consumer: Consumer) -> None:
-        from nsqworker.nsq.subscriptions import _Link, _Session
+        import threading
+
+        from nsqworker.nsq.links import Link, Session
+        from nsqworker.nsq.subscription import NsqSubscription
 
         loop = asyncio.get_running_loop()
-        consumer._started, consumer._loop, consumer._time = True, loop, loop.time
-        link = _Link("127.0.0.1:4150", direct=True)
-        session = _Session(link)
-        on_message = partial(consumer._on_message, session)
-        conn = Connection(link.address, consumer._config, on_message=on_message)
+        sub = consumer.subscription
+        assert isinstance(sub, NsqSubscription)
+        consumer._started, consumer._loop = True, loop
+        consumer._loop_thread = threading.get_ident()
+        sub._receiver, sub._deliver, sub._loop = consumer, consumer.deliver, loop
+        connections = sub.connections
+        connections.started = True
+        link = Link("127.0.0.1:4150", direct=True)
+        session = Session(link)
+        on_message = partial(sub._on_message, session)
+        conn = Connection(link.address, connections._config, on_message=on_message)
         conn.connection_made(self.transport)  # type: ignore[arg-type]
         conn._handshaking = False
         conn._established = conn._open = True
         session.conn, session.open, link.session = conn, True, session
         session.slot.rdy = consumer.max_in_flight
-        consumer._links[link.address] = link
-        consumer._sessions.append(session)
+        connections.links[link.address] = link
+        connections.sessions.append(session)
         self.conns.append(conn)
 
     async def feed(self, chunks: Sequence[bytes], done: asyncio.Event) -> None:

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nsqworker.dispatch import Dispatcher
 from nsqworker.logging import configure_logging
-from nsqworker.nsq.consumer import Consumer
-from nsqworker.nsq.message import Finish, Message
+from nsqworker.message import Finish, Message
 from nsqworker.settings import Settings
 from nsqworker.spark import SparkJob, runner_for, spark_task
 from nsqworker.spark.local import LocalJob, LocalRunner
@@ -58,7 +58,7 @@ class Probe:
         self._install(runner)
 
     def _install(self, runner: LocalRunner) -> None:
-        submit, wait, settle = runner.submit, runner.wait, Consumer.settle
+        submit, wait, apply = runner.submit, runner.wait, Dispatcher._apply
         probe = self
 
         async def timed_submit(job: SparkJob, ctx: Any) -> LocalJob:
@@ -72,15 +72,15 @@ class Probe:
             probe.exited[handle.message_id] = handle.exited_at  # type: ignore[attr-defined]
             return result
 
-        def timed_settle(self: Consumer, msg: Message, outcome: Any) -> None:
-            settle(self, msg, outcome)
+        def timed_apply(self: Dispatcher, msg: Message, outcome: Any) -> None:
+            apply(self, msg, outcome)
             if isinstance(outcome, Finish):
                 probe.fin[msg.id] = time.monotonic()
                 probe.arrived[msg.id] = msg.received_at
 
         runner.submit = timed_submit  # type: ignore[method-assign]
         runner.wait = timed_wait  # type: ignore[method-assign]
-        Consumer.settle = timed_settle  # type: ignore[method-assign]
+        Dispatcher._apply = timed_apply  # type: ignore[method-assign]
 
     def overheads(self) -> tuple[list[float], list[float]]:
         ids = [i for i in self.fin if i in self.spawned and i in self.exited]

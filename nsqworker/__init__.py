@@ -20,8 +20,8 @@ from nsqworker.errors import (
     NSQWorkerError,
     PublishError,
 )
+from nsqworker.message import Message
 from nsqworker.nsq import publishing as _publishing
-from nsqworker.nsq.message import Message
 from nsqworker.task import (  # eager: `task` must not resolve to the submodule nsqworker.task
     Registry,
     Reject,

@@ -37,7 +37,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-__all__ = ["HealthServer", "ReadyCheck", "TaskStats", "WorkerMetrics", "task_stats"]
+__all__ = ["HealthServer", "ReadyCheck", "TaskTotals", "WorkerMetrics", "task_totals"]
 
 #: ``is_ready()`` answers ``(ready, details)``; details become the JSON body of /readyz.
 ReadyCheck = Callable[[], tuple[bool, Mapping[str, Any]]]
@@ -78,12 +78,15 @@ GAUGES = (
 
 
 @dataclass
-class TaskStats:
-    """One task's numbers in one snapshot, or summed over several."""
+class TaskTotals:
+    """One task's numbers in one snapshot (read from a ``stats.TaskStats`` as a dict),
+    or summed over several processes."""
 
     task: str
     topic: str
     channel: str
+    system: str = "nsq"
+    """The transport's ``messaging.system``."""
     counters: dict[str, int] = field(default_factory=dict)
     gauges: dict[str, int] = field(default_factory=dict)
     subscribed: bool = False
@@ -93,7 +96,7 @@ class TaskStats:
     #: connection failures and non-fatal nsqd errors by reason
     errors: dict[str, int] = field(default_factory=dict)
 
-    def add_totals(self, other: TaskStats) -> None:
+    def add_totals(self, other: TaskTotals) -> None:
         """Add ``other``'s counters and histogram to this one's (gauges are not added)."""
         for key, value in other.counters.items():
             self.counters[key] = self.counters.get(key, 0) + value
@@ -104,7 +107,7 @@ class TaskStats:
             self.errors[reason] = self.errors.get(reason, 0) + count
 
 
-def task_stats(snapshot: Mapping[str, Any]) -> list[TaskStats]:
+def task_totals(snapshot: Mapping[str, Any]) -> list[TaskTotals]:
     """Read the per-task numbers of one ``WorkerStats.as_dict()`` snapshot.
 
     Tolerant of missing keys (a number that is absent counts as 0), so the health
@@ -114,10 +117,11 @@ def task_stats(snapshot: Mapping[str, Any]) -> list[TaskStats]:
     items = tasks.items() if isinstance(tasks, Mapping) else ((t.get("name"), t) for t in tasks)
     result = []
     for name, raw in items:
-        stats = TaskStats(
+        stats = TaskTotals(
             task=str(raw.get("name", name)),
             topic=str(raw.get("topic", "")),
             channel=str(raw.get("channel", "")),
+            system=str(raw.get("system") or "nsq"),
             counters={key: int(raw.get(key) or 0) for key, _, _ in COUNTERS},
             gauges={key: int(raw.get(key) or 0) for key, _, _, _ in GAUGES},
             subscribed=bool(raw.get("subscribed", False)),
@@ -149,8 +153,8 @@ class WorkerMetrics(Collector):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._live: dict[int, list[TaskStats]] = {}
-        self._retired: dict[str, TaskStats] = {}
+        self._live: dict[int, list[TaskTotals]] = {}
+        self._retired: dict[str, TaskTotals] = {}
         self.restarts = 0
         """Processes started to replace one that died."""
         self.alive = 0
@@ -158,7 +162,7 @@ class WorkerMetrics(Collector):
 
     def update(self, key: int, snapshot: Mapping[str, Any]) -> None:
         """Store process ``key``'s latest snapshot."""
-        tasks = task_stats(snapshot)
+        tasks = task_totals(snapshot)
         with self._lock:
             self._live[key] = tasks
 
@@ -167,24 +171,26 @@ class WorkerMetrics(Collector):
         with self._lock:
             for stats in self._live.pop(key, []):
                 total = self._retired.setdefault(
-                    stats.task, TaskStats(stats.task, stats.topic, stats.channel)
+                    stats.task, TaskTotals(stats.task, stats.topic, stats.channel, stats.system)
                 )
                 total.add_totals(stats)
 
-    def snapshots(self) -> dict[int, list[TaskStats]]:
+    def snapshots(self) -> dict[int, list[TaskTotals]]:
         """A copy of the live processes' latest per-task stats, by process key."""
         with self._lock:
             return {key: list(tasks) for key, tasks in self._live.items()}
 
-    def totals(self) -> list[TaskStats]:
+    def totals(self) -> list[TaskTotals]:
         """Per task: counters and histogram summed over live and retired processes,
         gauges combined over live processes (summed, backoff level the maximum)."""
         with self._lock:
             live = [stats for tasks in self._live.values() for stats in tasks]
             retired = list(self._retired.values())
-        merged: dict[str, TaskStats] = {}
+        merged: dict[str, TaskTotals] = {}
         for stats in [*retired, *live]:
-            total = merged.setdefault(stats.task, TaskStats(stats.task, stats.topic, stats.channel))
+            total = merged.setdefault(
+                stats.task, TaskTotals(stats.task, stats.topic, stats.channel, stats.system)
+            )
             total.add_totals(stats)
         for key, _, _, combine in GAUGES:
             for name, total in merged.items():
@@ -222,7 +228,7 @@ class WorkerMetrics(Collector):
         )
 
     @staticmethod
-    def _counter_families(totals: list[TaskStats]) -> Iterator[Metric]:
+    def _counter_families(totals: list[TaskTotals]) -> Iterator[Metric]:
         consumed = CounterMetricFamily(
             "messaging_client_consumed_messages",
             "Messages delivered to a consumer (OpenTelemetry messaging.client.consumed.messages).",
@@ -238,7 +244,7 @@ class WorkerMetrics(Collector):
             yield family
 
     @staticmethod
-    def _gauge_families(totals: list[TaskStats]) -> Iterator[Metric]:
+    def _gauge_families(totals: list[TaskTotals]) -> Iterator[Metric]:
         for key, name, doc, _ in GAUGES:
             family = GaugeMetricFamily(name, doc, labels=TASK_LABELS)
             for t in totals:
@@ -246,7 +252,7 @@ class WorkerMetrics(Collector):
             yield family
 
     @staticmethod
-    def _duration_family(totals: list[TaskStats]) -> Metric:
+    def _duration_family(totals: list[TaskTotals]) -> Metric:
         family = HistogramMetricFamily(
             "messaging_process_duration",
             "Handler run time (OpenTelemetry messaging.process.duration).",
@@ -265,8 +271,8 @@ class WorkerMetrics(Collector):
         return family
 
 
-def _otel_labels(t: TaskStats) -> list[str]:
-    return [t.task, "nsq", "process", t.topic, t.channel]
+def _otel_labels(t: TaskTotals) -> list[str]:
+    return [t.task, t.system, "process", t.topic, t.channel]
 
 
 def _bound_text(bound: float) -> str:

@@ -14,9 +14,9 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from nsqworker.logging import get_logger
-from nsqworker.nsq.message import Message, MessageOwner, Outcome
+from nsqworker.message import Message
 
-__all__ = ["GROW_CHECK", "LoopOwner", "ThreadPool", "awaitable_returned", "run_traced"]
+__all__ = ["GROW_CHECK", "ThreadPool", "awaitable_returned", "run_traced"]
 
 log = get_logger("nsqworker.worker")
 
@@ -35,30 +35,6 @@ def run_traced(token: Any, func: Callable[..., Any], *args: Any) -> Any:
         return func(*args)
     finally:
         otel_context.detach(attached)
-
-
-class LoopOwner:
-    """Lets a sync handler call ``msg.finish()``/``touch()`` from its thread: the
-    command is handed to the loop thread, which owns the connection."""
-
-    __slots__ = ("loop", "owner", "thread")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, owner: MessageOwner) -> None:
-        self.loop = loop
-        self.owner = owner
-        self.thread = threading.get_ident()
-
-    def settle(self, message: Message, outcome: Outcome) -> None:
-        if threading.get_ident() == self.thread:
-            self.owner.settle(message, outcome)
-        else:
-            self.loop.call_soon_threadsafe(self.owner.settle, message, outcome)
-
-    def touch(self, message: Message) -> None:
-        if threading.get_ident() == self.thread:
-            self.owner.touch(message)
-        else:
-            self.loop.call_soon_threadsafe(self.owner.touch, message)
 
 
 # (message, context, telemetry token)

@@ -245,7 +245,13 @@ class Settings(BaseSettings):
     )
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)
 
-    # -- where the brokers are
+    # -- which broker (docs/transports.md)
+    transport: str = Field(
+        "nsq",
+        min_length=1,
+        description="The broker: nsq (default) or memory (tests); see docs/transports.md.",
+    )
+    # -- where the brokers are: NSQ
     nsqd_tcp_addresses: NsqdAddresses = Field(
         default_factory=list, description="nsqd TCP addresses to connect to directly (host:port)."
     )
@@ -413,6 +419,18 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Overrides, then the environment, then the config file being loaded."""
         return init_settings, env_settings, _FileSource(settings_cls)
+
+    @field_validator("transport", mode="before")
+    @classmethod
+    def _known_transport(cls, value: Any) -> Any:
+        from nsqworker.transport import transport_names
+
+        if isinstance(value, str):
+            value = value.strip().lower()
+            if value not in transport_names():
+                names = ", ".join(transport_names())
+                raise ValueError(f"is not a transport; the transports are {names}")
+        return value
 
     @field_validator("nsqd_tcp_addresses", "lookupd_http_addresses", mode="before")
     @classmethod

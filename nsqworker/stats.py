@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["DURATION_BUCKETS", "FROM_CONSUMER", "DurationHistogram", "TaskStats", "WorkerStats"]
+__all__ = ["DURATION_BUCKETS", "FROM_DISPATCHER", "DurationHistogram", "TaskStats", "WorkerStats"]
 
 #: Upper bounds (seconds) of the handler-duration histogram: 1 ms handlers to 1 h jobs.
 DURATION_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
@@ -32,7 +32,8 @@ def _empty_histogram() -> DurationHistogram:
 
 @dataclass
 class TaskStats:
-    """One task's numbers: the consumer's counters and gauges plus the worker's own."""
+    """One task's numbers: the dispatcher's counters, the subscription's gauges and the
+    worker's own."""
 
     name: str
     topic: str
@@ -47,16 +48,19 @@ class TaskStats:
     in_flight: int = 0
     running: int = 0
     rdy: int = 0
+    """The flow-control window the broker may fill (RDY on NSQ)."""
     connections: int = 0
     buffered: int = 0
     """nsqd read on their buffered connection (adaptive output buffering, under load)."""
     backoff_level: int = 0
     duration: DurationHistogram = field(default_factory=_empty_histogram)
     connection_errors: dict[str, int] = field(default_factory=dict)
+    system: str = "nsq"
+    """The transport's ``messaging.system`` (nsq, nats, rabbitmq...)."""
 
 
-#: TaskStats fields copied from the consumer's own stats.
-FROM_CONSUMER = "max_in_flight received finished requeued in_flight running rdy backoff_level"
+#: TaskStats fields copied from the dispatcher's own stats.
+FROM_DISPATCHER = "max_in_flight received finished requeued in_flight running backoff_level"
 
 
 @dataclass

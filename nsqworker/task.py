@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, Never, ParamSpec, Protocol, TypeVar, cast
 
 from nsqworker.errors import ConfigurationError, InvalidName
-from nsqworker.nsq.message import FINISH, GiveUp, Message, Outcome, Requeue
-from nsqworker.nsq.protocol import check_channel, check_topic
+from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.names import check_channel, check_topic
 
 __all__ = [
     "DeadLetterHook",

@@ -1,15 +1,16 @@
-"""One worker process: a Registry's tasks, each on its own Consumer, on one event loop.
+"""One worker process: a Registry's tasks on one event loop, over one transport.
 
-``Worker(registry, settings)`` builds a :class:`~nsqworker.nsq.consumer.Consumer` per task.
-Its callback runs the handler and turns the result into an outcome (see
-:mod:`nsqworker.task`); its give-up hook is the dead-letter path. Async handlers are
-awaited on the loop; the consumer starts them eagerly, so one that never suspends
-finishes inline with no Task. Sync handlers never run on the loop: each sync task has a
-small thread pool, sized to its max_in_flight and grown on demand, whose threads hand
-results back in batches (one wake-up of the loop per batch, not per message).
+``Worker(registry, settings)`` builds the transport ``settings.transport`` names (NSQ by
+default) and, per task, a subscription and a :class:`~nsqworker.dispatch.Dispatcher`
+(the task's policy). The dispatcher's callback runs the handler and turns the result into
+an outcome (see :mod:`nsqworker.task`); its give-up hook is the dead-letter path. Async
+handlers are awaited on the loop, started eagerly, so one that never suspends finishes
+inline with no Task. Sync handlers never run on the loop: each sync task has a small
+thread pool, sized to its max_in_flight and grown on demand, whose threads hand results
+back in batches (one wake-up of the loop per batch, not per message).
 
 Per task the worker keeps a handler-duration histogram and a dead-letter count; the
-consumer's own counters complete :meth:`Worker.stats`.
+dispatcher's counters and the subscription's gauges complete :meth:`Worker.stats`.
 """
 
 from __future__ import annotations
@@ -32,23 +33,22 @@ from typing import Any, Protocol, Self
 from opentelemetry import context as otel_context
 
 from nsqworker import logging as _logs
+from nsqworker.dispatch import DEFERRED, Dispatcher, Policy
+from nsqworker.eager import resume
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import TrafficSummary, configure_logging, get_logger
-from nsqworker.nsq.connection import ConnectionConfig
-from nsqworker.nsq.consumer import DEFERRED, Consumer
-from nsqworker.nsq.eager import resume
-from nsqworker.nsq.message import FINISH, Message, MessageOwner, Outcome, Requeue
-from nsqworker.nsq.producer import Producer
-from nsqworker.pool import LoopOwner, ThreadPool, run_traced
+from nsqworker.message import FINISH, Message, Outcome, Requeue
+from nsqworker.pool import ThreadPool, run_traced
 from nsqworker.settings import Settings
 from nsqworker.stats import (
     DURATION_BUCKETS,
-    FROM_CONSUMER,
+    FROM_DISPATCHER,
     DurationHistogram,
     TaskStats,
     WorkerStats,
 )
 from nsqworker.task import Registry, Retry, TaskSpec, describe_outcome, outcome_of_error
+from nsqworker.transport import Capabilities, Transport, create_transport
 from nsqworker.watchdog import LoopWatchdog
 
 __all__ = ["Worker", "dead_letter_envelope", "event_loop_factory", "run_worker"]
@@ -72,19 +72,19 @@ class Instrumentation(Protocol):
     def end(self, token: Any, outcome: Outcome | None, error: Any, duration: float) -> None: ...
 
 
-def _instrumentation(spec: TaskSpec, settings: Settings) -> Instrumentation:
+def _instrumentation(spec: TaskSpec, settings: Settings, caps: Capabilities) -> Instrumentation:
     from nsqworker.telemetry.tracing import TaskInstrumentation
 
-    return TaskInstrumentation(spec, settings)
+    return TaskInstrumentation(spec, settings, capabilities=caps)
 
 
 # --- one task ------------------------------------------------------------------------
 
 
 class _TaskRunner:
-    """The per-task half of the worker: the consumer's callback and give-up hook."""
+    """The per-task half of the worker: the dispatcher's callback and give-up hook."""
 
-    consumer: Consumer
+    dispatcher: Dispatcher
 
     def __init__(self, worker: Worker, spec: TaskSpec, max_in_flight: int) -> None:
         self.worker = worker
@@ -94,7 +94,7 @@ class _TaskRunner:
         # then carries bind_settings(settings) -> the handler to run.
         bind = getattr(spec.func, "bind_settings", None)
         self.func = bind(worker.settings) if callable(bind) else spec.func
-        self.inst = _instrumentation(spec, worker.settings)
+        self.inst = _instrumentation(spec, worker.settings, worker.transport.capabilities)
         self.log = log.bind(task=spec.name, topic=spec.topic, channel=spec.channel)
         self.log_debug = self.log.is_enabled_for(logging.DEBUG)
         self.summary = TrafficSummary(DURATION_BUCKETS, self.loop.time())
@@ -106,8 +106,6 @@ class _TaskRunner:
         hook = spec.on_dead_letter
         call = getattr(hook, "__call__", None)  # noqa: B004 - async callable objects count
         self.hook_async = inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(call)
-        self.owner: MessageOwner | None = None
-        self.proxy: LoopOwner | None = None
         self.pool: ThreadPool | None = None
         if not spec.is_async:
             name = f"nsqworker-{getattr(spec.func, '__name__', 'task')}"
@@ -176,11 +174,7 @@ class _TaskRunner:
         return outcome
 
     def call_sync(self, msg: Message) -> object:
-        """Hand a sync handler to the pool; its outcome reaches the consumer later."""
-        owner = msg._owner
-        if owner is not self.owner and owner is not None:
-            self.owner, self.proxy = owner, LoopOwner(self.loop, owner)
-        msg._owner = self.proxy
+        """Hand a sync handler to the pool; its outcome reaches the dispatcher later."""
         token = self.inst.start(msg)
         assert self.pool is not None
         self.pool.submit(msg, _copy_context(), token)
@@ -201,7 +195,7 @@ class _TaskRunner:
                 ctx.run(run_traced, token, self.log_done, msg, outcome, duration)
             if token is not None or self.inst.timed:
                 self.inst.end(token, outcome, None, duration)
-        self.consumer.complete(msg, outcome)
+        self.dispatcher.complete(msg, outcome)
 
     def log_done(self, msg: Message, outcome: Outcome | None, duration: float) -> None:
         ms = round(duration * 1000, 3)
@@ -219,7 +213,7 @@ class _TaskRunner:
         self.dur_sum += duration
         outcome = outcome_of_error(msg, exc)
         if isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
-            outcome = Requeue(self.consumer.requeue_delay(msg.attempts), backoff=outcome.backoff)
+            outcome = Requeue(self.dispatcher.requeue_delay(msg.attempts), backoff=outcome.backoff)
         if ctx is None:
             self.log_failure(msg, exc, outcome, duration)
         else:
@@ -247,13 +241,13 @@ class _TaskRunner:
     async def give_up(self, msg: Message, reason: str) -> None:
         """The dead-letter path: publish to dead_letter_topic, then on_dead_letter.
 
-        Any exception propagates, so the consumer REQs the message instead of FINing it.
+        Any exception propagates, so the dispatcher retries the message instead.
         """
         spec = self.spec
         exc = self.rejected.pop(msg.id, None)
         self.log.error("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, exc_info=exc)
         if spec.dead_letter_topic is not None:
-            producer = self.worker._dead_letter_producer(msg)
+            producer = self.worker.transport.publisher(msg)
             envelope = dead_letter_envelope(msg, reason, spec.name)
             await producer.publish(spec.dead_letter_topic, envelope)
         hook = spec.on_dead_letter
@@ -266,15 +260,16 @@ class _TaskRunner:
         self.dead_lettered += 1
 
     def stats(self) -> TaskStats:
-        spec, counts, consumer = self.spec, list(self.counts), self.consumer
-        cs = consumer.stats()
+        spec, counts, dispatcher = self.spec, list(self.counts), self.dispatcher
+        ds = dispatcher.stats()
+        sub = ds.subscription
         return TaskStats(
-            spec.name, spec.topic, spec.channel, consumer.subscribed, consumer.ready,
-            dead_lettered=self.dead_lettered, connections=cs.connected,
-            buffered=sum(c.lane == "bulk" for c in cs.connections),
-            connection_errors=dict(consumer.connection_errors),
+            spec.name, spec.topic, spec.channel, dispatcher.subscribed, dispatcher.ready,
+            dead_lettered=self.dead_lettered, connections=sub.connected, rdy=sub.window,
+            buffered=sub.buffered, connection_errors=dict(sub.errors),
+            system=self.worker.transport.capabilities.system,
             duration=DurationHistogram(list(self.bounds), counts, self.dur_sum, sum(counts)),
-            **{key: getattr(cs, key) for key in FROM_CONSUMER.split()},
+            **{key: getattr(ds, key) for key in FROM_DISPATCHER.split()},
         )  # fmt: skip
 
 
@@ -301,17 +296,24 @@ def dead_letter_envelope(msg: Message, reason: str, task: str = "") -> bytes:
 class Worker:
     """Runs every task of ``registry`` on this process's event loop.
 
-    ``async with Worker(registry, settings):`` starts the consumers and drains them on
-    exit; ``await worker.run()`` serves until SIGTERM/SIGINT or :meth:`request_stop`.
-    ``settings`` default to ``Settings.load()`` (environment and config file).
+    ``async with Worker(registry, settings):`` starts the tasks and drains them on exit;
+    ``await worker.run()`` serves until SIGTERM/SIGINT or :meth:`request_stop`.
+    ``settings`` default to ``Settings.load()`` (environment and config file);
+    ``transport`` defaults to the one ``settings.transport`` names (a
+    :class:`~nsqworker.memory.MemoryTransport` instance in tests, say).
     """
 
-    def __init__(self, registry: Registry, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        settings: Settings | None = None,
+        *,
+        transport: Transport | None = None,
+    ) -> None:
         self.registry = registry
         self.settings = settings if settings is not None else Settings.load()
+        self._transport = transport
         self._runners: list[_TaskRunner] = []
-        self._producers: dict[str, Producer] = {}
-        self._config: ConnectionConfig | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._stop_task: asyncio.Future[None] | None = None
@@ -334,11 +336,18 @@ class Worker:
         await self.stop()
 
     @property
+    def transport(self) -> Transport:
+        """The transport the tasks run on (built from the settings on first use)."""
+        if self._transport is None:
+            self._transport = create_transport(self.settings)
+        return self._transport
+
+    @property
     def ready(self) -> bool:
         """True while running with every task subscribed, or its topic on no nsqd yet."""
         runners = self._runners
         ok = self._started and self._stop_task is None and bool(runners)
-        return ok and all(r.consumer.ready for r in runners)
+        return ok and all(r.dispatcher.ready for r in runners)
 
     @property
     def live(self) -> bool:
@@ -346,7 +355,7 @@ class Worker:
         return self.watchdog is None or not self.watchdog.blocked
 
     async def start(self) -> None:
-        """Build one consumer per task and connect them; returns once each tried once."""
+        """Subscribe every task and connect; returns once each subscription tried once."""
         if self._started:
             raise RuntimeError("this Worker was already started; make a new one")
         if not len(self.registry):
@@ -355,21 +364,28 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         settings = self.settings
         _logs.configure_logging_by_default(settings.log_level, settings.log_format)
-        self._config = ConnectionConfig.from_settings(settings)
+        transport = self.transport
+        caps = transport.capabilities
         for spec in self.registry:
-            max_in_flight = spec.max_in_flight or settings.max_in_flight
-            runner = _TaskRunner(self, spec, max_in_flight)
-            requeue_delay = spec.requeue_delay
-            runner.consumer = Consumer(
-                spec.topic, spec.channel, runner.callback, settings,
-                max_in_flight=max_in_flight, on_give_up=runner.give_up, name=spec.name,
-                max_attempts=spec.max_attempts or settings.max_attempts,
-                requeue_delay=settings.requeue_delay if requeue_delay is None else requeue_delay,
-                connection_config=self._config,
+            policy = Policy.from_settings(
+                settings, max_in_flight=spec.max_in_flight, max_attempts=spec.max_attempts,
+                requeue_delay=spec.requeue_delay,
+            )  # fmt: skip
+            topic, channel = (
+                transport.check_topic(spec.topic),
+                transport.check_channel(spec.channel),
+            )
+            runner = _TaskRunner(self, spec, policy.max_in_flight)
+            sub = transport.subscribe(
+                topic, channel, name=spec.name, max_in_flight=policy.max_in_flight
+            )
+            runner.dispatcher = Dispatcher(
+                sub, runner.callback, policy, on_give_up=runner.give_up, name=spec.name,
+                max_retry_delay=caps.max_retry_delay, keep_alive=caps.keep_alive,
             )  # fmt: skip
             self._runners.append(runner)
         results = await asyncio.gather(
-            *(r.consumer.start() for r in self._runners), return_exceptions=True
+            *(r.dispatcher.start() for r in self._runners), return_exceptions=True
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
@@ -382,15 +398,15 @@ class Worker:
             self.watchdog = LoopWatchdog.start_for(self.registry, settings.watchdog_timeout)
         if (every := settings.log_summary_interval) > 0:
             self._summaries = asyncio.create_task(_logs.every(every, self._log_summaries))
-        waiting = [r.spec.name for r in self._runners if not r.consumer.subscribed]
-        if waiting:  # each consumer logs "subscribed on ..." when it gets there
+        waiting = [r.spec.name for r in self._runners if not r.dispatcher.subscribed]
+        if waiting:  # each subscription logs "subscribed on ..." when it gets there
             log.warning("not subscribed yet; retrying", pid=os.getpid(), waiting_for=waiting)
         else:
             log.info("worker started", pid=os.getpid(), tasks=[s.name for s in self.registry])
 
     def _log_summaries(self) -> None:
         for r in self._runners:  # each busy task's periodic info line
-            r.summary.log(r.log, r.consumer.stats(), r.counts, r.loop.time())
+            r.summary.log(r.log, r.dispatcher.stats(), r.counts, r.loop.time())
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop taking messages, let running handlers finish within ``drain_timeout``
@@ -406,9 +422,9 @@ class Worker:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         log.info("worker draining", timeout=timeout)
-        # 1. Each consumer: RDY 0, wait for its handlers (TOUCHing), REQ the rest, close.
+        # 1. Each task: pause the flow, wait for its handlers (kept alive), retry the rest.
         await asyncio.gather(
-            *(r.consumer.stop(timeout) for r in self._runners), return_exceptions=True
+            *(r.dispatcher.stop(timeout) for r in self._runners), return_exceptions=True
         )
         # 2. Sync handlers' threads: let idle ones exit; wait for busy ones until the deadline.
         pools = [r.pool for r in self._runners if r.pool is not None]
@@ -419,13 +435,15 @@ class Worker:
         stuck = sum(p.alive() for p in pools)
         if stuck:
             log.warning("sync handlers still running after the drain", threads=stuck)
-        # 3. Dead-letter producers, the watchdog, and the OpenTelemetry view of our stats.
+        # 3. The transport's publishers, the watchdog, the OpenTelemetry view of our stats.
         if self.watchdog is not None:
             self.watchdog.stop()
         if self._unregister_metrics is not None:
             self._unregister_metrics()
-        producers, self._producers = list(self._producers.values()), {}
-        await asyncio.gather(*(p.close() for p in producers), return_exceptions=True)
+        try:
+            await self.transport.close()
+        except Exception:
+            log.exception("closing the transport failed")
         if self._summaries is not None:  # and the last window, so short runs get one too
             self._summaries.cancel()
             self._log_summaries()
@@ -472,7 +490,7 @@ class Worker:
 
     def _force(self) -> None:
         for runner in self._runners:
-            runner.consumer.force_stop()
+            runner.dispatcher.force_stop()
 
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[int]:
         if threading.current_thread() is not threading.main_thread():
@@ -500,17 +518,6 @@ class Worker:
         elif sig == signal.SIGINT and not self._forced:
             log.warning(f"{name} again: requeueing running messages and stopping now")
             self.force_stop()
-
-    def _dead_letter_producer(self, msg: Message) -> Producer:
-        """The producer for dead letters: settings' nsqd, else the message's own nsqd."""
-        key = "" if self.settings.nsqd_tcp_addresses else msg.nsqd_address
-        producer = self._producers.get(key)
-        if producer is None:
-            producer = self._producers[key] = Producer(
-                [key] if key else None, settings=self.settings,
-                connection_config=self._config, envelope=False,
-            )  # fmt: skip
-        return producer
 
     def stats(self) -> WorkerStats:
         """Per-task counters, gauges and duration histograms, as plain data."""

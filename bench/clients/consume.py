@@ -137,8 +137,8 @@ def consumer(params: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _consumer(params: dict[str, Any]) -> dict[str, Any]:
-    from nsqworker.nsq.consumer import Consumer
-    from nsqworker.nsq.message import FINISH, Finish, Message
+    from nsqworker.consumer import Consumer
+    from nsqworker.message import FINISH, Finish, Message
     from nsqworker.settings import Settings
 
     logging.basicConfig(level=logging.WARNING)

@@ -19,7 +19,7 @@ def worker(params: dict[str, Any]) -> dict[str, Any]:
 
 async def _worker(params: dict[str, Any]) -> dict[str, Any]:
     from nsqworker.logging import configure_logging
-    from nsqworker.nsq.message import Message
+    from nsqworker.message import Message
     from nsqworker.settings import Settings
     from nsqworker.task import Registry
     from nsqworker.worker import Worker

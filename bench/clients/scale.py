@@ -28,7 +28,7 @@ def many_tasks(params: dict[str, Any]) -> dict[str, Any]:
 
 async def _many_tasks(params: dict[str, Any]) -> dict[str, Any]:
     from nsqworker.logging import configure_logging
-    from nsqworker.nsq.message import Message
+    from nsqworker.message import Message
     from nsqworker.settings import Settings
     from nsqworker.task import Registry
     from nsqworker.worker import Worker
@@ -84,7 +84,7 @@ def many_nsqd(params: dict[str, Any]) -> dict[str, Any]:
 
 async def _many_nsqd(params: dict[str, Any]) -> dict[str, Any]:
     from nsqworker.logging import configure_logging
-    from nsqworker.nsq.message import Message
+    from nsqworker.message import Message
     from nsqworker.settings import Settings
     from nsqworker.task import Registry
     from nsqworker.worker import Worker

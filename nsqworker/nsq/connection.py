@@ -149,6 +149,11 @@ class Connection(Handshake):
         return self._open and not self._closing
 
     @property
+    def closing(self) -> bool:
+        """True once we began to close it (:meth:`close` or :meth:`abort`), not when lost."""
+        return self._closing
+
+    @property
     def closed(self) -> bool:
         """True once the connection was lost, or :meth:`close` / :meth:`abort` began."""
         return self._lost or self._closing

@@ -10,17 +10,18 @@ RDY as a window, IDENTIFY ranges).
 from __future__ import annotations
 
 import json
-import re
 import struct
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 from nsqworker.errors import (
-    InvalidName,
     LocalProtocolError,
     MessageTooLarge,
     RemoteProtocolError,
 )
+from nsqworker.names import check_channel, check_topic, is_valid_name
+
+__all__ = ["check_channel", "check_topic", "is_valid_name"]  # NSQ's rule is the portable one
 
 MAGIC_V2: Final = b"  V2"
 
@@ -46,9 +47,6 @@ DEFAULT_MAX_MSG_TIMEOUT_MS: Final = 15 * 60 * 1000
 # A frame larger than this is taken as a hostile or broken peer, not a message.
 DEFAULT_MAX_FRAME_SIZE: Final = 64 * 1024 * 1024
 
-# \Z, not $: "$" also matches before a trailing newline, which would end the command.
-_NAME_RE: Final = re.compile(r"[.a-zA-Z0-9_-]+(#ephemeral)?\Z")
-_MAX_NAME_LENGTH: Final = 64
 
 _SIZE: Final = struct.Struct(">I")
 _HEADER: Final = struct.Struct(">iI")
@@ -88,32 +86,6 @@ Frame = Response | ErrorFrame | MessageFrame
 
 
 # --- validation -------------------------------------------------------------------
-
-
-def check_topic(name: str) -> str:
-    """Return ``name`` if nsqd accepts it as a topic, else raise :class:`InvalidName`."""
-    return _check_name(name, "topic")
-
-
-def check_channel(name: str) -> str:
-    """Return ``name`` if nsqd accepts it as a channel, else raise :class:`InvalidName`."""
-    return _check_name(name, "channel")
-
-
-def is_valid_name(name: str) -> bool:
-    """Tell whether ``name`` is a valid topic or channel name for nsqd."""
-    return 0 < len(name) <= _MAX_NAME_LENGTH and _NAME_RE.match(name) is not None
-
-
-def _check_name(name: str, what: str) -> str:
-    if not isinstance(name, str):
-        raise InvalidName(f"{what} name must be a str, got {type(name).__name__}")
-    if not is_valid_name(name):
-        raise InvalidName(
-            f"invalid {what} name {name!r}: use 1 to {_MAX_NAME_LENGTH} characters from "
-            "[.a-zA-Z0-9_-], optionally ending in '#ephemeral'"
-        )
-    return name
 
 
 def _check_body(body: bytes, limit: int | None) -> None:

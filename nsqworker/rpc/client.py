@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Final, Self
 
 import httpx
 
+from nsqworker.consumer import Consumer
 from nsqworker.errors import (
     ConfigurationError,
     ConnectionClosed,
@@ -34,9 +35,8 @@ from nsqworker.errors import (
     RpcError,
     RpcTimeout,
 )
-from nsqworker.nsq.consumer import Consumer
+from nsqworker.message import FINISH, Message, Outcome
 from nsqworker.nsq.lookupd import format_address
-from nsqworker.nsq.message import FINISH, Message, Outcome
 from nsqworker.nsq.producer import Producer
 from nsqworker.rpc import codec
 from nsqworker.rpc.codec import Response
@@ -189,7 +189,11 @@ class RpcClient:
         host, port = _split(self.reply_nsqd)
         self._reply = codec.ReplyAddress(host, port, self.reply_topic)
         settings = self._settings.model_copy(
-            update={"nsqd_tcp_addresses": [self.reply_nsqd], "lookupd_http_addresses": []}
+            update={
+                "transport": "nsq",
+                "nsqd_tcp_addresses": [self.reply_nsqd],
+                "lookupd_http_addresses": [],
+            }
         )
         self._consumer = Consumer(
             self.reply_topic, REPLY_CHANNEL, self._on_reply, settings,

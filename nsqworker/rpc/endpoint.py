@@ -39,9 +39,9 @@ from typing import Any, ClassVar, Final, TypeVar, cast
 
 from nsqworker.errors import LocalProtocolError, RpcDecodeError
 from nsqworker.logging import get_logger
+from nsqworker.message import Message
 from nsqworker.nsq.connection import ConnectionConfig
 from nsqworker.nsq.lookupd import format_address
-from nsqworker.nsq.message import Message
 from nsqworker.nsq.producer import Producer
 from nsqworker.rpc import codec
 from nsqworker.rpc.codec import Request
@@ -304,4 +304,4 @@ def _config(msg: Message) -> ConnectionConfig | None:
 
     The consumer's session holds the Connection (tests/integration/test_rpc.py checks
     this path through nsqd's view of the reply connection)."""
-    return getattr(getattr(msg._conn, "conn", None), "config", None)
+    return getattr(getattr(msg.receipt, "conn", None), "config", None)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 
 from nsqworker.logging import get_logger
-from nsqworker.nsq.message import Message
+from nsqworker.message import Message
 from nsqworker.spark.job import (
     JobContext,
     JobResult,

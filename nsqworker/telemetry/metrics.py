@@ -24,6 +24,8 @@ __all__ = ["SCOPE", "SYSTEM_ATTRS", "hub", "register_worker_metrics"]
 SCOPE = "nsqworker"
 """The instrumentation scope of every tracer and meter nsqworker makes."""
 SYSTEM_ATTRS = {"messaging.system": "nsq"}
+"""The producers' system: the NSQ ``Producer`` is the one that reports sends here
+(a task's spans and metrics take the system from its transport's capabilities)."""
 _SYSTEM = SYSTEM_ATTRS
 
 
@@ -78,25 +80,25 @@ class _Hub:
         """Every registered worker's per-task stats, read once per collection."""
         now = time.monotonic()
         if now - self._cache[0] > 0.2:
-            from nsqworker.health import task_stats
+            from nsqworker.health import task_totals
 
             tasks: list[Any] = []
             for worker in list(self.workers):
                 snapshot = worker.stats()
                 as_dict = getattr(snapshot, "as_dict", None)
-                tasks += task_stats(as_dict() if as_dict is not None else snapshot)
+                tasks += task_totals(as_dict() if as_dict is not None else snapshot)
             self._cache = (now, tasks)
         return self._cache[1]
 
     def _reader(self, key: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def read(options: CallbackOptions) -> Iterator[Observation]:
-            totals: dict[tuple[str, str, str], int] = {}
+            totals: dict[tuple[str, str, str, str], int] = {}
             for t in self._tasks():
-                ident = (t.task, t.topic, t.channel)
+                ident = (t.task, t.topic, t.channel, t.system)
                 totals[ident] = totals.get(ident, 0) + t.counters.get(key, t.gauges.get(key, 0))
-            for (task, topic, channel), value in totals.items():
+            for (task, topic, channel, system), value in totals.items():
                 yield Observation(value, {
-                    **_SYSTEM,
+                    "messaging.system": system,
                     "messaging.operation.name": "process",
                     "messaging.destination.name": topic,
                     "messaging.consumer.group.name": channel,

@@ -23,9 +23,7 @@ token; for a None token too when ``inst.timed`` (an SDK MeterProvider is install
 and ``end`` records the duration histogram). Calling it anyway is harmless.
 
 Producer side: :func:`producer_instrumentation` is the hook ``nsqworker.nsq.producer``
-loads (see :class:`ProducerInstrumentation`). Metrics live in
-:mod:`nsqworker.telemetry.metrics`. ``nsqworker.telemetry.setup.configure_from_env`` installs the SDK from
-``OTEL_*`` variables.
+loads (see :class:`ProducerInstrumentation`). Metrics: :mod:`nsqworker.telemetry.metrics`.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from nsqworker._version import __version__
-from nsqworker.nsq.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.telemetry.envelope import ENVELOPE_MAGIC, unwrap_envelope, wrap_envelope
 from nsqworker.telemetry.metrics import SCOPE, SYSTEM_ATTRS, hub
 from nsqworker.telemetry.shortcuts import context_with
@@ -55,6 +53,7 @@ if TYPE_CHECKING:
     from nsqworker.nsq.publishing import PublishCall
     from nsqworker.settings import Settings
     from nsqworker.task import TaskSpec
+    from nsqworker.transport import Capabilities
 
 __all__ = [
     "DURATION_BUCKETS",
@@ -81,8 +80,9 @@ _CONSUMER = SpanKind.CONSUMER
 _ROOT = otel_context.Context()
 _OK = Status(StatusCode.OK)
 OUTCOME = "messaging.nsq.outcome"
-_FIN = {OUTCOME: "fin"}  # set_attribute(k, v) is set_attributes({k: v}) in the SDK
-"""Span attribute: what was sent to nsqd, ``fin``, ``req`` or ``dead_letter``."""
+"""Span attribute on NSQ (``<prefix>.outcome`` on others): ``fin``, ``req`` or
+``dead_letter``. Set with ``set_attributes({k: v})``, which is what ``set_attribute``
+calls in the SDK."""
 """The parent of a process span without a remote parent: none. Whatever span is
 current where the worker runs (one around its startup, say) is not a message's parent."""
 
@@ -228,6 +228,8 @@ class TaskInstrumentation:
         tracer_provider, meter_provider: instead of the global ones (tests).
         parent_mode: ``"link"`` or ``"parent"``, instead of the settings' value.
         client_id: ``messaging.client.id``, instead of the settings' value.
+        capabilities: the transport's, for ``messaging.system`` and the prefix of
+            broker-specific attributes (default: NSQ's).
     """
 
     def __init__(
@@ -239,8 +241,16 @@ class TaskInstrumentation:
         meter_provider: metrics.MeterProvider | None = None,
         parent_mode: str | None = None,
         client_id: str | None = None,
+        capabilities: Capabilities | None = None,
     ) -> None:
         self.spec = spec
+        system = capabilities.system if capabilities is not None else _SYSTEM["messaging.system"]
+        prefix = capabilities.attribute_prefix if capabilities is not None else "messaging.nsq"
+        self._attempts_key = f"{prefix}.message.attempts"
+        self._touches_key = f"{prefix}.message.touches"
+        self._outcome_key = f"{prefix}.outcome"
+        self._prefix = prefix
+        self._fin = {self._outcome_key: "fin"}
         self.timed = False
         """True when ``end`` records the duration histogram (an SDK MeterProvider is
         installed), so it must be called for messages ``start`` did not trace too."""
@@ -251,7 +261,7 @@ class TaskInstrumentation:
         self._parent_mode = mode == "parent"
         self.span_name = f"process {spec.topic}"
         self._constant: dict[str, Any] = {
-            **_SYSTEM,
+            "messaging.system": system,
             "messaging.operation.name": "process",
             "messaging.operation.type": "process",
             "messaging.destination.name": spec.topic,
@@ -325,12 +335,12 @@ class TaskInstrumentation:
                 preset.local.trace_id = (getrandbits(64) << 64 | low) or 1
             elif not self._presample(parent):
                 return None
-        address = msg.nsqd_address
+        address = msg.address
         attrs = self._by_address.get(address) or self._address_attrs(address)
         if not self._sdk:
             attrs = attrs.copy()
         attrs["messaging.message.id"] = msg.id_bytes.decode()
-        attrs["messaging.nsq.message.attempts"] = msg.attempts
+        attrs[self._attempts_key] = msg.attempts
         attrs["messaging.message.body.size"] = len(msg.body)
         span = self._tracer.start_span(self.span_name, parent, _CONSUMER, attrs, links)
         if self._preset is not None:
@@ -393,26 +403,27 @@ class TaskInstrumentation:
         span, _, msg = token
         touches = msg.touch_count
         if touches:  # absent means none: an attribute set after start costs a few us
-            span.set_attribute("messaging.nsq.message.touches", touches)
+            span.set_attribute(self._touches_key, touches)
         if outcome is FINISH and error is None:
             # The common case, kept to two cheap calls: no event, status OK.
-            span.set_attributes(_FIN)
+            span.set_attributes(self._fin)
             span.set_status(_OK)
             span.end()
             return
         failed = error is not None
+        prefix, outcome_key = self._prefix, self._outcome_key
         if outcome is FINISH:
-            span.set_attribute(OUTCOME, "fin")
+            span.set_attribute(outcome_key, "fin")
         elif isinstance(outcome, Requeue):
-            event: dict[str, Any] = {"messaging.nsq.requeue.backoff": outcome.backoff}
+            event: dict[str, Any] = {f"{prefix}.requeue.backoff": outcome.backoff}
             if outcome.delay is not None:
-                event["messaging.nsq.requeue.delay"] = float(outcome.delay)
-            span.set_attribute(OUTCOME, "req")
+                event[f"{prefix}.requeue.delay"] = float(outcome.delay)
+            span.set_attribute(outcome_key, "req")
             span.add_event("req", event)
             failed = failed or outcome.backoff
         elif isinstance(outcome, GiveUp):
-            span.set_attribute(OUTCOME, "dead_letter")
-            span.add_event("dead_letter", {"messaging.nsq.dead_letter.reason": outcome.reason})
+            span.set_attribute(outcome_key, "dead_letter")
+            span.add_event("dead_letter", {f"{prefix}.dead_letter.reason": outcome.reason})
             failed = True
         if error is not None:
             span.set_attribute("error.type", error_type or "")

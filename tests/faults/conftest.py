@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import structlog
 
-from nsqworker.nsq.message import Message
+from nsqworker.message import Message
 from nsqworker.settings import Settings
 from nsqworker.task import Registry
 

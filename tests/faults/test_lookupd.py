@@ -35,7 +35,11 @@ async def test_lookupd_down_at_start_then_up(
     settings = kit.fast(lookupd_http_addresses=[lookupd.http_address], lookupd_poll_interval=0.1)
     with caplog.at_level(logging.DEBUG, logger=LOOKUPD_LOG):
         async with Worker(kit.registry(seen), settings) as worker:
-            await kit.until(lambda: worker._runners[0].consumer._poller.polls >= 5, 5, "no polls")  # type: ignore[union-attr]
+            await kit.until(
+                lambda: worker._runners[0].dispatcher.subscription.connections.poller.polls >= 5,
+                5,
+                "no polls",
+            )  # type: ignore[union-attr]
             assert not worker.ready  # nobody could say whether the topic has producers
             assert len(lookupd_warnings(caplog)) == 1, lookupd_warnings(caplog)
             lookupd.restart()

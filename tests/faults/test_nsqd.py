@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from nsqworker.nsq.message import Message
+from nsqworker.message import Message
 from nsqworker.testing import NsqdFactory
 from nsqworker.testing.faults import MagicCloser, SilentServer, TcpProxy
 from nsqworker.worker import Worker

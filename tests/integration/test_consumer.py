@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from nsqworker.nsq.consumer import Consumer
-from nsqworker.nsq.message import FINISH, Message, Outcome, Requeue
+from nsqworker.consumer import Consumer
+from nsqworker.message import FINISH, Message, Outcome, Requeue
 from nsqworker.settings import Settings
 from nsqworker.testing import NsqdFactory, NsqdProcess, NsqlookupdProcess, wait_until
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from nsqworker.consumer import Consumer
+from nsqworker.message import FINISH, Message, Outcome
 from nsqworker.nsq import connection
-from nsqworker.nsq.consumer import Consumer
-from nsqworker.nsq.message import FINISH, Message, Outcome
 from nsqworker.settings import Settings
 from nsqworker.testing import NsqdProcess
 

@@ -7,8 +7,8 @@ import asyncio
 from collections import Counter
 from typing import Any
 
-from nsqworker.nsq.consumer import Consumer
-from nsqworker.nsq.message import FINISH, Message, Outcome
+from nsqworker.consumer import Consumer
+from nsqworker.message import FINISH, Message, Outcome
 from nsqworker.settings import Settings
 from nsqworker.testing import NsqdFactory, NsqdProcess, NsqlookupdProcess, wait_until
 
@@ -141,8 +141,8 @@ async def test_a_lost_bulk_lane_hands_rdy_back_and_loses_nothing(nsqd: NsqdProce
     consumer: Consumer
 
     async def handle(msg: Message) -> Outcome:
-        bulk = consumer._links[nsqd.tcp_address].bulk
-        if not lost and bulk is not None and msg._conn is bulk:
+        bulk = consumer.subscription.connections.links[nsqd.tcp_address].bulk
+        if not lost and bulk is not None and msg.receipt is bulk:
             lost.append(msg.body)
             bulk.conn._fail("test: bulk lane cut")  # its FIN cannot be sent any more
         await asyncio.sleep(0)
@@ -159,7 +159,7 @@ async def test_a_lost_bulk_lane_hands_rdy_back_and_loses_nothing(nsqd: NsqdProce
         assert lost and seen[lost[0]] == 2  # handled, unanswered, delivered again
         stats = consumer.stats()
         assert stats.connected == 1 and stats.connections[0].connects == 1
-        assert consumer.connection_errors.get("closed", 0) >= 1
+        assert consumer.stats().subscription.errors.get("closed", 0) >= 1
         await wait_until(lambda: consumer.stats().in_flight == 0, timeout=2)
         await wait_until(
             lambda: (nsqd.channel_stats(TOPIC, CHANNEL) or {}).get("in_flight_count") == 0,
@@ -263,6 +263,6 @@ async def test_an_nsqd_leaving_lookupd_mid_backlog_is_retired_on_both_lanes(
         assert set(finished.values()) == {1}
         assert 0 < len(finished) < len(bodies)
         assert len(finished) + stats["depth"] == len(bodies)
-        assert not consumer.connection_errors
+        assert not consumer.stats().subscription.errors
     finally:
         await consumer.stop()

@@ -12,7 +12,7 @@ import pytest
 import structlog
 
 from nsqworker.errors import ConnectionClosed, NoConnection
-from nsqworker.nsq.message import Message
+from nsqworker.message import Message
 from nsqworker.rpc import RpcClient, RpcError, RpcTimeout, SyncRpcClient, codec, rpc
 from nsqworker.settings import Settings
 from nsqworker.task import Registry

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from nsqworker.nsq.message import Message
+from nsqworker.message import Message
 from nsqworker.nsq.producer import Producer
 from nsqworker.settings import Settings
 from nsqworker.task import Registry

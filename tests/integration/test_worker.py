@@ -14,7 +14,7 @@ import pytest
 import structlog
 
 from nsqworker.errors import AlreadyResponded
-from nsqworker.nsq.message import Message
+from nsqworker.message import Message
 from nsqworker.settings import Settings
 from nsqworker.task import Registry, Reject, Retry
 from nsqworker.testing import NsqdFactory, NsqdProcess, wait_until

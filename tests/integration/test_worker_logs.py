@@ -19,7 +19,7 @@ import structlog
 
 import nsqworker.logging as nsqworker_logging
 from nsqworker.logging import configure_logging
-from nsqworker.nsq.message import Message
+from nsqworker.message import Message
 from nsqworker.settings import Settings
 from nsqworker.task import Registry, Reject
 from nsqworker.testing import NsqdProcess, wait_until

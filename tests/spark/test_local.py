@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from nsqworker.nsq.message import Message
+from nsqworker.message import Message
 from nsqworker.settings import Settings
 from nsqworker.spark import SparkJob, runner_for, spark_task
 from nsqworker.spark.local import LocalRunner

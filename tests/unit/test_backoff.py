@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nsqworker.nsq.backoff import BackoffPhase, BackoffState, reconnect_delay, requeue_delay
+from nsqworker.nsq.backoff import reconnect_delay
+from nsqworker.policy import BackoffPhase, BackoffState, requeue_delay
 
 
 def test_requeue_delay_grows_exponentially_and_is_capped() -> None:

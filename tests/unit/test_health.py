@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nsqworker.health import HealthServer, WorkerMetrics, task_stats
+from nsqworker.health import HealthServer, WorkerMetrics, task_totals
 
 BUCKETS = [0.005, 0.01, 0.1, 1.0]
 
@@ -87,7 +87,7 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float:
 
 
 def test_task_stats_reads_a_snapshot() -> None:
-    (stats,) = task_stats(snapshot(3, 2, requeued=1, in_flight=1, counts=[1, 0, 1, 0, 1]))
+    (stats,) = task_totals(snapshot(3, 2, requeued=1, in_flight=1, counts=[1, 0, 1, 0, 1]))
     assert (stats.task, stats.topic, stats.channel) == ("svc.archive", "clicks", "archive")
     assert stats.counters == {"received": 3, "finished": 2, "requeued": 1, "dead_lettered": 0}
     assert stats.gauges["in_flight"] == 1
@@ -95,10 +95,10 @@ def test_task_stats_reads_a_snapshot() -> None:
 
 
 def test_task_stats_tolerates_missing_numbers() -> None:
-    (stats,) = task_stats({"tasks": {"t": {"topic": "a", "channel": "b"}}})
+    (stats,) = task_totals({"tasks": {"t": {"topic": "a", "channel": "b"}}})
     assert stats.task == "t"
     assert stats.counters["received"] == 0
-    assert task_stats({}) == []
+    assert task_totals({}) == []
 
 
 def test_counters_sum_over_children_and_survive_a_retired_child() -> None:

@@ -1,5 +1,7 @@
 """The package's layers, checked from the source: nothing in ``nsqworker/nsq/`` reaches
-above it, no import cycle anywhere in ``nsqworker``, every module under ~600 lines.
+above the transport seam, the task layer imports no transport's internals, ``nsq/``
+holds no task policy, no import cycle anywhere in ``nsqworker``, every module under
+~600 lines.
 
 An AST walk of every ``import`` and ``from ... import`` (inside functions and
 ``TYPE_CHECKING`` blocks too: a lazy import is still a dependency)."""
@@ -12,7 +14,30 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "nsqworker"
-NSQ_MAY_IMPORT = ("nsqworker.nsq", "nsqworker.errors", "nsqworker.settings", "nsqworker._version")
+NSQ_MAY_IMPORT = (
+    "nsqworker.nsq",
+    "nsqworker.errors",
+    "nsqworker.settings",
+    "nsqworker._version",
+    # the seam: what every transport implements and hands up
+    "nsqworker.transport",
+    "nsqworker.message",
+    "nsqworker.names",
+)
+TRANSPORTS = ("nsqworker.nsq", "nsqworker.memory", "nsqworker.nats", "nsqworker.streams")
+"""Each transport's own package or module: only the seam and the registry reach them."""
+BUILT_ON_NSQ = (
+    "nsqworker",  # the public surface re-exports NSQ's Producer and SyncProducer
+    "nsqworker.cli",  # `nsqworker publish` and `rpc call` talk to nsqd
+    "nsqworker.rpc",  # the RPC-over-NSQ wire format (shared/protocol/rpc-over-nsq.md)
+    "nsqworker.testing",  # starts real nsqd for users' tests
+    "nsqworker.telemetry.tracing",  # the NSQ Producer's publish seam (PublishCall)
+)
+"""Modules that are NSQ features by design, not part of the task layer."""
+TASK_POLICY_WORDS = frozenset(
+    {"max_attempts", "give_up", "dead_letter", "BackoffState", "requeue_delay", "Policy"}
+)
+"""Names of task policy: none of them may appear in a transport's code."""
 MAX_LINES = 600
 
 
@@ -65,6 +90,35 @@ def layer_violations(edges: dict[str, set[str]]) -> list[str]:
     )
 
 
+def under(mod: str, prefixes: tuple[str, ...]) -> bool:
+    return any(mod == p or mod.startswith(p + ".") for p in prefixes)
+
+
+def core_violations(edges: dict[str, set[str]]) -> list[str]:
+    """Task-layer modules that import a transport's internals."""
+    return sorted(
+        f"{mod} imports {dep}"
+        for mod, deps in edges.items()
+        if not under(mod, TRANSPORTS) and mod != "nsqworker"
+        and not any(mod == b or (b != "nsqworker" and mod.startswith(b + ".")) for b in BUILT_ON_NSQ)
+        for dep in deps
+        if under(dep, TRANSPORTS)
+    )  # fmt: skip
+
+
+def policy_in_transport(sources: dict[str, str]) -> list[str]:
+    """``module: name`` for each task-policy name used in a transport's package."""
+    found = []
+    for mod, source in sources.items():
+        if not under(mod, ("nsqworker.nsq", "nsqworker.nats", "nsqworker.streams")):
+            continue
+        for node in ast.walk(ast.parse(source)):
+            name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+            if isinstance(name, str) and name in TASK_POLICY_WORDS:
+                found.append(f"{mod}: {name}")
+    return sorted(set(found))
+
+
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     """One import cycle among the modules (the root package's re-exports aside)."""
     # The root __init__ imports the public surface by design; a module that imports the
@@ -96,6 +150,15 @@ def test_nsq_imports_nothing_above_it() -> None:
     assert layer_violations(graph()) == []
 
 
+def test_the_task_layer_imports_no_transport_internals() -> None:
+    assert core_violations(graph()) == []
+
+
+def test_no_task_policy_in_a_transport() -> None:
+    sources = {name: path.read_text() for name, path in modules().items()}
+    assert policy_in_transport(sources) == []
+
+
 def test_no_import_cycle() -> None:
     assert find_cycle(graph()) is None
 
@@ -116,11 +179,20 @@ def test_every_module_says_what_it_is_for() -> None:
 
 def test_the_checks_catch_an_upward_import_and_a_cycle() -> None:
     edges = graph()
-    edges["nsqworker.nsq.consumer"] = {*edges["nsqworker.nsq.consumer"], "nsqworker.worker"}
-    assert "nsqworker.nsq.consumer imports nsqworker.worker" in layer_violations(edges)
-    edges["nsqworker.nsq.message"] = {*edges["nsqworker.nsq.message"], "nsqworker.nsq.consumer"}
+    sub = "nsqworker.nsq.subscription"
+    edges[sub] = {*edges[sub], "nsqworker.worker"}
+    assert f"{sub} imports nsqworker.worker" in layer_violations(edges)
+    edges["nsqworker.message"] = {*edges["nsqworker.message"], sub}
     cycle = find_cycle(edges)
     assert cycle is not None and cycle[0] == cycle[-1]
+
+
+def test_the_checks_catch_a_reach_into_a_transport_and_policy_in_one() -> None:
+    edges = graph()
+    edges["nsqworker.dispatch"] = {*edges["nsqworker.dispatch"], "nsqworker.nsq.links"}
+    assert "nsqworker.dispatch imports nsqworker.nsq.links" in core_violations(edges)
+    source = "def ack(msg, max_attempts):\n    return msg.attempts > max_attempts\n"
+    assert policy_in_transport({"nsqworker.nsq.x": source}) == ["nsqworker.nsq.x: max_attempts"]
 
 
 def test_imports_are_resolved_in_every_form() -> None:
@@ -131,6 +203,6 @@ def test_imports_are_resolved_in_every_form() -> None:
         "from . import task\n"
         "def f():\n    from ..worker import Worker\n"
     )
-    found = imports_of(source, "nsqworker.nsq.consumer", False, known)
+    found = imports_of(source, "nsqworker.nsq.consumer", False, known)  # any module of nsq/
     # "from . import task" names no module of nsq/: it resolves to the package itself.
     assert found == {"nsqworker.worker", "nsqworker.nsq.protocol", "nsqworker.nsq"}

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import nsqworker.telemetry as telemetry_package
-from nsqworker.nsq.message import FINISH, Message
+from nsqworker.message import FINISH, Message
 from nsqworker.task import TaskSpec
 from nsqworker.telemetry.shortcuts import context_with
 from nsqworker.telemetry.tracing import (

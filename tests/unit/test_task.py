@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 import structlog
 
+from nsqworker.dispatch import DEFERRED
 from nsqworker.errors import AlreadyResponded, ConfigurationError
-from nsqworker.nsq.backoff import requeue_delay
-from nsqworker.nsq.consumer import DEFERRED
-from nsqworker.nsq.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.nsq.transport import CAPABILITIES
+from nsqworker.policy import requeue_delay
 from nsqworker.settings import Settings
 from nsqworker.stats import DURATION_BUCKETS
 from nsqworker.task import (
@@ -52,7 +53,7 @@ def quiet_logs() -> Any:
 
 
 class FakeOwner:
-    """Records what a message asked its owner to send; stands in for the consumer."""
+    """Records what a message asked its owner to send; stands in for the dispatcher."""
 
     def __init__(self) -> None:
         self.settled: list[Outcome] = []
@@ -353,17 +354,20 @@ def test_describe_outcome() -> None:
 
 def runner_for(func: Any, **options: Any) -> _TaskRunner:
     spec = Registry().task("t", channel="c", **options)(func).spec
-    worker = SimpleNamespace(settings=Settings(nsqd_tcp_addresses=["127.0.0.1:4150"]))
+    settings = Settings(nsqd_tcp_addresses=["127.0.0.1:4150"])
+    worker = SimpleNamespace(
+        settings=settings, transport=SimpleNamespace(capabilities=CAPABILITIES)
+    )
     return _TaskRunner(worker, spec, spec.max_in_flight or 4)  # type: ignore[arg-type]
 
 
 async def run_callback(runner: _TaskRunner, msg: Message) -> Outcome | None:
-    """Run the consumer's callback as the consumer would and return the outcome."""
+    """Run the dispatcher's callback as the dispatcher would and return the outcome."""
     completed: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
     s = runner.worker.settings
-    runner.consumer = SimpleNamespace(  # type: ignore[assignment]
+    runner.dispatcher = SimpleNamespace(  # type: ignore[assignment]
         complete=lambda _msg, outcome: completed.set_result(outcome),
-        # The policy's delay, as Consumer.requeue_delay gives it (the worker logs it).
+        # The policy's delay, as Dispatcher.requeue_delay gives it (the worker logs it).
         requeue_delay=lambda attempts: requeue_delay(
             attempts, s.requeue_delay, s.requeue_multiplier, s.max_requeue_delay
         ),
@@ -445,7 +449,9 @@ async def test_callback_after_answering_itself_sends_nothing_more(is_async: bool
             runner.pool.shutdown()
 
 
-async def test_sync_handler_runs_off_the_loop_and_answers_through_the_loop() -> None:
+async def test_sync_handler_runs_off_the_loop_and_answers_its_owner() -> None:
+    """The handler's own answer reaches the message's owner from the handler's thread;
+    the dispatcher (the owner in a worker) hands it to the loop: tests/contract."""
     seen: list[int] = []
 
     def handle(msg: Message) -> None:
@@ -459,16 +465,16 @@ async def test_sync_handler_runs_off_the_loop_and_answers_through_the_loop() -> 
     await asyncio.sleep(0.01)
     loop_thread = threading.get_ident()
     assert seen and seen[0] != loop_thread
-    assert owner.threads == [loop_thread] and owner.touched == 1
+    assert owner.threads == seen and owner.touched == 1
     assert isinstance(owner.settled[0], Requeue) and owner.settled[0].delay == 1.0
     assert runner.pool is not None
     runner.pool.shutdown()
 
 
 def collect(runner: _TaskRunner) -> list[Outcome | None]:
-    """Outcomes the runner reports to its consumer, in order."""
+    """Outcomes the runner reports to its dispatcher, in order."""
     outcomes: list[Outcome | None] = []
-    runner.consumer = SimpleNamespace(  # type: ignore[assignment]
+    runner.dispatcher = SimpleNamespace(  # type: ignore[assignment]
         complete=lambda _msg, outcome: outcomes.append(outcome)
     )
     return outcomes

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.trace import SpanKind, StatusCode
 
-from nsqworker.nsq.message import FINISH, GiveUp, Message, Requeue
+from nsqworker.message import FINISH, GiveUp, Message, Requeue
 from nsqworker.nsq.publishing import PublishCall
 from nsqworker.task import Reject, Retry, TaskSpec
 from nsqworker.telemetry import tracing as telemetry

@@ -1,15 +1,22 @@
-"""A delivered message, and the outcomes a handler's work turns into."""
+"""A delivered message, and the outcomes a handler's work turns into.
+
+The same :class:`Message` class serves every transport: the transport builds it with its
+own ``receipt`` (what it needs to settle the delivery, e.g. NSQ's connection) and hands
+it to the task layer, which is the message's ``owner``: ``finish()``, ``requeue()`` and
+``touch()`` go through the owner, so the task layer's policy sees every settle.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from nsqworker.errors import AlreadyResponded
 
-__all__ = ["FINISH", "Finish", "GiveUp", "Message", "Outcome", "Requeue"]
+__all__ = ["FINISH", "Finish", "GiveUp", "Message", "MessageOwner", "Outcome", "Requeue"]
 
 
 class Finish:
@@ -57,32 +64,41 @@ Outcome = Finish | Requeue | GiveUp
 
 
 class MessageOwner(Protocol):
-    """What a message needs from whoever delivered it (the consumer)."""
+    """What a message needs from whoever delivered it (the task layer's dispatcher)."""
 
     def settle(self, message: Message, outcome: Outcome) -> None: ...
 
     def touch(self, message: Message) -> None: ...
 
+    def max_hold(self, message: Message) -> float | None: ...
+
+    @property
+    def draining(self) -> asyncio.Event: ...
+
 
 class Message:
-    """One delivery of an NSQ message.
+    """One delivery of a message.
 
-    ``id`` is the 16 hex characters nsqd sent, ``attempts`` is 1 on the first delivery,
-    ``timestamp`` is nanoseconds since the epoch when nsqd first accepted it.
+    ``id`` is the broker's message id (NSQ: the 16 hex characters nsqd sent),
+    ``attempts`` is 1 on the first delivery, ``timestamp`` is nanoseconds since the
+    epoch when the broker first accepted it, ``address`` the broker that delivered it
+    (``host:port``; ``nsqd_address`` is the same), ``headers`` the message's headers
+    where the broker has them (None on NSQ).
     Handlers normally just return or raise; the methods ``finish``, ``requeue`` and
     ``touch`` are for handlers that answer themselves. Answering twice raises
     :class:`~nsqworker.errors.AlreadyResponded` and sends nothing.
     """
 
     __slots__ = (
-        "_conn",
         "_owner",
         "_responded",
+        "address",
         "attempts",
         "body",
         "channel",
+        "headers",
         "id_bytes",
-        "nsqd_address",
+        "receipt",
         "received_at",
         "timestamp",
         "topic",
@@ -97,10 +113,11 @@ class Message:
         attempts: int,
         topic: str,
         channel: str,
-        nsqd_address: str,
+        address: str,
         owner: MessageOwner | None = None,
-        conn: Any = None,
+        receipt: Any = None,
         received_at: float = 0.0,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.id_bytes = id_bytes
         self.body = body
@@ -108,12 +125,16 @@ class Message:
         self.attempts = attempts
         self.topic = topic
         self.channel = channel
-        self.nsqd_address = nsqd_address
+        self.address = address
         self._owner = owner
-        self._conn = conn
+        #: The transport's own handle for settling this delivery; only it reads this.
+        self.receipt = receipt
         self._responded = False
+        #: When the transport received it, on the subscription's clock.
         self.received_at = received_at
+        #: Keep-alives sent for it (TOUCH on NSQ).
         self.touch_count = 0
+        self.headers = headers
 
     @property
     def id(self) -> str:
@@ -131,19 +152,27 @@ class Message:
         return self._responded
 
     @property
+    def nsqd_address(self) -> str:
+        """The broker that delivered the message (the name from NSQ days of ``address``)."""
+        return self.address
+
+    @property
+    def max_hold(self) -> float | None:
+        """The longest this delivery may be held, in seconds, keep-alives included
+        (NSQ: nsqd's ``--max-msg-timeout`` from the connection's IDENTIFY answer); None
+        when there is no limit or it is not known."""
+        return None if self._owner is None else self._owner.max_hold(self)
+
+    @property
     def max_msg_timeout(self) -> float | None:
-        """nsqd's ``--max-msg-timeout`` in seconds, from its IDENTIFY answer on the
-        connection that delivered this message; None when not known. TOUCH cannot keep
-        the message past it."""
-        value = getattr(self._conn, "max_msg_timeout", None)
-        return float(value) if isinstance(value, int | float) else None
+        """Same as :attr:`max_hold` (NSQ's name for it)."""
+        return self.max_hold
 
     @property
     def draining(self) -> asyncio.Event | None:
-        """Set when the consumer that delivered this message starts to stop; None
-        when it was not delivered by a consumer (a test building a Message)."""
-        event = getattr(self._owner, "draining", None)
-        return event if isinstance(event, asyncio.Event) else None
+        """Set when the worker that delivered this message starts to stop; None when
+        it was not delivered by a worker (a test building a Message)."""
+        return None if self._owner is None else self._owner.draining
 
     def json(self) -> Any:
         """The body parsed as JSON."""
@@ -154,16 +183,16 @@ class Message:
         return self.body.decode(encoding)
 
     def finish(self) -> None:
-        """Tell nsqd the message is done (FIN)."""
+        """Tell the broker the message is done (FIN on NSQ)."""
         self._settle(FINISH)
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
-        """Put the message back (REQ), after ``delay`` seconds or the policy's delay."""
+        """Deliver it again (REQ on NSQ) after ``delay`` seconds or the policy's delay."""
         self._settle(Requeue(delay, backoff))
 
     def touch(self) -> None:
-        """Reset nsqd's timeout for this message (TOUCH). The worker does this itself
-        for handlers that run long; call it only when answering yourself."""
+        """Extend the broker's deadline for this message (TOUCH on NSQ). The worker
+        does this itself for handlers that run long; call it only when answering yourself."""
         if self._responded:
             raise AlreadyResponded(f"message {self.id} was already answered; cannot TOUCH")
         if self._owner is not None:

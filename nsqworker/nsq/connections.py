@@ -1,13 +1,14 @@
-"""The connections of one subscription: one link per nsqd address, one session per
+"""The connections of one NSQ subscription: one link per nsqd address, one session per
 connection, kept up with reconnect backoff and discovered through nsqlookupd.
 
 With adaptive output buffering (``output_buffer_size`` unset) a link reads its nsqd on
 an unbuffered connection and, under load, on a second, buffered one (the bulk lane,
 see :mod:`nsqworker.nsq.lanes`); one of the two holds the link's RDY at a time.
 
-:class:`Subscriptions` is the base of :class:`~nsqworker.nsq.consumer.Consumer`: it
-opens, subscribes, retires and forgets connections; the consumer decides RDY and runs
-messages. The attributes it declares are the consumer's.
+:class:`Connections` opens, subscribes, retires and forgets connections; the
+subscription that owns it (:mod:`nsqworker.nsq.subscription`) decides RDY and hands
+messages on. They meet through two callbacks: ``on_message`` (per session) and
+``replan`` (the set of connections or lanes changed).
 """
 
 from __future__ import annotations
@@ -15,22 +16,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from nsqworker.errors import ConfigurationError, ConnectionClosed, NSQDError
+from nsqworker.errors import ConfigurationError, NSQDError
 from nsqworker.nsq.backoff import reconnect_delay
 from nsqworker.nsq.connection import Connection, ConnectionConfig
 from nsqworker.nsq.handshake import connect_adapting
 from nsqworker.nsq.lanes import NEVER, LaneMeter
+from nsqworker.nsq.links import ConnectionStats, Link, Session, error_reason
 from nsqworker.nsq.lookupd import LookupdPoller
-from nsqworker.nsq.rdy import Slot
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
-__all__ = ["REASONS", "ConnectionStats", "ConsumerStats", "Subscriptions", "error_reason"]
+__all__ = ["BULK_RETRY", "Connections"]
 
 log = logging.getLogger("nsqworker.nsq.consumer")
 
@@ -38,164 +38,94 @@ BULK_RETRY = 30.0
 """Seconds before a bulk lane that failed to open is tried again."""
 
 
-@dataclass
-class ConnectionStats:
-    """Counters of one nsqd address, over all its reconnects."""
+class Connections:
+    """The connections of one subscription; see the module docstring."""
 
-    address: str
-    connected: bool
-    rdy: int
-    in_flight: int
-    received: int
-    finished: int
-    requeued: int
-    given_up: int
-    connects: int
-    lane: str = "single"
-    """Where this nsqd's RDY is: "single" (one connection, output_buffer_size set),
-    "fast" (unbuffered) or "bulk" (the buffered connection opened under load)."""
+    def __init__(
+        self,
+        name: str,
+        topic: str,
+        channel: str,
+        settings: Settings,
+        config: ConnectionConfig,
+        bulk_config: ConnectionConfig | None,
+        *,
+        clock: Callable[[], float],
+        on_message: Callable[[Session, int, int, bytes, bytes], None],
+        replan: Callable[[], None],
+    ) -> None:
+        self.name = name
+        self.topic = topic
+        self.channel = channel
+        self._settings = settings
+        self._config = config
+        self._bulk_config = bulk_config
+        """The bulk lane's config when output buffering is adaptive, else None."""
+        self._time = clock
+        self._on_message = on_message
+        self._replan = replan
+        self.links: dict[str, Link] = {}
+        self.sessions: list[Session] = []
+        self.stopping = False
+        self.started = False
+        self.poller: LookupdPoller | None = None
+        self._background: list[asyncio.Task[Any]] = []
+        self._closing: set[asyncio.Future[None]] = set()
+        self._first_attempts: list[asyncio.Future[Any]] | None = []
+        self.retired = ConnectionStats("retired", False, 0, 0, 0, 0)
+        """Counters of nsqd that left lookupd and were closed."""
+        self.errors: dict[str, int] = {}
+        """Connection failures and non-fatal nsqd errors by reason (see :data:`REASONS`)."""
 
+    # --- lifecycle -------------------------------------------------------------
 
-@dataclass
-class ConsumerStats:
-    """A snapshot of one consumer."""
+    async def start(self) -> None:
+        """Connect to the direct nsqd and poll lookupd once; returns after those first
+        attempts (failed ones keep retrying in the background)."""
+        self.started = True
+        settings = self._settings
+        for address in settings.nsqd_tcp_addresses:
+            link = self.links.setdefault(address, Link(address, direct=True))
+            link.direct = True
+        for link in list(self.links.values()):
+            self._maintain(link)
+        if settings.lookupd_http_addresses:
+            self.poller = LookupdPoller(
+                settings.lookupd_http_addresses,
+                self.topic,
+                self._on_producers,
+                interval=settings.lookupd_poll_interval,
+                jitter=settings.lookupd_poll_jitter,
+            )
+            await self.poller.poll()
+            self._background.append(asyncio.create_task(self.poller.run(poll_first=False)))
+        first, self._first_attempts = self._first_attempts or [], None
+        if first:
+            await asyncio.wait(first, timeout=self._config.dial_timeout + 1.0)
+        for attempt in first:  # a setting nsqd refuses is an error at start
+            if attempt.done() and attempt.exception() is not None:
+                raise attempt.exception()  # type: ignore[misc]
 
-    topic: str
-    channel: str
-    max_in_flight: int
-    in_flight: int
-    running: int
-    received: int
-    finished: int
-    requeued: int
-    given_up: int
-    backoff_level: int
-    backoff_phase: str
-    rdy: int
-    connected: int
-    connections: list[ConnectionStats] = field(default_factory=list)
+    def stop_intake(self) -> None:
+        """Stop discovery and reconnects (the caller pauses RDY)."""
+        self.stopping = True
+        for task in self._background:
+            task.cancel()
+        for link in self.links.values():
+            if link.task is not None and link.session is None:
+                link.task.cancel()
 
-
-class _Link:
-    """One nsqd address the consumer wants: counters and the live session, if any."""
-
-    __slots__ = (
-        "address",
-        "bulk",
-        "bulk_retry_at",
-        "bulk_task",
-        "connects",
-        "direct",
-        "finished",
-        "given_up",
-        "listed",
-        "meter",
-        "received",
-        "requeued",
-        "session",
-        "task",
-    )
-
-    def __init__(self, address: str, direct: bool) -> None:
-        self.address = address
-        self.direct = direct
-        self.listed = False
-        self.session: _Session | None = None
-        self.task: asyncio.Task[None] | None = None
-        # The buffered lane, when open (adaptive buffering only), and its meter.
-        self.bulk: _Session | None = None
-        self.bulk_task: asyncio.Task[None] | None = None
-        self.bulk_retry_at = 0.0
-        self.meter: LaneMeter | None = None
-        self.received = self.finished = self.requeued = self.given_up = self.connects = 0
-
-    @property
-    def wanted(self) -> bool:
-        return self.direct or self.listed
-
-    def stats(self) -> ConnectionStats:
-        """This address's counters; RDY and in flight summed over its lanes."""
-        lanes = [s for s in (self.session, self.bulk) if s is not None]
-        return ConnectionStats(
-            self.address,
-            self.session is not None and self.session.open,
-            sum(s.slot.rdy for s in lanes),
-            sum(s.slot.in_flight for s in lanes),
-            self.received,
-            self.finished,
-            self.requeued,
-            self.given_up,
-            self.connects,
-            self.lane,
-        )
-
-    @property
-    def lane(self) -> str:
-        """See :attr:`ConnectionStats.lane`."""
-        if self.meter is None:
-            return "single"
-        return "bulk" if self.bulk is not None and not self.bulk.slot.standby else "fast"
-
-
-class _Session:
-    """One connection's life: the Connection, its RDY slot, its negotiated limits."""
-
-    __slots__ = (
-        "address",
-        "check_at",
-        "closing",
-        "conn",
-        "link",
-        "max_msg_timeout",
-        "open",
-        "slot",
-        "touch_interval",
-    )
-
-    def __init__(self, link: _Link) -> None:
-        self.link = link
-        self.address = link.address
-        self.conn: Connection
-        self.open = False
-        self.slot = Slot(key=self)
-        self.touch_interval = 30.0
-        self.max_msg_timeout = 900.0
-        # When the link's LaneMeter wants a look (the lane in use only), else NEVER.
-        self.check_at = NEVER
-        self.closing = False  # retired: closing once its messages are answered
-
-    def __str__(self) -> str:
-        return self.address
-
-
-class Subscriptions:
-    """Connection management for one topic/channel; see the module docstring."""
-
-    name: str
-    topic: str
-    channel: str
-    _settings: Settings
-    _config: ConnectionConfig
-    _bulk_config: ConnectionConfig | None
-    """The bulk lane's config when output buffering is adaptive, else None."""
-    _time: Callable[[], float]
-    _links: dict[str, _Link]
-    _sessions: list[_Session]
-    _stopping: bool
-    _started: bool
-    _poller: LookupdPoller | None
-    _closing: set[asyncio.Future[None]]
-    _first_attempts: list[asyncio.Future[Any]] | None
-    _retired: ConnectionStats
-    connection_errors: dict[str, int]
-    """Connection failures and non-fatal nsqd errors by reason (see :data:`REASONS`)."""
-
-    if TYPE_CHECKING:
-
-        def _on_message(
-            self, session: _Session, timestamp: int, attempts: int, message_id: bytes, body: bytes
-        ) -> None: ...
-        def _replan(self) -> None: ...
+    async def close(self) -> None:
+        """CLS and close every connection, stop every keeper task and the poller."""
+        self.stopping = True
+        sessions = [s for s in self.sessions if s.open]
+        await asyncio.gather(*(s.conn.close() for s in sessions), return_exceptions=True)
+        for link in self.links.values():
+            for keeper in (link.task, link.bulk_task):
+                if keeper is not None:
+                    keeper.cancel()
+        if self.poller is not None:
+            await self.poller.close()
 
     @property
     def ready(self) -> bool:
@@ -203,15 +133,15 @@ class Subscriptions:
         subscribed, or no nsqd is known to have the topic (lookupd answered that none
         has it yet). False before :meth:`start` and while nsqd have it and none is
         subscribed."""
-        if not self._started:
+        if not self.started:
             return False  # no link made yet: "no nsqd has the topic" is not known
-        if any(s.open for s in self._sessions):
+        if any(s.open for s in self.sessions):
             return True
-        if any(link.wanted for link in self._links.values()):
+        if any(link.wanted for link in self.links.values()):
             return False
-        return self._poller is None or self._poller.answered > 0
+        return self.poller is None or self.poller.answered > 0
 
-    def _maintain(self, link: _Link) -> asyncio.Future[Any]:
+    def _maintain(self, link: Link) -> asyncio.Future[Any]:
         """Start (or find) the task keeping ``link`` connected; a future for its first try."""
         first: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if link.task is None or link.task.done():
@@ -222,7 +152,7 @@ class Subscriptions:
             self._first_attempts.append(first)
         return first
 
-    async def _connect_loop(self, link: _Link, first: asyncio.Future[Any]) -> None:
+    async def _connect_loop(self, link: Link, first: asyncio.Future[Any]) -> None:
         settings = self._settings
         failures = 0
         try:
@@ -255,11 +185,11 @@ class Subscriptions:
             if not first.done():
                 first.set_result(None)
 
-    def _wants(self, link: _Link) -> bool:
-        return link.wanted and not self._stopping
+    def _wants(self, link: Link) -> bool:
+        return link.wanted and not self.stopping
 
-    async def _open(self, link: _Link, bulk: bool = False) -> _Session | None:
-        session = _Session(link)
+    async def _open(self, link: Link, bulk: bool = False) -> Session | None:
+        session = Session(link)
         config = self._bulk_config if bulk else self._config
         assert config is not None
 
@@ -274,7 +204,7 @@ class Subscriptions:
             return session.conn
 
         try:
-            http = self._poller.http_addresses.get(link.address) if self._poller else None
+            http = self.poller.http_addresses.get(link.address) if self.poller else None
             conn = await connect_adapting(link.address, config, make, http)
             info = conn.server
             await conn.subscribe(self.topic, self.channel)
@@ -290,14 +220,14 @@ class Subscriptions:
                 log.info("%s: no buffered connection to %s: %s", self.name, link.address, exc)
                 return None
             log.warning("%s: cannot subscribe on %s: %s", self.name, link.address, exc)
-            if self._poller is not None:
-                self._poller.poll_soon()
+            if self.poller is not None:
+                self.poller.poll_soon()
             return None
         session.open = True
         session.slot.max_rdy = info.max_rdy_count
         session.touch_interval = max(info.msg_timeout / 2.0, 0.5)
         session.max_msg_timeout = info.max_msg_timeout
-        self._sessions.append(session)
+        self.sessions.append(session)
         if bulk:
             session.slot.standby = True
             link.bulk = session
@@ -314,49 +244,49 @@ class Subscriptions:
         self._replan()
         return session
 
-    def _on_conn_lost(self, session: _Session, conn: Connection, reason: Exception) -> None:
+    def _on_conn_lost(self, session: Session, conn: Connection, reason: Exception) -> None:
         # Runs inside connection_lost, before anything else can try to write to it.
         session.open = False
-        if not self._stopping and not session.slot.retiring and not conn._closing:
+        if not self.stopping and not session.slot.retiring and not conn.closing:
             self._count_error(error_reason(reason))
 
     def _count_error(self, reason: str) -> None:
-        self.connection_errors[reason] = self.connection_errors.get(reason, 0) + 1
+        self.errors[reason] = self.errors.get(reason, 0) + 1
 
-    def _on_session_closed(self, session: _Session) -> None:
+    def _on_session_closed(self, session: Session) -> None:
         session.open = False
         link = session.link
         if link.session is session:
             link.session = None
-        if session in self._sessions:
-            self._sessions.remove(session)
+        if session in self.sessions:
+            self.sessions.remove(session)
         if link.bulk is not None and not session.slot.retiring:
             link.bulk.conn.abort()  # the pair is one nsqd: reconnect it as one
-        if self._stopping:
+        if self.stopping:
             return
         if link.wanted and not session.slot.retiring:
             log.warning("%s: connection to %s lost; reconnecting", self.name, link.address)
-            if self._poller is not None:
-                self._poller.poll_soon()
+            if self.poller is not None:
+                self.poller.poll_soon()
         self._replan()
 
     def _on_producers(self, addresses: set[str]) -> None:
-        if self._stopping:
+        if self.stopping:
             return
         for address in addresses:
-            link = self._links.get(address)
+            link = self.links.get(address)
             if link is None:
-                link = self._links[address] = _Link(address, direct=False)
+                link = self.links[address] = Link(address, direct=False)
             if not link.listed:
                 link.listed = True
-                if self._started and (link.task is None or link.task.done()):
+                if self.started and (link.task is None or link.task.done()):
                     self._maintain(link)
-        for address, link in list(self._links.items()):
+        for address, link in list(self.links.items()):
             if link.listed and address not in addresses and not link.direct:
                 link.listed = False
                 self._retire(link)
 
-    def _retire(self, link: _Link) -> None:
+    def _retire(self, link: Link) -> None:
         """Drop an nsqd that vanished from lookupd, once its messages are done."""
         log.info("%s: %s left lookupd; closing it when idle", self.name, link.address)
         sessions = [s for s in (link.session, link.bulk) if s is not None]
@@ -371,9 +301,9 @@ class Subscriptions:
         self._replan()
         for session in sessions:
             if session.slot.in_flight == 0:
-                self._retired_idle(session)
+                self.retired_idle(session)
 
-    def _retired_idle(self, session: _Session) -> None:
+    def retired_idle(self, session: Session) -> None:
         """A retiring connection has nothing in flight: close it once nothing can still
         be on the wire either (its lowered RDY settled, see nsq/rdy.py)."""
         slot = session.slot
@@ -381,11 +311,11 @@ class Subscriptions:
             return
         wait = slot.held_until - self._time()
         if wait > 0:
-            asyncio.get_running_loop().call_later(wait, self._retired_idle, session)
+            asyncio.get_running_loop().call_later(wait, self.retired_idle, session)
             return
         self._close_retired(session)
 
-    def _close_retired(self, session: _Session) -> None:
+    def _close_retired(self, session: Session) -> None:
         link = session.link
         if link.wanted:  # listed again meanwhile
             session.slot.retiring = False
@@ -398,19 +328,16 @@ class Subscriptions:
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
 
-    def _forget(self, link: _Link) -> None:
-        if self._links.get(link.address) is link:
-            del self._links[link.address]
-            r = self._retired
+    def _forget(self, link: Link) -> None:
+        if self.links.get(link.address) is link:
+            del self.links[link.address]
+            r = self.retired
             r.received += link.received
-            r.finished += link.finished
-            r.requeued += link.requeued
-            r.given_up += link.given_up
             r.connects += link.connects
 
     # --- lanes (adaptive output buffering) --------------------------------------
 
-    def _check_lane(self, session: _Session, now: float) -> None:
+    def check_lane(self, session: Session, now: float) -> None:
         """The link's meter window on the lane in use ended: move RDY if it says so."""
         link = session.link
         meter = link.meter
@@ -419,7 +346,7 @@ class Subscriptions:
             return
         move = meter.observe(now, session.conn.bytes_received, session.slot.rdy)
         session.check_at = meter.check_at
-        if move is None or self._stopping or session.slot.retiring:
+        if move is None or self.stopping or session.slot.retiring:
             return
         bulk = link.bulk
         if not move:
@@ -429,7 +356,7 @@ class Subscriptions:
         elif (link.bulk_task is None or link.bulk_task.done()) and now >= link.bulk_retry_at:
             link.bulk_task = asyncio.create_task(self._bulk_lane(link))
 
-    def _use_lane(self, link: _Link, bulk: bool) -> None:
+    def _use_lane(self, link: Link, bulk: bool) -> None:
         """Give the link's RDY to its bulk lane (or back to the fast one)."""
         fast, other = link.session, link.bulk
         if fast is None or link.meter is None:
@@ -447,7 +374,7 @@ class Subscriptions:
         log.debug("%s: %s lane of %s", self.name, "bulk" if bulk else "fast", link.address)
         self._replan()
 
-    async def _bulk_lane(self, link: _Link) -> None:
+    async def _bulk_lane(self, link: Link) -> None:
         """Open the link's buffered connection, hand it the RDY, and tidy up once it is
         closed (by nsqd, with its fast lane, or at stop)."""
         try:
@@ -460,14 +387,14 @@ class Subscriptions:
             link.bulk_retry_at = self._time() + BULK_RETRY
             return
         fast = link.session
-        if self._stopping or fast is None or not fast.open or fast.slot.retiring:
+        if self.stopping or fast is None or not fast.open or fast.slot.retiring:
             session.conn.abort()
         else:
             self._use_lane(link, bulk=True)
         await session.conn.wait_closed()
         session.open = False
-        if session in self._sessions:
-            self._sessions.remove(session)
+        if session in self.sessions:
+            self.sessions.remove(session)
         if link.bulk is session:
             link.bulk = None
         if fast is not None and fast.open and link.session is fast:
@@ -478,39 +405,3 @@ class Subscriptions:
         # timed out) or the id is unknown. Not fatal; the redelivery is handled anew.
         self._count_error(error.code.lower().removeprefix("e_"))
         log.warning("%s: nsqd %s: %s", self.name, conn.address, error)
-
-
-#: ``error_reason`` results, the ``reason`` label of nsqworker_connection_errors_total.
-REASONS = {
-    "refused": "the TCP connection was refused or failed (nsqd down?)",
-    "timeout": "nsqd accepted TCP but did not finish IDENTIFY within dial_timeout",
-    "heartbeat": "nothing, not even a heartbeat, arrived for 2 heartbeat intervals",
-    "closed": "nsqd closed the connection or it was reset",
-    "garbage": "nsqd sent bytes that are not NSQ frames",
-    "nsqd_error": "nsqd answered with a fatal error (E_BAD_TOPIC, E_IDENTIFY_FAILED...)",
-    "refused_setting": "nsqd refused a setting the operator chose (not retried)",
-    "fin_failed": "a FIN for a message nsqd had already timed out (E_FIN_FAILED)",
-    "req_failed": "a REQ nsqd could not apply (E_REQ_FAILED)",
-    "touch_failed": "a TOUCH nsqd could not apply (E_TOUCH_FAILED)",
-}
-
-
-def error_reason(exc: BaseException) -> str:
-    """A short label for why a connection failed or was lost (see :data:`REASONS`)."""
-    if isinstance(exc, NSQDError):
-        return "nsqd_error"
-    if isinstance(exc, ConnectionClosed) and exc.error is not None:
-        return "nsqd_error"
-    text = str(exc)
-    for words, reason in _REASON_WORDS:
-        if words in text:
-            return reason
-    return "closed" if isinstance(exc, ConnectionClosed) else "refused"
-
-
-_REASON_WORDS = (
-    ("heartbeat", "heartbeat"),
-    ("did not connect and negotiate", "timeout"),
-    ("garbage", "garbage"),
-    ("cannot connect", "refused"),
-)

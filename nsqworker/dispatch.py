@@ -1,0 +1,557 @@
+"""The task layer's policy for one task, the same on every transport.
+
+A :class:`Dispatcher` receives deliveries from its transport's
+:class:`~nsqworker.transport.Subscription` and owns everything a task decides:
+
+* handlers running at once never exceed ``max_in_flight`` (a second fence behind the
+  transport's flow control; the excess waits in order);
+* a delivery past ``max_attempts`` goes to the give-up hook (dead letters) unhandled;
+* outcomes become ``ack``, ``retry`` after the policy's delay, or give-up then
+  ``reject``; a give-up hook that fails turns into a retry, never a loss;
+* consumer backoff: failures pause the subscription's flow, then probe it;
+* keep-alive of long handlers, within the transport's longest hold;
+* drain: pause, hand back what has not started, let running handlers finish within the
+  deadline, retry the rest, close.
+
+Hot path: a delivery goes from the transport's read callback straight into the
+callback. A coroutine callback is started eagerly in its own contextvars Context; if it
+finishes without suspending, its ack is written in the same read burst and no Task is
+ever made. Only coroutines that suspend become Tasks, and only those (plus callbacks
+that answer later, like the sync thread pool) are tracked for keep-alive and drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import threading
+import types
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final
+
+from nsqworker.eager import finish_in_task
+from nsqworker.message import FINISH, Finish, GiveUp, Message, Outcome, Requeue
+from nsqworker.policy import BackoffPhase, BackoffState, requeue_delay
+from nsqworker.transport import Flow, Subscription, SubscriptionStats, Timer
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+
+__all__ = [
+    "DEFERRED",
+    "MAX_ATTEMPTS_REASON",
+    "Callback",
+    "DispatchStats",
+    "Dispatcher",
+    "GiveUpHook",
+    "Policy",
+]
+
+log = logging.getLogger("nsqworker.dispatch")
+
+Callback = Callable[[Message], "Outcome | Awaitable[Outcome | None] | None"]
+GiveUpHook = Callable[[Message, str], "Awaitable[None] | None"]
+
+KEEP_ALIVE_SWEEP = 0.25
+"""Seconds between looks for running messages that need a keep-alive."""
+
+
+class _Deferred:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DEFERRED"
+
+
+#: Returned by a callback that will call :meth:`Dispatcher.complete` later (on the loop).
+DEFERRED: Final = _Deferred()
+MAX_ATTEMPTS_REASON = "max attempts exceeded"
+_FAILED = Requeue(None, backoff=True)
+_DRAIN_REQUEUE = Requeue(0.0, backoff=False)
+_CoroutineType = types.CoroutineType
+_OUTCOMES = (Finish, Requeue, GiveUp)
+_PENDING: Final = object()  # the callback's outcome arrives later
+_copy_context = contextvars.copy_context
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One task's policy numbers (from its ``@task`` options and the Settings)."""
+
+    max_in_flight: int = 100
+    max_attempts: int = 5
+    requeue_delay: float = 5.0
+    requeue_multiplier: float = 2.0
+    max_requeue_delay: float = 900.0
+    backoff_multiplier: float = 1.0
+    max_backoff_duration: float = 120.0
+    drain_timeout: float = 30.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **task: Any) -> Policy:
+        """The settings' defaults, overridden by the task's own values (None = unset)."""
+        values = {name: getattr(settings, name) for name in cls.__dataclass_fields__}
+        values.update({k: v for k, v in task.items() if v is not None})
+        return cls(**values)
+
+
+@dataclass
+class DispatchStats:
+    """A snapshot of one dispatcher: its counters and its subscription's view."""
+
+    max_in_flight: int
+    in_flight: int
+    running: int
+    received: int
+    finished: int
+    requeued: int
+    given_up: int
+    backoff_level: int
+    backoff_phase: str
+    subscription: SubscriptionStats = field(default_factory=SubscriptionStats)
+
+    @property
+    def rdy(self) -> int:
+        """The flow-control window the broker may fill (RDY on NSQ)."""
+        return self.subscription.window
+
+    @property
+    def connected(self) -> int:
+        """Open connections."""
+        return self.subscription.connected
+
+    @property
+    def connections(self) -> list[Any]:
+        """Per-connection detail from the transport."""
+        return self.subscription.connections
+
+
+class Dispatcher:
+    """Runs ``callback`` for the deliveries of one subscription under one policy.
+
+    ``callback(msg)`` returns an :data:`~nsqworker.message.Outcome`, None when it
+    answered the message itself, an awaitable of either, or :data:`DEFERRED` when it
+    will call :meth:`complete`. ``on_give_up(msg, reason)`` runs for messages past
+    ``max_attempts`` and for ``GiveUp`` outcomes, before the reject; if it raises, the
+    message is retried instead, never lost.
+    """
+
+    def __init__(
+        self,
+        subscription: Subscription,
+        callback: Callback,
+        policy: Policy,
+        *,
+        on_give_up: GiveUpHook | None = None,
+        name: str | None = None,
+        max_retry_delay: float = 3600.0,
+        keep_alive: bool = True,
+    ) -> None:
+        self.subscription = subscription
+        self.topic = subscription.topic
+        self.channel = subscription.channel
+        self.name = name or f"{self.topic}/{self.channel}"
+        self.policy = policy
+        self.max_in_flight = policy.max_in_flight
+        self.max_attempts = policy.max_attempts
+        self._callback = callback
+        self._on_give_up = on_give_up
+        self._max_retry_delay = max_retry_delay
+        self._keep_alive = keep_alive
+        self._ack = subscription.ack
+        self._clock = subscription.clock
+        self._backoff = BackoffState(policy.backoff_multiplier, policy.max_backoff_duration)
+        self._resume_timer: Timer | None = None
+        self._tasks: dict[Message, asyncio.Future[Any]] = {}
+        self._deferred: set[Message] = set()  # callbacks that will call complete()
+        self._backlog: deque[Message] = deque()
+        self._in_flight = 0
+        self._running = 0
+        self.received = self.finished = self.requeued = self.given_up = 0
+        # True while an ack needs no bookkeeping beyond counters (see _set_flow).
+        self._plain = True
+        self._stopping = False
+        self._started = False
+        self._drained = asyncio.Event()
+        #: Set when :meth:`stop` begins; a handler whose work can continue without it
+        #: (a Kubernetes Spark job) waits on it to hand the message back at once.
+        self.draining = asyncio.Event()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._stop_task: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the subscription with this dispatcher as its receiver; returns after
+        the transport's first connection attempts (failed ones keep retrying)."""
+        if self._started:
+            return
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._set_flow()
+        if self._keep_alive:
+            self._sweeper = asyncio.create_task(self._sweep_loop())
+        await self.subscription.start(self)
+
+    async def stop(self, drain_timeout: float | None = None) -> None:
+        """Drain and close: pause the flow, let running handlers finish (kept alive)
+        for up to ``drain_timeout`` seconds, retry what did not finish, close."""
+        if self._stop_task is None:
+            timeout = self.policy.drain_timeout if drain_timeout is None else drain_timeout
+            self._stop_task = asyncio.ensure_future(self._stop(timeout))
+        await asyncio.shield(self._stop_task)
+
+    async def _stop(self, timeout: float) -> None:
+        # 1. Take no more: pause the flow, stop discovery and reconnects.
+        self._stopping = True
+        self._plain = False
+        self.draining.set()
+        if self._resume_timer is not None:
+            self._resume_timer.cancel()
+        await self.subscription.stop()
+        # 2. Messages waiting for a handler slot have not started: give them back now.
+        while self._backlog:
+            self._settle_now(self._backlog.popleft(), _DRAIN_REQUEUE)
+        # 3. Let running handlers finish; the sweeper keeps them alive.
+        if self._in_flight > 0 and timeout > 0:
+            self._drained.clear()
+            try:
+                await asyncio.wait_for(self._drained.wait(), timeout)
+            except TimeoutError:
+                pass
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        # 4. Retry what did not finish; cancel what can be cancelled and let the
+        # cancellations (and give-up hooks turned into retries) settle before closing.
+        for msg in list(self._deferred):  # in a thread: cannot be cancelled, only answered
+            if not msg._responded:
+                self._settle_now(msg, _DRAIN_REQUEUE)
+        unfinished = list(self._tasks.items())
+        for msg, future in unfinished:
+            if not msg._responded:
+                self._settle_now(msg, _DRAIN_REQUEUE)
+            future.cancel()
+        if unfinished:
+            await asyncio.wait([f for _, f in unfinished], timeout=1.0)
+        if self._in_flight:
+            log.warning("%s: %d messages still in flight at close", self.name, self._in_flight)
+        # 5. Close the subscription.
+        await self.subscription.close()
+
+    def force_stop(self) -> None:
+        """Cut a running drain short: retry what is still running and close now."""
+        self._drained.set()
+
+    @property
+    def subscribed(self) -> bool:
+        """True while the subscription has at least one live connection."""
+        return self.subscription.subscribed
+
+    @property
+    def ready(self) -> bool:
+        """The subscription's readiness (see the transport)."""
+        return self.subscription.ready
+
+    # --- flow and backoff -------------------------------------------------------
+
+    def _set_flow(self) -> None:
+        phase = self._backoff.phase
+        if self._stopping or phase is BackoffPhase.PAUSED:
+            flow = Flow.PAUSED
+        elif phase is BackoffPhase.PROBING:
+            flow = Flow.PROBE
+        else:
+            flow = Flow.OPEN
+        self._plain = flow is Flow.OPEN
+        self.subscription.set_flow(flow, self.max_in_flight)
+
+    def _resume(self) -> None:
+        """The backoff pause is over: probe."""
+        self._resume_timer = None
+        if self._backoff.tick(self._clock()):
+            self._set_flow()
+
+    def _backoff_signal(self, msg: Message, success: bool) -> None:
+        now = self._clock()
+        backoff = self._backoff
+        changed = (
+            backoff.on_success(msg.received_at, now)
+            if success
+            else backoff.on_failure(msg.received_at, now)
+        )
+        if not changed:
+            return
+        if backoff.phase is BackoffPhase.PAUSED:
+            pause = backoff.resume_at - now
+            log.warning(
+                "%s: backing off for %.1fs (level %d) after a failure",
+                self.name,
+                pause,
+                backoff.level,
+            )
+            if self._resume_timer is not None:
+                self._resume_timer.cancel()
+            self._resume_timer = self.subscription.call_later(max(pause, 0.0), self._resume)
+        else:
+            log.info("%s: backoff over, resuming full flow", self.name)
+        if not self._stopping:
+            self._set_flow()
+
+    # --- keep-alive -------------------------------------------------------------
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(KEEP_ALIVE_SWEEP)
+            if self._tasks or self._deferred or self._backlog:
+                self._sweep(self._clock())
+
+    def _sweep(self, now: float) -> None:
+        sub = self.subscription
+        for msg in [*self._tasks, *self._deferred, *self._backlog]:
+            if msg._responded:
+                continue
+            interval = sub.keep_alive_interval(msg)
+            if interval is None:
+                continue
+            if now >= msg.received_at + interval * (msg.touch_count + 1):
+                hold = sub.max_hold(msg)
+                if hold is not None and now - msg.received_at >= hold:
+                    continue  # the broker ignores keep-alives past its longest hold
+                sub.keep_alive(msg)
+                msg.touch_count += 1
+
+    # --- messages (hot path) ---------------------------------------------------
+
+    def deliver(self, msg: Message) -> None:
+        """A delivery from the subscription (on the loop, in its read path)."""
+        self._in_flight += 1
+        self.received += 1
+        if (
+            self._stopping
+            or msg.attempts > self.max_attempts
+            or self._running >= self.max_in_flight
+        ):
+            self._admit(msg)
+            return
+        result = self._start(msg)
+        if result is _PENDING:
+            return
+        if result is FINISH and self._plain and not msg._responded:
+            # settle + _release for the common case, when nothing else needs to know.
+            msg._responded = True
+            self._ack(msg)
+            self.finished += 1
+            self._in_flight -= 1
+            self._running -= 1
+            if self._backlog:
+                self._ran_backlog()
+            return
+        self._ran(msg, result)
+
+    def _admit(self, msg: Message) -> None:
+        """The rare arrivals: while stopping, past max_attempts, or over the fence."""
+        if self._stopping:
+            self._settle_now(msg, _DRAIN_REQUEUE)
+        elif msg.attempts > self.max_attempts:
+            msg._responded = True
+            self._give_up(msg, MAX_ATTEMPTS_REASON)
+        elif self._running >= self.max_in_flight:
+            self._backlog.append(msg)
+        else:
+            self._run(msg)
+
+    def _run(self, msg: Message) -> None:
+        result = self._start(msg)
+        if result is not _PENDING:
+            self._ran(msg, result)
+
+    def _start(self, msg: Message) -> Any:
+        """Run the callback: its outcome if known at once, else _PENDING (a suspended
+        coroutine or a future is tracked; a DEFERRED callback calls complete())."""
+        self._running += 1
+        try:
+            result: Any = self._callback(msg)
+            if result is FINISH:
+                return result
+            if result.__class__ is _CoroutineType:
+                context = _copy_context()
+                try:
+                    yielded = context.run(result.send, None)
+                except StopIteration as stop:
+                    return stop.value
+                assert self._loop is not None
+                self._track(
+                    msg, self._loop.create_task(finish_in_task(result, yielded), context=context)
+                )
+                return _PENDING
+            if result is DEFERRED:
+                self._deferred.add(msg)
+                return _PENDING
+            if result is not None and not isinstance(result, _OUTCOMES):
+                self._track(msg, asyncio.ensure_future(result))
+                return _PENDING
+            return result
+        except Exception:
+            log.exception("%s: callback failed for message %s", self.name, msg.id)
+            return _FAILED
+
+    def complete(self, msg: Message, outcome: Outcome | None) -> None:
+        """The outcome of a callback that returned :data:`DEFERRED` (call on the loop).
+
+        Ignored if the message was already answered (e.g. retried by a drain)."""
+        self._deferred.discard(msg)
+        self._ran(msg, outcome)
+
+    def _track(self, msg: Message, future: asyncio.Future[Any]) -> None:
+        self._tasks[msg] = future
+        future.add_done_callback(partial(self._future_done, msg))
+
+    def _future_done(self, msg: Message, future: asyncio.Future[Any]) -> None:
+        del self._tasks[msg]
+        if future.cancelled():
+            result: Any = _DRAIN_REQUEUE
+        elif (exc := future.exception()) is not None:
+            log.error("%s: callback failed for message %s", self.name, msg.id, exc_info=exc)
+            result = _FAILED
+        else:
+            result = future.result()
+        self._ran(msg, result)
+
+    def _ran(self, msg: Message, result: Any) -> None:
+        self._running -= 1
+        if not msg._responded:
+            if result is None:
+                log.warning(
+                    "%s: callback returned None without answering message %s; requeueing",
+                    self.name,
+                    msg.id,
+                )
+                result = _FAILED
+            msg._responded = True
+            self._apply(msg, result)
+        if self._backlog:
+            self._ran_backlog()
+
+    def _ran_backlog(self) -> None:
+        backlog = self._backlog
+        while backlog and self._running < self.max_in_flight:
+            self._run(backlog.popleft())
+
+    def _settle_now(self, msg: Message, outcome: Outcome) -> None:
+        msg._responded = True
+        self._apply(msg, outcome)
+
+    # --- settling ----------------------------------------------------------------
+
+    def settle(self, msg: Message, outcome: Outcome) -> None:
+        """Apply ``outcome`` to a message its handler answered itself
+        (``msg.finish()``...; ``Message`` marked it answered). Any thread may call."""
+        if threading.get_ident() != self._loop_thread and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._apply, msg, outcome)
+        else:
+            self._apply(msg, outcome)
+
+    def _apply(self, msg: Message, outcome: Outcome) -> None:
+        kind = outcome.__class__
+        if kind is Finish:
+            self._ack(msg)
+            self.finished += 1
+            if self._backoff.phase is BackoffPhase.PROBING:
+                self._backoff_signal(msg, success=True)
+        elif kind is Requeue:
+            assert isinstance(outcome, Requeue)
+            delay = outcome.delay
+            if delay is None:
+                delay = self.requeue_delay(msg.attempts)
+            self.subscription.retry(msg, min(max(delay, 0.0), self._max_retry_delay))
+            self.requeued += 1
+            if outcome.backoff:
+                self._backoff_signal(msg, success=False)
+        else:
+            assert isinstance(outcome, GiveUp)
+            self._give_up(msg, outcome.reason)
+            return
+        self._release()
+
+    def requeue_delay(self, attempts: int) -> float:
+        """Seconds of a retry the handler left to the policy, after ``attempts`` deliveries."""
+        p = self.policy
+        return requeue_delay(attempts, p.requeue_delay, p.requeue_multiplier, p.max_requeue_delay)
+
+    def touch(self, msg: Message) -> None:
+        """Keep ``msg`` alive now (for handlers that answer themselves). Any thread."""
+        if threading.get_ident() != self._loop_thread and self._loop is not None:
+            self._loop.call_soon_threadsafe(self.touch, msg)
+            return
+        self.subscription.keep_alive(msg)
+        msg.touch_count += 1
+
+    def max_hold(self, msg: Message) -> float | None:
+        """The longest ``msg`` may be held (see the transport)."""
+        return self.subscription.max_hold(msg)
+
+    def _release(self) -> None:
+        self._in_flight -= 1
+        if self._stopping and self._in_flight == 0:
+            self._drained.set()
+
+    def _give_up(self, msg: Message, reason: str) -> None:
+        hook = self._on_give_up
+        try:
+            result = hook(msg, reason) if hook is not None else None
+        except Exception:
+            log.exception("%s: give-up hook failed for %s; requeueing", self.name, msg.id)
+            self._after_give_up(msg, failed=True)
+            return
+        if result is None:
+            if hook is None:
+                log.warning("%s: giving up on message %s: %s", self.name, msg.id, reason)
+            self._after_give_up(msg, failed=False)
+            return
+        future = asyncio.ensure_future(result)
+        self._tasks[msg] = future
+        future.add_done_callback(partial(self._give_up_done, msg))
+
+    def _give_up_done(self, msg: Message, future: asyncio.Future[Any]) -> None:
+        del self._tasks[msg]
+        failed = future.cancelled() or future.exception() is not None
+        if failed and not future.cancelled():
+            log.error(
+                "%s: give-up hook failed for %s; requeueing",
+                self.name,
+                msg.id,
+                exc_info=future.exception(),
+            )
+        self._after_give_up(msg, failed)
+
+    def _after_give_up(self, msg: Message, failed: bool) -> None:
+        if failed:
+            self._apply(msg, Requeue(None if not self._stopping else 0.0, backoff=False))
+            return
+        self.subscription.reject(msg)
+        self.given_up += 1
+        self._release()
+
+    # --- stats -----------------------------------------------------------------
+
+    def stats(self) -> DispatchStats:
+        """Counters and gauges of this dispatcher and its subscription."""
+        return DispatchStats(
+            max_in_flight=self.max_in_flight,
+            in_flight=self._in_flight,
+            running=self._running,
+            received=self.received,
+            finished=self.finished,
+            requeued=self.requeued,
+            given_up=self.given_up,
+            backoff_level=self._backoff.level,
+            backoff_phase=self._backoff.phase.value,
+            subscription=self.subscription.stats(),
+        )

@@ -1,0 +1,257 @@
+"""The seam between the task layer and a broker: what every transport implements.
+
+The task layer (:mod:`nsqworker.dispatch`) owns every per-task policy: the in-flight
+bound, attempts, retry delays, dead letters, consumer backoff, keep-alive and drain.
+A transport owns connections, discovery and flow control (RDY for NSQ; credits or pull
+batches for others) and nothing of tasks. They meet here:
+
+* :class:`Transport` makes :class:`Subscription` objects (one per task) and
+  :class:`Publisher` objects, and says what the broker can do in its
+  :class:`Capabilities`, which the task layer reads instead of guessing.
+* A subscription hands each delivery to its :class:`Receiver` as a
+  :class:`~nsqworker.message.Message`, and settles it when told: ``ack``, ``retry``
+  after a delay, ``reject`` (given up: never deliver it again), ``keep_alive``.
+* The receiver sets the subscription's :class:`Flow`: open with a window of at most
+  ``window`` unanswered deliveries, a one-at-a-time probe, or paused.
+
+Transports are found by name (``Settings.transport``) in a registry:
+:func:`register_transport` adds one, :func:`create_transport` builds one from settings.
+``docs/transports.md`` maps each transport's concepts and says how to add one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+from nsqworker.errors import ConfigurationError
+from nsqworker.message import Message, MessageOwner
+
+__all__ = [
+    "Capabilities",
+    "Flow",
+    "Publisher",
+    "Receiver",
+    "Subscription",
+    "SubscriptionStats",
+    "Timer",
+    "Transport",
+    "TransportFactory",
+    "create_transport",
+    "register_transport",
+    "transport_names",
+]
+
+
+class Flow(Enum):
+    """What a receiver wants from its subscription as a whole."""
+
+    OPEN = "open"
+    """Deliver while fewer than ``window`` deliveries are unanswered."""
+    PROBE = "probe"
+    """One delivery at a time (consumer backoff testing the water)."""
+    PAUSED = "paused"
+    """Deliver nothing (backoff pause, or draining)."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a broker does natively; the task layer supplies the rest or refuses."""
+
+    name: str
+    """The transport's registry name: ``nsq``, ``memory``..."""
+    system: str
+    """``messaging.system`` of spans and metrics (OpenTelemetry's value for the broker)."""
+    attribute_prefix: str
+    """Prefix of broker-specific span attributes, e.g. ``messaging.nsq``."""
+    counts_attempts: bool = True
+    """The broker counts deliveries (else the transport carries the count itself)."""
+    native_retry_delay: bool = True
+    """Retry after a delay is the broker's own (else the transport emulates it)."""
+    max_retry_delay: float = 3600.0
+    """Longest retry delay in seconds the transport can honour; longer ones are capped."""
+    keep_alive: bool = True
+    """Deliveries have a deadline and ``keep_alive`` extends it (TOUCH, in_progress)."""
+    max_hold: float | None = None
+    """Longest any delivery may be held in seconds (None: no limit, or per delivery:
+    see :meth:`Subscription.max_hold`)."""
+    headers: bool = False
+    """Messages carry headers (trace context can travel outside the body)."""
+    delayed_publish: bool = False
+    """A publish may ask the broker to hold the message back."""
+    reply_address: bool = False
+    """A request may name the broker address its reply goes to (RPC over NSQ)."""
+
+
+@dataclass
+class SubscriptionStats:
+    """A transport's view of one subscription, as plain data."""
+
+    connected: int = 0
+    """Open connections subscribed for this topic and channel."""
+    window: int = 0
+    """Deliveries the broker may have outstanding to us now (RDY, credits, fetch size)."""
+    in_flight: int = 0
+    """Deliveries received and not yet settled, as the transport counts them."""
+    buffered: int = 0
+    """Transport-specific: NSQ's nsqd read on a buffered connection under load."""
+    errors: dict[str, int] = field(default_factory=dict)
+    """Connection failures and broker errors by reason."""
+    connections: list[Any] = field(default_factory=list)
+    """Per-connection detail, transport-specific (NSQ: ``ConnectionStats``)."""
+
+
+class Timer(Protocol):
+    """A scheduled callback that can be cancelled (an ``asyncio.TimerHandle``)."""
+
+    def cancel(self) -> None: ...
+
+
+class Receiver(MessageOwner, Protocol):
+    """The task layer's side of a subscription (the dispatcher).
+
+    Also the :class:`~nsqworker.message.MessageOwner` of the messages it is handed:
+    ``Message.finish()`` and friends go through it, so policy sees every settle.
+    """
+
+    def deliver(self, msg: Message) -> None:
+        """A new delivery; called on the event loop, in the transport's read path."""
+
+
+class Subscription(Protocol):
+    """One (topic, channel) on a broker, driven by one receiver."""
+
+    topic: str
+    channel: str
+
+    async def start(self, receiver: Receiver) -> None:
+        """Connect and subscribe; return after the first attempt (retrying in the
+        background). Raise ``ConfigurationError`` for a setting the broker refuses."""
+
+    def set_flow(self, flow: Flow, window: int) -> None:
+        """Flow control: how many deliveries may be unanswered, or probe, or pause."""
+
+    async def stop(self) -> None:
+        """Take no more: pause the flow, stop discovery and reconnects. Deliveries
+        already in our hands stay settleable until :meth:`close`."""
+
+    async def close(self) -> None:
+        """Release connections; the receiver settled (or gave up on) everything first."""
+
+    @property
+    def ready(self) -> bool:
+        """True when consuming works as far as the transport can tell."""
+
+    @property
+    def subscribed(self) -> bool:
+        """True while at least one connection is subscribed."""
+
+    def stats(self) -> SubscriptionStats:
+        """A snapshot of the subscription."""
+
+    def clock(self) -> float:
+        """The clock of ``Message.received_at`` and of :meth:`call_later`, in seconds."""
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        """Run ``callback`` after ``delay`` seconds of :meth:`clock`."""
+
+    def ack(self, msg: Message) -> None:
+        """The message is done (FIN, ack, offset may advance)."""
+
+    def retry(self, msg: Message, delay: float) -> None:
+        """Deliver the message again after ``delay`` seconds (REQ, nak)."""
+
+    def reject(self, msg: Message) -> None:
+        """The message was given up (its dead letter is written): never again."""
+
+    def keep_alive(self, msg: Message) -> None:
+        """Extend the message's delivery deadline (TOUCH, in_progress); no-op without one."""
+
+    def keep_alive_interval(self, msg: Message) -> float | None:
+        """Seconds between keep-alives for ``msg`` while it runs; None: none needed."""
+
+    def max_hold(self, msg: Message) -> float | None:
+        """The longest ``msg`` may be held in seconds, keep-alives included; None: no limit."""
+
+
+class Publisher(Protocol):
+    """Publishing on a transport (the NSQ ``Producer`` is one)."""
+
+    async def publish(self, topic: str, body: bytes | str, delay: float | None = None) -> None: ...
+
+    async def publish_many(self, topic: str, bodies: Iterable[bytes | str]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    """A broker, as the worker sees it: subscriptions, publishers, capabilities."""
+
+    capabilities: Capabilities
+
+    def check_topic(self, topic: str) -> str:
+        """``topic`` if the broker accepts it as a topic name, else ``InvalidName``."""
+
+    def check_channel(self, channel: str) -> str:
+        """``channel`` if the broker accepts it as a channel name, else ``InvalidName``."""
+
+    def subscribe(self, topic: str, channel: str, *, name: str, max_in_flight: int) -> Subscription:
+        """A subscription for ``topic`` and ``channel`` (not started)."""
+
+    def publisher(self, near: Message | None = None) -> Publisher:
+        """A publisher owned by the transport (closed by :meth:`close`); ``near``: the
+        message whose broker to prefer when the settings name none."""
+
+    def describe(self) -> dict[str, str]:
+        """Where the transport connects, for ``nsqworker tasks`` and logs (no secrets)."""
+
+    async def close(self) -> None:
+        """Close the publishers the transport made."""
+
+
+TransportFactory = Callable[[Any], Transport]
+"""``factory(settings)``: a transport from ``nsqworker.Settings`` (typed Any here, so that
+the settings, which check the name against this registry, need not import it back)."""
+
+# name -> "module:attribute" of a factory, imported on first use (so `import nsqworker`
+# pays for no broker client), or the factory itself once registered or imported.
+_REGISTRY: dict[str, str | TransportFactory] = {
+    "nsq": "nsqworker.nsq.transport:NsqTransport",
+    "memory": "nsqworker.memory:MemoryTransport",
+}
+
+
+def register_transport(name: str, factory: str | TransportFactory) -> None:
+    """Make ``Settings(transport=name)`` build transports with ``factory(settings)``.
+
+    ``factory`` may be a ``"module:attribute"`` string, imported on first use.
+    """
+    if not name or not name.replace("-", "").replace("_", "").isalnum():
+        raise ConfigurationError(f"transport name {name!r}: use letters, digits, - and _")
+    _REGISTRY[name] = factory
+
+
+def transport_names() -> list[str]:
+    """The registered transport names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def _factory(name: str) -> TransportFactory:
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        raise ConfigurationError(
+            f"unknown transport {name!r}; the transports are {', '.join(transport_names())}"
+        )
+    if isinstance(entry, str):
+        module, _, attribute = entry.partition(":")
+        factory: TransportFactory = getattr(importlib.import_module(module), attribute)
+        _REGISTRY[name] = entry = factory
+    return entry
+
+
+def create_transport(settings: Any) -> Transport:
+    """The transport ``settings.transport`` names, built from ``settings``."""
+    return _factory(settings.transport)(settings)
