@@ -401,6 +401,8 @@ class MemoryTransport:
 
     def _settled(self, msg: Message) -> tuple[_Channel, _Entry] | None:
         """The channel and entry of ``msg`` if it is still the current delivery."""
+        entry: _Entry
+        delivery: int
         entry, delivery = msg.receipt
         ch = self._channel(msg.topic, msg.channel)
         if ch.in_flight.get(entry.id) is not entry or entry.delivery != delivery:
