@@ -52,6 +52,15 @@ ConfigFile = Annotated[
     ),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
+TransportOption = Annotated[
+    str | None,
+    typer.Option(
+        "--transport",
+        metavar="NAME",
+        help="The broker: nsq (default) or another transport (docs/transports.md).",
+        show_default=False,
+    ),
+]
 NsqdOption = Annotated[
     list[str] | None,
     typer.Option(

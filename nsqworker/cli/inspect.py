@@ -34,7 +34,7 @@ def tasks(target: Target, config: ConfigFile = None, as_json: AsJson = False) ->
     from rich.text import Text
 
     table = Table(
-        title=f"{_plural(len(rows), 'task')} in {target}",
+        title=f"{_plural(len(rows), 'task')} in {target}, on {_where(settings)}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -81,8 +81,21 @@ def task_row(spec: TaskSpec, settings: Settings) -> dict[str, Any]:
         "on_dead_letter": None if hook is None else _qualified(hook),
         "dead_letter_topic": spec.dead_letter_topic,
         "kind": "async" if spec.is_async else "sync",
+        "transport": settings.transport,
         "defaults": defaults,
     }
+
+
+def _where(settings: Settings) -> str:
+    """The transport and where it connects: ``nsq (nsqd 127.0.0.1:4150)``."""
+    from nsqworker.transport import create_transport
+
+    try:
+        described = create_transport(settings).describe()
+    except Exception as exc:  # a transport whose client is not installed, say
+        return f"{settings.transport} ({exc})"
+    places = ", ".join(f"{kind} {where}" for kind, where in described.items())
+    return f"{settings.transport} ({places})" if places else settings.transport
 
 
 def _dead_letter_text(row: dict[str, Any]) -> str:

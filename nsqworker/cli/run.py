@@ -12,6 +12,7 @@ from nsqworker.cli.common import (
     LookupdOption,
     NsqdOption,
     Target,
+    TransportOption,
     flag,
     load_registry,
     load_settings,
@@ -31,6 +32,7 @@ def run(
         typer.Option("--workers", "-w", help="Worker processes (default: the workers setting, 1)."),
     ] = None,
     config: ConfigFile = None,
+    transport: TransportOption = None,
     nsqd: NsqdOption = None,
     lookupd: LookupdOption = None,
     log_level: Annotated[
@@ -66,6 +68,7 @@ def run(
     from nsqworker.task import TaskImportError
 
     given = {
+        "transport": transport,
         "workers": workers,
         "nsqd_tcp_addresses": nsqd or None,
         "lookupd_http_addresses": lookupd or None,
@@ -76,13 +79,9 @@ def run(
     }
     settings = load_settings(config, **given)
     load_registry(target)  # an import problem first: it is reported once, here
-    if not settings.nsqd_tcp_addresses and not settings.lookupd_http_addresses:
-        typer.echo(
-            "error: no nsqd or nsqlookupd address to consume from: pass --nsqd 127.0.0.1:4150 "
-            "or --lookupd http://127.0.0.1:4161, or set NSQWORKER_NSQD_TCP_ADDRESSES or "
-            "NSQWORKER_LOOKUPD_HTTP_ADDRESSES",
-            err=True,
-        )
+    problem = transport_problem(settings)
+    if problem:
+        typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(EXIT_USAGE)
     configure_logging(settings.log_level, settings.log_format)
     policy = Policy(hung_timeout=hung_timeout, crash_limit=crash_limit, crash_window=crash_window)
@@ -96,11 +95,32 @@ def run(
     raise typer.Exit(code)
 
 
+def transport_problem(settings: Settings) -> str | None:
+    """Why ``nsqworker run`` cannot start on the settings' transport, or None."""
+    if settings.transport == "memory":
+        return (
+            "the memory transport lives in one process, and nsqworker run starts worker "
+            "processes: use it with an embedded Worker in tests (docs/testing.md), or pass "
+            "--transport nsq"
+        )
+    if settings.transport == "nsq" and not (
+        settings.nsqd_tcp_addresses or settings.lookupd_http_addresses
+    ):
+        return (
+            "no nsqd or nsqlookupd address to consume from: pass --nsqd 127.0.0.1:4150 "
+            "or --lookupd http://127.0.0.1:4161, or set NSQWORKER_NSQD_TCP_ADDRESSES or "
+            "NSQWORKER_LOOKUPD_HTTP_ADDRESSES"
+        )
+    return None
+
+
 def warn_unreachable(settings: Settings, timeout: float = 1.0) -> None:
     """Log a warning for each nsqd or nsqlookupd address that refuses a connection now.
 
     Not an error: a broker may come up after the worker, and the workers keep retrying.
     """
+    if settings.transport != "nsq":
+        return
     import socket
     from urllib.parse import urlsplit
 

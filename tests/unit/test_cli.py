@@ -107,6 +107,7 @@ def test_tasks_json(runner: CliRunner, module: str) -> None:
         "on_dead_letter": None,
         "dead_letter_topic": None,
         "kind": "async",
+        "transport": "nsq",
         "defaults": ["max_attempts", "requeue_delay"],
     }
     assert report["on_dead_letter"] == f"{module}.alert"
@@ -247,3 +248,24 @@ def test_bad_topic_shows_only_the_users_frame(
         "could not import cli_bad_topic: TaskDefinitionError: @task('bad topic!', channel='c'): "
         "invalid topic name 'bad topic!'"
     )
+
+
+def test_run_refuses_the_memory_transport_with_exit_2(runner: CliRunner, module: str) -> None:
+    result = runner.invoke(app, ["run", f"{module}:registry", "--transport", "memory"])
+    assert result.exit_code == 2
+    assert "memory transport lives in one process" in result.stderr
+
+
+def test_an_unknown_transport_is_a_settings_error_naming_the_choices(
+    runner: CliRunner, module: str
+) -> None:
+    result = runner.invoke(app, ["run", f"{module}:registry", "--transport", "kafka"])
+    assert result.exit_code == 2
+    assert "--transport" in result.stderr and "the transports are" in result.stderr
+
+
+def test_tasks_says_the_transport_and_where_it_connects(runner: CliRunner, module: str) -> None:
+    env = {"NSQWORKER_NSQD_TCP_ADDRESSES": "127.0.0.1:4150"}
+    result = runner.invoke(app, ["tasks", f"{module}:registry"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "on nsq (nsqd 127.0.0.1:4150)" in " ".join(result.stdout.split())

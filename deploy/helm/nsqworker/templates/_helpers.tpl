@@ -97,7 +97,7 @@ number as a float, which would print 1000000 as 1e+06), lists comma-joined.
 {{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
 {{- fail (printf "autoscaling.minReplicas (%d) is more than autoscaling.maxReplicas (%d)" (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
 {{- end }}
-{{- if and (not .Values.nsq.lookupdHttpAddresses) (not .Values.nsq.nsqdTcpAddresses) }}
+{{- if and (eq .Values.transport "nsq") (not .Values.nsq.lookupdHttpAddresses) (not .Values.nsq.nsqdTcpAddresses) }}
 {{- fail "set nsq.lookupdHttpAddresses or nsq.nsqdTcpAddresses: workers need somewhere to find nsqd" }}
 {{- end }}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
@@ -113,6 +113,7 @@ number as a float, which would print 1000000 as 1e+06), lists comma-joined.
 
 {{/* The container's environment that is not secret: NSQWORKER_* settings and OTEL_*. */}}
 {{- define "nsqworker.env" -}}
+NSQWORKER_TRANSPORT: {{ .Values.transport | quote }}
 NSQWORKER_WORKERS: {{ include "nsqworker.envValue" .Values.workers | quote }}
 NSQWORKER_DRAIN_TIMEOUT: {{ include "nsqworker.envValue" .Values.drainTimeout | quote }}
 NSQWORKER_HEALTH_PORT: {{ include "nsqworker.envValue" .Values.healthPort | quote }}
