@@ -78,6 +78,19 @@ def _instrumentation(spec: TaskSpec, settings: Settings, caps: Capabilities) -> 
     return TaskInstrumentation(spec, settings, capabilities=caps)
 
 
+def _check_needs(spec: TaskSpec, caps: Capabilities) -> None:
+    """Refuse a task that needs a capability its transport lacks (``handler.needs``:
+    capability name -> why, set by ``@rpc``)."""
+    needs: dict[str, str] = getattr(spec.func, "needs", None) or {}
+    for capability, why in needs.items():
+        if not getattr(caps, capability, False):
+            kind = getattr(spec.func, "kind", "a task")
+            raise ConfigurationError(
+                f"task {spec.name!r} ({kind}) needs a transport with {capability} ({why}); "
+                f"transport {caps.name!r} has not"
+            )
+
+
 # --- one task ------------------------------------------------------------------------
 
 
@@ -367,6 +380,7 @@ class Worker:
         transport = self.transport
         caps = transport.capabilities
         for spec in self.registry:
+            _check_needs(spec, caps)
             policy = Policy.from_settings(
                 settings, max_in_flight=spec.max_in_flight, max_attempts=spec.max_attempts,
                 requeue_delay=spec.requeue_delay,

@@ -226,6 +226,9 @@ def _bind(endpoint: _Endpoint) -> Callable[[Message], Any]:
     handler.__name__ = getattr(func, "__name__", "handler")
     handler.__qualname__ = getattr(func, "__qualname__", handler.__name__)
     handler.__doc__ = getattr(func, "__doc__", None)
+    # What the Worker checks against its transport's capabilities before it starts.
+    handler.needs = {"reply_address": "a request names the broker its reply goes to"}
+    handler.kind = "an @rpc endpoint"
     return cast("Callable[[Message], Any]", handler)
 
 
