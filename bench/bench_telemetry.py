@@ -2,7 +2,7 @@
 
 Measures, in one run and one process, microseconds per message of what the worker
 does around a handler: ``TaskInstrumentation.start``, the span's Context attached in
-the message's own copy of the Context (as ``_TaskRunner.call_async`` does), ``end``
+the message's own copy of the Context (as ``TaskRunner.call_async`` does), ``end``
 with the outcome FIN:
 
 1. no SDK: no tracer or meter provider installed (the global proxies);

@@ -199,18 +199,22 @@ class MemoryTransport:
 
     # --- publishing ----------------------------------------------------------------
 
-    async def publish(self, topic: str, body: bytes | str, delay: float | None = None) -> None:
+    async def publish(self, topic: str, body: Any, delay: float | None = None) -> None:
         """Publish one message, delivered to every channel of ``topic``."""
         self.publish_nowait(topic, body, delay)
 
-    async def publish_many(self, topic: str, bodies: Iterable[bytes | str]) -> None:
+    async def publish_many(self, topic: str, bodies: Iterable[Any]) -> None:
         """Publish several messages in order."""
         for body in bodies:
             self.publish_nowait(topic, body)
 
-    def publish_nowait(self, topic: str, body: bytes | str, delay: float | None = None) -> None:
-        """:meth:`publish` for sync code (a test's setup, a sync handler)."""
+    def publish_nowait(self, topic: str, body: Any, delay: float | None = None) -> None:
+        """:meth:`publish` for sync code (a test's setup, a sync handler); ``body`` is
+        bytes, str or a pydantic model."""
         check_topic(topic)
+        dump = getattr(body, "model_dump_json", None)
+        if callable(dump):  # a pydantic model: its JSON, as the NSQ producer sends it
+            body = str(dump())
         data = body.encode() if isinstance(body, str) else bytes(body)
         if not data:
             raise ValueError("message body is empty; a broker would refuse it")
@@ -292,8 +296,6 @@ class MemoryTransport:
         ch = state.channels.get(channel)
         if ch is None:
             ch = state.channels[channel] = _Channel()
-            ch.ready.extend(_Entry(e.id, e.body, e.timestamp) for e in state.waiting)
-            state.waiting.clear()
         return ch
 
     def _attach(self, sub: MemorySubscription) -> _Channel:
@@ -343,6 +345,12 @@ class MemoryTransport:
             if not timer.cancelled:
                 timer.callback()
         for state in list(self._topics.values()):
+            if state.waiting and state.channels:
+                # Like nsqd's topic: what waited for a channel goes to every channel
+                # there is when the topic next pumps (those of one worker's start).
+                for ch in state.channels.values():
+                    ch.ready.extend(_Entry(e.id, e.body, e.timestamp) for e in state.waiting)
+                state.waiting.clear()
             for ch in state.channels.values():
                 self._pump_channel(ch, now)
 

@@ -345,6 +345,13 @@ class Settings(BaseSettings):
         "MiB of resident memory after which `nsqworker run` replaces a worker process,"
         " once it has finished its in-flight messages; 0 = no limit.",
     )
+    task_timeout: Seconds | None = _bounded(
+        None,  # type: ignore[arg-type]
+        0.001,
+        7 * 86400,
+        "Seconds a handler may run before its message is retried (an attempt counted);"
+        " a task's timeout= overrides it; unset = no limit (docs/tasks.md, Time limits).",
+    )
     drain_timeout: Seconds = _bounded(
         30.0, 0, 86400, "Seconds a stop waits for running handlers before REQing them."
     )

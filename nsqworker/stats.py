@@ -70,6 +70,8 @@ class WorkerStats:
     pid: int
     ready: bool
     tasks: dict[str, TaskStats]
+    recycle: str | None = None
+    """Why the process asks to be replaced after a drain, or None."""
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as JSON-ready dicts and lists."""

@@ -107,7 +107,7 @@ class _Child:
     snapshot: dict[str, Any] = field(default_factory=dict)
     pinged: bool = False
     killed: str = ""  # why the supervisor SIGKILLed it, if it did
-    recycling: bool = False  # asked to stop for max_memory_per_child; restart at once
+    recycling: str = ""  # why it was asked to stop to be replaced (restart at once), if so
 
     @property
     def pid(self) -> int:
@@ -292,20 +292,29 @@ class Supervisor:
                 self._on_death(child, code, now)
 
     def _check_memory(self) -> None:
-        """SIGTERM a child over max_memory_per_child: it drains, exits, is replaced."""
+        """SIGTERM a child over max_memory_per_child, or one that asks to be replaced (a
+        sync handler past its time limit): it drains, exits, is replaced."""
         limit = self.settings.max_memory_per_child
         for child in self._children():
-            if not child.recycling and (mib := over_memory(child.pid, limit)):
-                child.recycling = True
+            if child.recycling:
+                continue
+            asked = child.snapshot.get("recycle")
+            if asked:
+                log.warning(f"worker {child.index + 1} asks to be replaced: {asked}")
+                child.recycling = "asked"
+            elif mib := over_memory(child.pid, limit):
                 log.warning(f"worker {child.index + 1} over max_memory_per_child: {mib:.0f} MiB")
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child.pid, signal.SIGTERM)
+                child.recycling = "memory limit"
+            else:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
 
     def _on_death(self, child: _Child, code: int | None, now: float) -> None:
         lived = now - child.started
-        if child.recycling and not child.killed:  # over max_memory_per_child: not a crash
+        if child.recycling and not child.killed:  # asked to stop to be replaced: not a crash
             self._restart_at[child.index], self.metrics.restarts = now, self.metrics.restarts + 1
-            log.info(f"worker {child.index + 1} replaced (memory limit)", exit=code)
+            log.info(f"worker {child.index + 1} replaced ({child.recycling})", exit=code)
             return
         if code == EXIT_USAGE and not child.killed:  # a setting that cannot work: no retry
             log.error(f"worker {child.index + 1} stopped on a configuration error; stopping")

@@ -12,24 +12,13 @@ Everything is checked when the module is imported: names, bounds, the handler's
 signature, duplicates. The decorator returns the function itself (with ``.spec``
 attached), so tests can still call ``archive(msg)`` directly.
 
-How a handler's outcome becomes an NSQ command (DESIGN.md, "Handler outcome"):
-
-======================================  =================================  ========
-handler does                            sent to nsqd                       backoff
-======================================  =================================  ========
-returns                                 FIN                                success
-raises ``Retry(delay)``                 REQ delay                          failure
-raises any other exception              REQ, exponential delay from        failure
-                                        attempts
-raises ``Reject(reason)``               dead-letter hooks, then FIN        none
-answered itself (``msg.finish()``...)   nothing more                       —
-cancelled while the worker stops        REQ 0                              none
-======================================  =================================  ========
+What a handler's result means (ack, retry, dead letter) is in :mod:`nsqworker.outcomes`;
+a handler may take the message, its typed body (:mod:`nsqworker.bodies`) or both, and
+hooks may run around it (:mod:`nsqworker.hooks`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 import importlib
 import inspect
@@ -38,12 +27,23 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Never, ParamSpec, Protocol, TypeVar, cast
 
+from nsqworker.bodies import BodySpec, body_spec
 from nsqworker.errors import ConfigurationError, InvalidName
-from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.hooks import AfterHook, BeforeHook, DeadLetterHook, ErrorHook, Hooks, hooks_of
+from nsqworker.message import Message
 from nsqworker.names import check_channel, check_topic
+from nsqworker.outcomes import (
+    MAX_REQUEUE_DELAY,
+    Reject,
+    Retry,
+    TaskTimeout,
+    describe_outcome,
+    outcome_of_error,
+    outcome_of_return,
+)
 
 __all__ = [
     "DeadLetterHook",
@@ -54,6 +54,7 @@ __all__ = [
     "TaskFunction",
     "TaskImportError",
     "TaskSpec",
+    "TaskTimeout",
     "default_registry",
     "describe_outcome",
     "load_registry",
@@ -66,92 +67,13 @@ P = ParamSpec("P")
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
-#: ``on_dead_letter(msg, reason)``: a plain function (run in a thread) or ``async def``.
-DeadLetterHook = Callable[[Message, str], Any]
-
 MAX_IN_FLIGHT = 1_000_000
 MAX_ATTEMPTS = 65535
-MAX_REQUEUE_DELAY = 3600.0  # nsqd's default --max-req-timeout
+MAX_TIMEOUT = 7 * 86400.0
 OPTIONS = (
     "channel", "max_in_flight", "max_attempts", "requeue_delay", "on_dead_letter",
-    "dead_letter_topic", "name", "envelope",
+    "dead_letter_topic", "name", "envelope", "timeout", "hooks",
 )  # fmt: skip
-
-
-# --- what a handler raises -----------------------------------------------------------
-
-
-class Retry(Exception):
-    """Raise in a handler to requeue the message after ``delay`` seconds.
-
-    ``delay=None`` lets the worker pick the exponential delay from the attempts. A
-    retry counts as a failure: it uses up an attempt and moves the consumer's backoff.
-    """
-
-    def __init__(self, delay: float | None = None, reason: str = "") -> None:
-        if delay is not None and (
-            isinstance(delay, bool)
-            or not isinstance(delay, int | float)
-            or not 0 <= delay <= MAX_REQUEUE_DELAY
-        ):
-            raise ValueError(
-                f"Retry(delay={delay!r}): give seconds from 0 to {MAX_REQUEUE_DELAY:g}, or None"
-            )
-        self.delay = None if delay is None else float(delay)
-        self.reason = reason
-        text = "retry" if delay is None else f"retry in {delay:g}s"
-        super().__init__(f"{text}: {reason}" if reason else text)
-
-    def __reduce__(self) -> tuple[type[Retry], tuple[float | None, str]]:
-        return Retry, (self.delay, self.reason)
-
-
-class Reject(Exception):
-    """Raise in a handler to give up at once: dead-letter hooks with ``reason``, then FIN."""
-
-    def __init__(self, reason: str = "") -> None:
-        self.reason = reason
-        super().__init__(reason or "rejected")
-
-    def __reduce__(self) -> tuple[type[Reject], tuple[str]]:
-        return Reject, (self.reason,)
-
-
-# --- what a handler's result becomes --------------------------------------------------
-
-
-def outcome_of_return(msg: Message) -> Outcome | None:
-    """The outcome of a handler that returned: FIN, or None if it answered itself."""
-    return None if msg.responded else FINISH
-
-
-def outcome_of_error(msg: Message, exc: BaseException) -> Outcome | None:
-    """The outcome of a handler that raised ``exc``; None if it had answered itself.
-
-    ``Retry`` -> REQ its delay (a failure); ``Reject`` -> give up (dead-letter hooks,
-    then FIN); ``asyncio.CancelledError`` (the worker stopping) -> REQ 0 without
-    backoff; anything else -> REQ with the exponential delay (a failure).
-    """
-    if msg.responded:
-        return None
-    if isinstance(exc, Retry):
-        return Requeue(exc.delay, backoff=True)
-    if isinstance(exc, Reject):
-        return GiveUp(exc.reason or "rejected by the handler")
-    if isinstance(exc, asyncio.CancelledError):
-        return Requeue(0.0, backoff=False)
-    return Requeue(None, backoff=True)
-
-
-def describe_outcome(outcome: Outcome | None) -> str:
-    """A short word for logs: ``fin``, ``req 5s``, ``req``, ``dead-letter`` or ``answered``."""
-    if outcome is None:
-        return "answered"
-    if isinstance(outcome, Requeue):
-        return "req" if outcome.delay is None else f"req {outcome.delay:g}s"
-    if isinstance(outcome, GiveUp):
-        return "dead-letter"
-    return "fin"
 
 
 # --- declaring tasks ------------------------------------------------------------------
@@ -187,6 +109,12 @@ class TaskSpec:
     dead_letter_topic: str | None = None
     envelope: bool | None = None
     module: str = ""
+    timeout: float | None = None
+    """Seconds the handler may run (None: the ``task_timeout`` setting, unset = no limit)."""
+    hooks: Hooks = field(default_factory=Hooks)
+    """The task's own hooks (the registry's run first)."""
+    body: BodySpec | None = None
+    """The body's type when the handler declares one (typed bodies), else None."""
 
     @property
     def location(self) -> str:
@@ -268,6 +196,17 @@ def _check_options(where: str, topic: str, options: dict[str, Any]) -> None:
     envelope = options["envelope"]
     if envelope is not None and not isinstance(envelope, bool):
         _fail(where, f"envelope must be True, False or None, got {envelope!r}")
+    timeout = options["timeout"]
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or not 0 < timeout <= MAX_TIMEOUT
+    ):
+        _fail(where, f"timeout must be seconds above 0, at most {MAX_TIMEOUT:g}, got {timeout!r}")
+    hooks = options["hooks"]
+    if hooks is not None and (isinstance(hooks, str | bytes) or not hasattr(hooks, "__iter__")):
+        _fail(where, f"hooks must be a list of hook objects, got {hooks!r}")
 
 
 def _accepts(func: Callable[..., Any], count: int) -> bool:
@@ -293,7 +232,8 @@ def _is_async(func: object) -> bool:
     )
 
 
-def _check_handler(where: str, func: object) -> None:
+def _check_handler(where: str, func: object) -> BodySpec | None:
+    """Check the handler; return its typed body, if it declares one."""
     if not callable(func):
         _fail(where, f"@task decorates a function taking the message, got {func!r}")
     if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
@@ -302,12 +242,19 @@ def _check_handler(where: str, func: object) -> None:
             f"{_name(func)} is a generator (it uses yield); a handler must "
             "return or raise, so remove the yield",
         )
-    if not _accepts(func, 1) or _accepts(func, 2):
+    body = body_spec(func)
+    if isinstance(body, str):
+        _fail(where, f"{_name(func)}: {body}")
+    takes = 2 if body is not None and body.with_message else 1
+    if not _accepts(func, takes) or _accepts(func, takes + 1):
+        name = getattr(func, "__name__", "handler")
         _fail(
             where,
-            f"{_name(func)} must take exactly one positional parameter, the "
-            f"message: def {getattr(func, '__name__', 'handler')}(msg: Message)",
+            f"{_name(func)} must take the message, or its typed body, or both: "
+            f"def {name}(msg: Message), def {name}(click: Click) or "
+            f"def {name}(msg: Message, click: Click)",
         )
+    return body
 
 
 class Registry:
@@ -319,6 +266,35 @@ class Registry:
 
     def __init__(self) -> None:
         self._by_name: dict[str, TaskSpec] = {}
+        #: Hooks every task of this registry runs (see :mod:`nsqworker.hooks`).
+        self.hooks = Hooks()
+
+    def before(self, hook: BeforeHook) -> BeforeHook:
+        """Decorator: ``hook(msg)`` runs before every handler of this registry."""
+        self.hooks += Hooks(before=(_hook_callable(hook, "before"),))
+        return hook
+
+    def after(self, hook: AfterHook) -> AfterHook:
+        """Decorator: ``hook(msg, outcome, error, duration)`` runs once each message's
+        outcome is decided (``outcome`` None: the handler answered itself)."""
+        self.hooks += Hooks(after=(_hook_callable(hook, "after"),))
+        return hook
+
+    def on_error(self, hook: ErrorHook) -> ErrorHook:
+        """Decorator: ``hook(msg, error)`` runs when a handler raises."""
+        self.hooks += Hooks(on_error=(_hook_callable(hook, "on_error"),))
+        return hook
+
+    def on_dead_letter(self, hook: DeadLetterHook) -> DeadLetterHook:
+        """Decorator: ``hook(msg, reason)`` runs for each message given up (after the
+        task's own dead-letter topic and hook); if it raises, the message is retried."""
+        self.hooks += Hooks(on_dead_letter=(_hook_callable(hook, "on_dead_letter"),))
+        return hook
+
+    def add_hooks(self, *hooks: object) -> None:
+        """Add hook objects (with any of ``before``, ``after``, ``on_error``,
+        ``on_dead_letter``) to every task of this registry."""
+        self.hooks += hooks_of(hooks, "Registry.add_hooks")
 
     def __iter__(self) -> Iterator[TaskSpec]:
         return iter(list(self._by_name.values()))
@@ -348,6 +324,8 @@ class Registry:
         dead_letter_topic: str | None = None,
         name: str | None = None,
         envelope: bool | None = None,
+        timeout: float | None = None,
+        hooks: list[object] | tuple[object, ...] | None = None,
         **unknown: Never,
     ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]:
         """Declare the decorated function as the handler of ``topic`` on ``channel``.
@@ -368,6 +346,13 @@ class Registry:
             name: the task's name (default ``module.qualname``).
             envelope: whether bodies carry the trace-context envelope (default: the
                 ``tracing_envelope`` setting).
+            timeout: seconds the handler may run before the message is retried (an
+                attempt counted); default: the ``task_timeout`` setting (unset: none).
+                An ``async def`` handler is cancelled; a plain one cannot be, so its
+                thread keeps its slot until it returns and the worker process is
+                replaced after a drain (docs/tasks.md, "Time limits").
+            hooks: objects with any of ``before``, ``after``, ``on_error`` and
+                ``on_dead_letter`` methods, run for this task after the registry's.
 
         Raises:
             TaskDefinitionError: at import, naming the problem and what to change.
@@ -391,11 +376,17 @@ class Registry:
             "dead_letter_topic": dead_letter_topic,
             "name": name,
             "envelope": envelope,
+            "timeout": timeout,
+            "hooks": hooks,
         }
         _check_options(where, topic, options)
+        try:
+            task_hooks = hooks_of(hooks or (), where)
+        except TypeError as exc:
+            _fail(where, str(exc).removeprefix(f"{where}: "))
 
         def decorate(func: Callable[P, R]) -> TaskFunction[P, R]:
-            _check_handler(where, func)
+            body = _check_handler(where, func)
             module = str(getattr(func, "__module__", None) or "")
             spec = TaskSpec(
                 name=name or f"{module}.{_name(func)}",
@@ -410,6 +401,9 @@ class Registry:
                 dead_letter_topic=dead_letter_topic,
                 envelope=envelope,
                 module=module,
+                timeout=None if timeout is None else float(timeout),
+                hooks=task_hooks,
+                body=body,
             )
             self.add(spec)
             func.spec = spec  # type: ignore[attr-defined]
@@ -442,6 +436,12 @@ class Registry:
         if self is default_registry:
             for captured in _captures:
                 captured.append(spec.name)
+
+
+def _hook_callable(hook: Any, kind: str) -> Any:
+    if not callable(hook):
+        raise TaskDefinitionError(f"Registry.{kind}: a hook must be a function, got {hook!r}")
+    return hook
 
 
 def _same_function(a: TaskSpec, b: TaskSpec) -> bool:

@@ -16,291 +16,32 @@ dispatcher's counters and the subscription's gauges complete :meth:`Worker.stats
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextvars
 import importlib
-import inspect
-import json
-import logging
 import os
 import signal
 import threading
-from bisect import bisect_left
-from collections.abc import Callable, Coroutine
-from time import perf_counter
-from typing import Any, Protocol, Self
-
-from opentelemetry import context as otel_context
+from collections.abc import Callable
+from typing import Self
 
 from nsqworker import logging as _logs
-from nsqworker.dispatch import DEFERRED, Dispatcher, Policy
-from nsqworker.eager import resume
+from nsqworker.dispatch import Dispatcher, Policy
 from nsqworker.errors import ConfigurationError
-from nsqworker.logging import TrafficSummary, configure_logging, get_logger
-from nsqworker.message import FINISH, Message, Outcome, Requeue
-from nsqworker.pool import ThreadPool, run_traced
+from nsqworker.logging import configure_logging, get_logger
 from nsqworker.settings import Settings
 from nsqworker.stats import (
-    DURATION_BUCKETS,
-    FROM_DISPATCHER,
-    DurationHistogram,
     TaskStats,
     WorkerStats,
 )
-from nsqworker.task import Registry, Retry, TaskSpec, describe_outcome, outcome_of_error
-from nsqworker.transport import Capabilities, Transport, create_transport
+from nsqworker.task import Registry
+from nsqworker.task_runner import TaskRunner, check_needs, dead_letter_envelope
+from nsqworker.transport import Transport, create_transport
 from nsqworker.watchdog import LoopWatchdog
 
 __all__ = ["Worker", "dead_letter_envelope", "event_loop_factory", "run_worker"]
 
 log = get_logger("nsqworker.worker")
 _copy_context = contextvars.copy_context
-
-
-# --- telemetry seam ------------------------------------------------------------------
-
-
-class Instrumentation(Protocol):
-    """``telemetry.TaskInstrumentation``: ``start`` returns None or a token
-    ``(span, context, msg)`` whose context is attached while the handler runs; ``end``
-    follows every ``start`` that returned a token, and every one when ``timed``."""
-
-    timed: bool
-
-    def start(self, msg: Message) -> Any: ...
-
-    def end(self, token: Any, outcome: Outcome | None, error: Any, duration: float) -> None: ...
-
-
-def _instrumentation(spec: TaskSpec, settings: Settings, caps: Capabilities) -> Instrumentation:
-    from nsqworker.telemetry.tracing import TaskInstrumentation
-
-    return TaskInstrumentation(spec, settings, capabilities=caps)
-
-
-def _check_needs(spec: TaskSpec, caps: Capabilities) -> None:
-    """Refuse a task that needs a capability its transport lacks (``handler.needs``:
-    capability name -> why, set by ``@rpc``)."""
-    needs: dict[str, str] = getattr(spec.func, "needs", None) or {}
-    for capability, why in needs.items():
-        if not getattr(caps, capability, False):
-            kind = getattr(spec.func, "kind", "a task")
-            raise ConfigurationError(
-                f"task {spec.name!r} ({kind}) needs a transport with {capability} ({why}); "
-                f"transport {caps.name!r} has not"
-            )
-
-
-# --- one task ------------------------------------------------------------------------
-
-
-class _TaskRunner:
-    """The per-task half of the worker: the dispatcher's callback and give-up hook."""
-
-    dispatcher: Dispatcher
-
-    def __init__(self, worker: Worker, spec: TaskSpec, max_in_flight: int) -> None:
-        self.worker = worker
-        self.spec = spec
-        self.loop = asyncio.get_running_loop()
-        # A task factory (``@spark_task``) may want the worker's settings: its handler
-        # then carries bind_settings(settings) -> the handler to run.
-        bind = getattr(spec.func, "bind_settings", None)
-        self.func = bind(worker.settings) if callable(bind) else spec.func
-        self.inst = _instrumentation(spec, worker.settings, worker.transport.capabilities)
-        self.log = log.bind(task=spec.name, topic=spec.topic, channel=spec.channel)
-        self.log_debug = self.log.is_enabled_for(logging.DEBUG)
-        self.summary = TrafficSummary(DURATION_BUCKETS, self.loop.time())
-        self.rejected: dict[str, BaseException] = {}  # Reject errors, for the dead-letter line
-        self.bounds = DURATION_BUCKETS
-        self.counts = [0] * (len(DURATION_BUCKETS) + 1)
-        self.dur_sum = 0.0
-        self.dead_lettered = 0
-        hook = spec.on_dead_letter
-        call = getattr(hook, "__call__", None)  # noqa: B004 - async callable objects count
-        self.hook_async = inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(call)
-        self.pool: ThreadPool | None = None
-        if not spec.is_async:
-            name = f"nsqworker-{getattr(spec.func, '__name__', 'task')}"
-            self.pool = ThreadPool(self.func, self.finish_sync, self.loop, max_in_flight, name)
-        self.callback: Callable[[Message], Any] = (
-            self.call_async if spec.is_async else self.call_sync
-        )
-
-    def call_async(self, msg: Message) -> Any:
-        """Run an async handler: its first step inline, a Task only if it suspends.
-
-        A handler that never awaits is finished before this returns, in the same read
-        burst; that is the throughput path, so it is kept free of extra coroutines.
-        """
-        token = self.inst.start(msg)
-        start = perf_counter()
-        context = _copy_context()
-        if token is not None:
-            # The span is made current in this message's own Context only: the handler,
-            # and the Task that finishes it if it suspends, run in it; nothing to detach.
-            context.run(otel_context.attach, token[1])
-        try:
-            coro = self.func(msg)
-            yielded = context.run(coro.send, None)
-        except StopIteration:
-            return self.succeeded(msg, perf_counter() - start, token, context)
-        except (Exception, asyncio.CancelledError) as exc:
-            return self.failed(msg, exc, perf_counter() - start, token, context)
-        task = self._rest(coro, yielded, msg, start, token)
-        return self.loop.create_task(task, context=context)
-
-    async def _rest(
-        self,
-        coro: Coroutine[Any, Any, Any],
-        yielded: Any,
-        msg: Message,
-        start: float,
-        token: Any,
-    ) -> Outcome | None:
-        try:
-            await resume(coro, yielded)
-        except (Exception, asyncio.CancelledError) as exc:
-            return self.failed(msg, exc, perf_counter() - start, token, None)
-        return self.succeeded(msg, perf_counter() - start, token)
-
-    def succeeded(
-        self, msg: Message, duration: float, token: Any, context: Any = None
-    ) -> Outcome | None:
-        """The outcome of a handler that returned, with its log line and telemetry.
-
-        ``context``: the handler's own Context, for the log line's trace ids, when this
-        runs outside it."""
-        if duration < 0.001:
-            self.counts[0] += 1
-        else:
-            self.counts[bisect_left(self.bounds, duration)] += 1
-        self.dur_sum += duration
-        outcome = None if msg._responded else FINISH
-        if self.log_debug:
-            if token is not None and context is not None:
-                context.run(self.log_done, msg, outcome, duration)
-            else:
-                self.log_done(msg, outcome, duration)
-        if token is not None or self.inst.timed:
-            self.inst.end(token, outcome, None, duration)
-        return outcome
-
-    def call_sync(self, msg: Message) -> object:
-        """Hand a sync handler to the pool; its outcome reaches the dispatcher later."""
-        token = self.inst.start(msg)
-        assert self.pool is not None
-        self.pool.submit(msg, _copy_context(), token)
-        return DEFERRED
-
-    def finish_sync(
-        self, msg: Message, ctx: contextvars.Context, token: Any,
-        error: BaseException | None, duration: float,
-    ) -> None:  # fmt: skip
-        """On the loop: record a sync handler's result and hand its outcome on."""
-        if error is not None:
-            outcome = self.failed(msg, error, duration, token, ctx)
-        else:
-            self.counts[bisect_left(self.bounds, duration)] += 1
-            self.dur_sum += duration
-            outcome = None if msg._responded else FINISH
-            if self.log_debug:
-                ctx.run(run_traced, token, self.log_done, msg, outcome, duration)
-            if token is not None or self.inst.timed:
-                self.inst.end(token, outcome, None, duration)
-        self.dispatcher.complete(msg, outcome)
-
-    def log_done(self, msg: Message, outcome: Outcome | None, duration: float) -> None:
-        ms = round(duration * 1000, 3)
-        self.log.debug(describe_outcome(outcome), id=msg.id, attempts=msg.attempts, duration_ms=ms)
-
-    def failed(
-        self, msg: Message, exc: BaseException, duration: float, token: Any,
-        ctx: contextvars.Context | None,
-    ) -> Outcome | None:  # fmt: skip
-        """The outcome of a handler that raised, with its log line and telemetry.
-
-        ``ctx``: the handler's Context, to log in (with the span current), when this
-        runs outside it."""
-        self.counts[bisect_left(self.bounds, duration)] += 1
-        self.dur_sum += duration
-        outcome = outcome_of_error(msg, exc)
-        if isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
-            outcome = Requeue(self.dispatcher.requeue_delay(msg.attempts), backoff=outcome.backoff)
-        if ctx is None:
-            self.log_failure(msg, exc, outcome, duration)
-        else:
-            ctx.run(run_traced, token, self.log_failure, msg, exc, outcome, duration)
-        self.inst.end(token, outcome, exc, duration)
-        return outcome
-
-    def log_failure(
-        self, msg: Message, exc: BaseException, outcome: Outcome | None, duration: float
-    ) -> None:
-        fields = {"id": msg.id, "attempts": msg.attempts, "duration_ms": round(duration * 1e3, 3)}
-        error = type(exc).__name__
-        if isinstance(exc, asyncio.CancelledError):  # the worker is stopping
-            self.log.info("cancelled while stopping; requeued", **fields)
-        elif outcome is None:
-            what = "handler raised after answering the message; nothing more sent"
-            self.log.warning(what, error=error, exc_info=exc, **fields)
-        elif isinstance(outcome, Requeue):  # a Retry's reason says why: no traceback
-            retry, delay = isinstance(exc, Retry), outcome.delay
-            why = exc.reason or error if isinstance(exc, Retry) else error
-            self.log.warning("req", delay=delay, error=why, exc_info=not retry and exc, **fields)
-        else:  # a Reject: logged once, with its traceback, by give_up
-            self.rejected[msg.id] = exc
-
-    async def give_up(self, msg: Message, reason: str) -> None:
-        """The dead-letter path: publish to dead_letter_topic, then on_dead_letter.
-
-        Any exception propagates, so the dispatcher retries the message instead.
-        """
-        spec = self.spec
-        exc = self.rejected.pop(msg.id, None)
-        self.log.error("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, exc_info=exc)
-        if spec.dead_letter_topic is not None:
-            producer = self.worker.transport.publisher(msg)
-            envelope = dead_letter_envelope(msg, reason, spec.name)
-            await producer.publish(spec.dead_letter_topic, envelope)
-        hook = spec.on_dead_letter
-        if hook is not None:
-            if self.hook_async:
-                await hook(msg, reason)
-            else:
-                ctx = contextvars.copy_context()
-                await self.loop.run_in_executor(None, ctx.run, hook, msg, reason)
-        self.dead_lettered += 1
-
-    def stats(self) -> TaskStats:
-        spec, counts, dispatcher = self.spec, list(self.counts), self.dispatcher
-        ds = dispatcher.stats()
-        sub = ds.subscription
-        return TaskStats(
-            spec.name, spec.topic, spec.channel, dispatcher.subscribed, dispatcher.ready,
-            dead_lettered=self.dead_lettered, connections=sub.connected, rdy=sub.window,
-            buffered=sub.buffered, connection_errors=dict(sub.errors),
-            system=self.worker.transport.capabilities.system,
-            duration=DurationHistogram(list(self.bounds), counts, self.dur_sum, sum(counts)),
-            **{key: getattr(ds, key) for key in FROM_DISPATCHER.split()},
-        )  # fmt: skip
-
-
-def dead_letter_envelope(msg: Message, reason: str, task: str = "") -> bytes:
-    """The JSON published to a dead_letter_topic for ``msg``.
-
-    Keys: ``topic``, ``channel``, ``id``, ``attempts``, ``reason``, ``timestamp`` (ns,
-    when nsqd first accepted the message), ``task``, ``body`` (UTF-8 text, or base64
-    with ``"body_encoding": "base64"`` when the body is not valid UTF-8).
-    """
-    doc: dict[str, Any] = {"topic": msg.topic, "channel": msg.channel, "id": msg.id}
-    doc.update(attempts=msg.attempts, reason=reason, timestamp=msg.timestamp, task=task)
-    try:
-        doc["body"] = msg.body.decode("utf-8")
-    except UnicodeDecodeError:
-        doc["body"] = base64.b64encode(msg.body).decode("ascii")
-        doc["body_encoding"] = "base64"
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 # --- the worker ----------------------------------------------------------------------
@@ -326,7 +67,7 @@ class Worker:
         self.registry = registry
         self.settings = settings if settings is not None else Settings.load()
         self._transport = transport
-        self._runners: list[_TaskRunner] = []
+        self._runners: list[TaskRunner] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._stop_task: asyncio.Future[None] | None = None
@@ -337,6 +78,8 @@ class Worker:
         self._unregister_metrics: Callable[[], None] | None = None
         self.watchdog: LoopWatchdog | None = None
         self._summaries: asyncio.Task[None] | None = None
+        #: Why this process should be replaced after a drain (see request_recycle), or None.
+        self.recycle: str | None = None
 
     def __repr__(self) -> str:
         return f"<Worker tasks={len(self.registry)} ready={self.ready}>"
@@ -380,7 +123,7 @@ class Worker:
         transport = self.transport
         caps = transport.capabilities
         for spec in self.registry:
-            _check_needs(spec, caps)
+            check_needs(spec, caps)
             policy = Policy.from_settings(
                 settings, max_in_flight=spec.max_in_flight, max_attempts=spec.max_attempts,
                 requeue_delay=spec.requeue_delay,
@@ -389,7 +132,7 @@ class Worker:
                 transport.check_topic(spec.topic),
                 transport.check_channel(spec.channel),
             )
-            runner = _TaskRunner(self, spec, policy.max_in_flight)
+            runner = TaskRunner(self, spec, policy.max_in_flight)
             sub = transport.subscribe(
                 topic, channel, name=spec.name, max_in_flight=policy.max_in_flight
             )
@@ -482,6 +225,14 @@ class Worker:
                 for sig in installed:
                     loop.remove_signal_handler(sig)
 
+    def request_recycle(self, reason: str) -> None:
+        """Ask to be replaced after a drain (a sync handler that outlived its time limit
+        holds a thread that cannot be stopped). Under ``nsqworker run`` the supervisor
+        drains this process and starts a new one; an embedded Worker logs it once."""
+        if self.recycle is None:
+            self.recycle = reason
+            log.warning("this worker process should be replaced after a drain", reason=reason)
+
     def request_stop(self) -> None:
         """Ask :meth:`run` to drain and return; safe from any thread and signal handler."""
         self._stop_requested = True
@@ -539,7 +290,7 @@ class Worker:
             tasks = {r.spec.name: r.stats() for r in self._runners}
         else:
             tasks = {s.name: TaskStats(s.name, s.topic, s.channel) for s in self.registry}
-        return WorkerStats(pid=os.getpid(), ready=self.ready, tasks=tasks)
+        return WorkerStats(pid=os.getpid(), ready=self.ready, tasks=tasks, recycle=self.recycle)
 
 
 # --- entry point for worker processes ------------------------------------------------

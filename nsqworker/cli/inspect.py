@@ -56,7 +56,8 @@ def tasks(target: Target, config: ConfigFile = None, as_json: AsJson = False) ->
             for name in _DEFAULTED
         ]
         name = row["name"].removeprefix(f"{target.partition(':')[0]}.")
-        cells = [row["topic"], row["channel"], *resolved, _dead_letter_text(row), row["kind"]]
+        kind = row["kind"] if row["body"] is None else f"{row['kind']}, {row['body']}"
+        cells = [row["topic"], row["channel"], *resolved, _dead_letter_text(row), kind]
         table.add_row(name, *cells)
     console = Console()
     console.print(table)
@@ -81,6 +82,8 @@ def task_row(spec: TaskSpec, settings: Settings) -> dict[str, Any]:
         "on_dead_letter": None if hook is None else _qualified(hook),
         "dead_letter_topic": spec.dead_letter_topic,
         "kind": "async" if spec.is_async else "sync",
+        "body": None if spec.body is None else spec.body.name,
+        "timeout": spec.timeout if spec.timeout is not None else settings.task_timeout,
         "transport": settings.transport,
         "defaults": defaults,
     }

@@ -10,7 +10,7 @@ import struct
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 from nsqworker.errors import ConfigurationError, LocalProtocolError
 
@@ -30,7 +30,8 @@ __all__ = [
     "to_bytes",
 ]
 
-Body = bytes | bytearray | memoryview | str
+Body = bytes | bytearray | memoryview | str | Any
+"""bytes, str, or a pydantic model (published as its JSON)."""
 Operation = Literal["PUB", "MPUB", "DPUB"]
 
 MAX_DELAY: Final = 3600.0
@@ -50,7 +51,8 @@ TOPIC_CACHE_SIZE: Final = 1024
 
 
 def to_bytes(body: object) -> bytes:
-    """A message body as bytes: bytes-like as is, str encoded as UTF-8.
+    """A message body as bytes: bytes-like as is, str encoded as UTF-8, a pydantic model
+    as its JSON (what a handler typed with that model reads back).
 
     Raises:
         TypeError: anything else (name the type; encode it, or use ``publish_json``).
@@ -61,8 +63,11 @@ def to_bytes(body: object) -> bytes:
         return body.encode("utf-8")
     if isinstance(body, bytearray | memoryview):
         return bytes(body)
+    dump = getattr(body, "model_dump_json", None)
+    if callable(dump):
+        return str(dump()).encode("utf-8")
     raise TypeError(
-        f"message body must be bytes or str, got {type(body).__name__}; "
+        f"message body must be bytes, str or a pydantic model, got {type(body).__name__}; "
         "encode it first or use publish_json()"
     )
 

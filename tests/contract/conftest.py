@@ -8,20 +8,25 @@ A transport joins the suite by adding a :class:`Harness` subclass and its name t
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 import structlog
 
+from nsqworker import logging as nsqworker_logging
 from nsqworker.consumer import Consumer
 from nsqworker.memory import MemoryTransport
 from nsqworker.message import FINISH, Message, Outcome
+from nsqworker.nsq.producer import Producer
 from nsqworker.settings import Settings
 from nsqworker.testing import NsqdFactory, wait_until
-from nsqworker.transport import Transport
+from nsqworker.transport import Publisher, Transport
 
 TRANSPORTS = ["nsq", "memory"]
 
@@ -65,6 +70,10 @@ class Harness:
         """What reads the bodies published to ``topic`` from now on."""
         raise NotImplementedError
 
+    def publisher(self) -> Publisher:
+        """A publisher as a user's code would make one (closed by the harness)."""
+        raise NotImplementedError
+
     async def until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
         """Wait (letting the broker work) until ``done()``."""
         await wait_until(done, timeout=timeout, message=what)
@@ -82,6 +91,7 @@ class NsqHarness(Harness):
         super().__init__()
         self.nsqd = nsqd_factory()
         self._watchers: list[Consumer] = []
+        self._producers: list[Producer] = []
 
     def broker_settings(self) -> dict[str, Any]:
         return {
@@ -111,9 +121,16 @@ class NsqHarness(Harness):
         self._watchers.append(consumer)
         return lambda: list(seen)
 
+    def publisher(self) -> Producer:
+        producer = Producer([self.nsqd.tcp_address])
+        self._producers.append(producer)
+        return producer
+
     async def close(self) -> None:
         for consumer in self._watchers:
             await consumer.stop(0)
+        for producer in self._producers:
+            await producer.close()
 
 
 class MemoryHarness(Harness):
@@ -142,6 +159,9 @@ class MemoryHarness(Harness):
     async def watch(self, topic: str) -> Callable[[], list[bytes]]:
         return lambda: self.broker.messages(topic)
 
+    def publisher(self) -> MemoryTransport:
+        return self.broker
+
     async def until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while not done():
@@ -159,6 +179,28 @@ def quiet_logs() -> Any:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(50))
     yield
     structlog.configure(**saved)
+
+
+@pytest.fixture
+def log_lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[dict[str, Any]]]]:
+    """JSON logging at info into a buffer, as an application that set up its own logging
+    would have it; returns a reader of the lines so far."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    monkeypatch.setattr(nsqworker_logging, "_explicit", False)
+    buffer = io.StringIO()
+    nsqworker_logging.configure_logging("info", "json", stream=buffer)
+
+    def read() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in buffer.getvalue().splitlines() if line]
+
+    yield read
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
+    logging.captureWarnings(False)
+    structlog.reset_defaults()
 
 
 @pytest.fixture(params=TRANSPORTS)

@@ -107,6 +107,8 @@ def test_tasks_json(runner: CliRunner, module: str) -> None:
         "on_dead_letter": None,
         "dead_letter_topic": None,
         "kind": "async",
+        "body": None,
+        "timeout": None,
         "transport": "nsq",
         "defaults": ["max_attempts", "requeue_delay"],
     }

@@ -38,7 +38,8 @@ from nsqworker.task import (
     outcome_of_error,
     outcome_of_return,
 )
-from nsqworker.worker import _TaskRunner, dead_letter_envelope
+from nsqworker.task_runner import TaskRunner as _TaskRunner
+from nsqworker.task_runner import dead_letter_envelope
 
 # --- helpers --------------------------------------------------------------------------
 
@@ -211,19 +212,19 @@ def test_channel_is_required() -> None:
         Registry().task("t")(handler)  # type: ignore[call-arg]
 
 
-def test_handler_must_take_exactly_one_positional_parameter() -> None:
+def test_handler_must_take_the_message_or_its_typed_body_or_both() -> None:
     def none() -> None:
-        pass
-
-    def two(msg: Message, other: int) -> None:
         pass
 
     def optional_second(msg: Message, other: int = 0) -> None:
         pass
 
-    for func in (none, two, optional_second):
+    def three(msg: Message, body: int, more: int) -> None:
+        pass
+
+    for func in (none, optional_second, three):
         text = declare(func=func)
-        assert "must take exactly one positional parameter, the message" in text
+        assert "must take the message, or its typed body, or both" in text
         assert f"def {func.__name__}(msg: Message)" in text
 
 
@@ -356,7 +357,7 @@ def runner_for(func: Any, **options: Any) -> _TaskRunner:
     spec = Registry().task("t", channel="c", **options)(func).spec
     settings = Settings(nsqd_tcp_addresses=["127.0.0.1:4150"])
     worker = SimpleNamespace(
-        settings=settings, transport=SimpleNamespace(capabilities=CAPABILITIES)
+        settings=settings, transport=SimpleNamespace(capabilities=CAPABILITIES), registry=Registry()
     )
     return _TaskRunner(worker, spec, spec.max_in_flight or 4)  # type: ignore[arg-type]
 

@@ -1,0 +1,142 @@
+"""Typed message bodies: a handler that declares a model gets the body validated into it.
+
+::
+
+    class Click(BaseModel):
+        id: int
+        url: str
+
+    @task("clicks", channel="archive")
+    async def archive(click: Click) -> None: ...          # the body, validated
+
+    @task("clicks", channel="audit")
+    def audit(msg: Message, click: Click) -> None: ...    # the message and the body
+
+The body is JSON, validated with pydantic's ``TypeAdapter`` of the annotated type (a
+``BaseModel``, a dataclass, a ``TypedDict``, ``list[int]``... anything pydantic can
+validate). A body that does not validate is rejected at once, with pydantic's errors as
+the dead-letter reason: retrying cannot fix it. A handler that takes ``msg: Message``
+(or an unannotated parameter) costs nothing here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nsqworker.message import Message
+
+__all__ = ["BodySpec", "body_spec", "typed_handler", "validation_reason"]
+
+MAX_REASON = 1000
+"""Characters of pydantic's errors kept in a dead-letter reason."""
+
+
+@dataclass(frozen=True)
+class BodySpec:
+    """How a handler wants its message: the body's type, and whether ``msg`` comes first."""
+
+    type: Any
+    with_message: bool
+
+    @property
+    def name(self) -> str:
+        """The type's name, for ``nsqworker tasks`` and errors."""
+        return getattr(self.type, "__name__", None) or repr(self.type)
+
+
+def _is_message(annotation: Any) -> bool:
+    """No annotation, ``Any``, or a type a Message is an instance of (``Message``,
+    ``object``): the parameter takes the message, not its body."""
+    if annotation is inspect.Parameter.empty or annotation is Any:
+        return True
+    return isinstance(annotation, type) and issubclass(Message, annotation)
+
+
+def body_spec(func: Callable[..., Any]) -> BodySpec | str | None:
+    """What ``func``'s positional parameters ask for: None (the message only), a
+    :class:`BodySpec`, or a problem to report (a string)."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # builtins without a signature: the message only
+        return None
+    params = [
+        p
+        for p in signature.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    if len(params) not in (1, 2):
+        return None
+    hints = _hints(func)
+    annotations = [hints.get(p.name, p.annotation) for p in params]
+    for i, annotation in enumerate(annotations):
+        if isinstance(annotation, str):  # a name that is not defined (yet)
+            if annotation.rpartition(".")[2] != "Message":
+                return (
+                    f"cannot resolve the annotation {annotation!r} of its parameter "
+                    f"{params[i].name!r}; define or import it before the handler"
+                )
+            annotations[i] = Message
+    if len(params) == 1:
+        return None if _is_message(annotations[0]) else BodySpec(annotations[0], False)
+    if not _is_message(annotations[0]):
+        return "with two parameters, the first is the message: (msg: Message, body: Model)"
+    if annotations[1] is inspect.Parameter.empty or _is_message(annotations[1]):
+        return "with two parameters, annotate the second with the body's type, like Click"
+    return BodySpec(annotations[1], True)
+
+
+def _hints(func: Callable[..., Any]) -> dict[str, Any]:
+    """Resolved annotations of a function, or of a callable object's ``__call__``."""
+    for target in (func, getattr(func, "__call__", None)):  # noqa: B004
+        try:
+            return typing.get_type_hints(target)
+        except Exception:  # not a function, or a name that is not defined (yet)
+            continue
+    return {}
+
+
+def validation_reason(spec: BodySpec, exc: Exception) -> str:
+    """A dead-letter reason: the body's type and pydantic's errors, one line."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        parts = []
+        for err in errors(include_url=False):
+            where = ".".join(str(p) for p in err.get("loc", ())) or "body"
+            parts.append(f"{where}: {err.get('msg', '?')}")
+        text = "; ".join(parts)
+    else:
+        text = str(exc)
+    return f"body is not a valid {spec.name}: {text}"[:MAX_REASON]
+
+
+def typed_handler(
+    func: Callable[..., Any], spec: BodySpec, reject: Callable[[str], BaseException]
+) -> Callable[[Message], Any]:
+    """``func`` as a handler of the message: the body validated first (``reject(reason)``
+    is raised when it does not validate). For an async ``func`` the wrapper returns its
+    coroutine, so the worker still runs it eagerly."""
+    from pydantic import TypeAdapter, ValidationError
+
+    validate = TypeAdapter(spec.type).validate_json
+
+    def decode(msg: Message) -> Any:
+        try:
+            return validate(msg.body)
+        except ValidationError as exc:
+            raise reject(validation_reason(spec, exc)) from None
+
+    if spec.with_message:
+
+        def with_message(msg: Message) -> Any:
+            return func(msg, decode(msg))
+
+        return with_message
+
+    def body_only(msg: Message) -> Any:
+        return func(decode(msg))
+
+    return body_only

@@ -1,0 +1,366 @@
+"""One task inside a worker: run its handler, decide the outcome, log and trace it.
+
+The :class:`TaskRunner` is a task's :class:`~nsqworker.dispatch.Dispatcher` callback and
+give-up hook. Async handlers run eagerly (the first step inline, a Task only if they
+suspend); sync handlers go to the task's thread pool (:mod:`nsqworker.pool`). Around the
+handler: the typed body is validated (:mod:`nsqworker.bodies`), the hooks run
+(:mod:`nsqworker.hooks`), the time limit is kept, the span is started and ended
+(:mod:`nsqworker.telemetry`), failures are logged, and a given-up message goes through the
+dead-letter chain (``dead_letter_topic``, ``on_dead_letter``, dead-letter hooks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextvars
+import json
+import logging
+from bisect import bisect_left
+from collections.abc import Callable, Coroutine
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, Protocol
+
+from opentelemetry import context as otel_context
+
+from nsqworker.bodies import typed_handler
+from nsqworker.dispatch import DEFERRED, Dispatcher
+from nsqworker.eager import resume
+from nsqworker.errors import ConfigurationError
+from nsqworker.hooks import Hooks, call, run_after, with_hooks
+from nsqworker.logging import TrafficSummary, get_logger
+from nsqworker.message import FINISH, Message, Outcome, Requeue
+from nsqworker.outcomes import Reject, Retry, TaskTimeout, describe_outcome, outcome_of_error
+from nsqworker.pool import ThreadPool, run_traced
+from nsqworker.stats import DURATION_BUCKETS, FROM_DISPATCHER, DurationHistogram, TaskStats
+from nsqworker.task import TaskSpec
+from nsqworker.transport import Capabilities
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+    from nsqworker.task import Registry
+    from nsqworker.transport import Transport
+
+
+class Host(Protocol):
+    """What a task runner needs of its worker."""
+
+    settings: Settings
+    registry: Registry
+
+    @property
+    def transport(self) -> Transport: ...
+
+    def request_recycle(self, reason: str) -> None: ...
+
+
+__all__ = ["TaskRunner", "check_needs", "dead_letter_envelope"]
+
+log = get_logger("nsqworker.worker")
+_copy_context = contextvars.copy_context
+
+
+# --- telemetry seam ------------------------------------------------------------------
+
+
+class Instrumentation(Protocol):
+    """``telemetry.TaskInstrumentation``: ``start`` returns None or a token
+    ``(span, context, msg)`` whose context is attached while the handler runs; ``end``
+    follows every ``start`` that returned a token, and every one when ``timed``."""
+
+    timed: bool
+
+    def start(self, msg: Message) -> Any: ...
+
+    def end(self, token: Any, outcome: Outcome | None, error: Any, duration: float) -> None: ...
+
+
+def _instrumentation(spec: TaskSpec, settings: Settings, caps: Capabilities) -> Instrumentation:
+    from nsqworker.telemetry.tracing import TaskInstrumentation
+
+    return TaskInstrumentation(spec, settings, capabilities=caps)
+
+
+def check_needs(spec: TaskSpec, caps: Capabilities) -> None:
+    """Refuse a task that needs a capability its transport lacks (``handler.needs``:
+    capability name -> why, set by ``@rpc``)."""
+    needs: dict[str, str] = getattr(spec.func, "needs", None) or {}
+    for capability, why in needs.items():
+        if not getattr(caps, capability, False):
+            kind = getattr(spec.func, "kind", "a task")
+            raise ConfigurationError(
+                f"task {spec.name!r} ({kind}) needs a transport with {capability} ({why}); "
+                f"transport {caps.name!r} has not"
+            )
+
+
+# --- one task ------------------------------------------------------------------------
+
+
+class TaskRunner:
+    """The per-task half of the worker: the dispatcher's callback and give-up hook."""
+
+    dispatcher: Dispatcher
+
+    def __init__(self, worker: Host, spec: TaskSpec, max_in_flight: int) -> None:
+        self.worker = worker
+        self.spec = spec
+        self.loop = asyncio.get_running_loop()
+        # A task factory (``@spark_task``) may want the worker's settings: its handler
+        # then carries bind_settings(settings) -> the handler to run.
+        bind = getattr(spec.func, "bind_settings", None)
+        func = bind(worker.settings) if callable(bind) else spec.func
+        if spec.body is not None:  # a typed body: validated before the handler
+            func = typed_handler(func, spec.body, Reject)
+        hooks: Hooks = getattr(worker.registry, "hooks", Hooks()) + spec.hooks
+        self.func = with_hooks(func, hooks, spec.is_async, self.loop)
+        self.after_hooks = hooks.after
+        self.dead_letter_hooks = hooks.on_dead_letter
+        self.timeout = spec.timeout if spec.timeout is not None else worker.settings.task_timeout
+        # Messages whose handler ran past the time limit: cancelled (async) or given back
+        # while their thread still runs (sync); and the sync handlers' limit timers.
+        self.expired: set[Message] = set()
+        self.overdue: dict[Message, asyncio.TimerHandle] = {}
+        self.inst = _instrumentation(spec, worker.settings, worker.transport.capabilities)
+        self.log = log.bind(task=spec.name, topic=spec.topic, channel=spec.channel)
+        self.log_debug = self.log.is_enabled_for(logging.DEBUG)
+        self.summary = TrafficSummary(DURATION_BUCKETS, self.loop.time())
+        self.rejected: dict[str, BaseException] = {}  # Reject errors, for the dead-letter line
+        self.bounds = DURATION_BUCKETS
+        self.counts = [0] * (len(DURATION_BUCKETS) + 1)
+        self.dur_sum = 0.0
+        self.dead_lettered = 0
+        self.pool: ThreadPool | None = None
+        if not spec.is_async:
+            name = f"nsqworker-{getattr(spec.func, '__name__', 'task')}"
+            self.pool = ThreadPool(self.func, self.finish_sync, self.loop, max_in_flight, name)
+        self.callback: Callable[[Message], Any] = (
+            self.call_async if spec.is_async else self.call_sync
+        )
+
+    def call_async(self, msg: Message) -> Any:
+        """Run an async handler: its first step inline, a Task only if it suspends.
+
+        A handler that never awaits is finished before this returns, in the same read
+        burst; that is the throughput path, so it is kept free of extra coroutines.
+        """
+        token = self.inst.start(msg)
+        start = perf_counter()
+        context = _copy_context()
+        if token is not None:
+            # The span is made current in this message's own Context only: the handler,
+            # and the Task that finishes it if it suspends, run in it; nothing to detach.
+            context.run(otel_context.attach, token[1])
+        try:
+            coro = self.func(msg)
+            yielded = context.run(coro.send, None)
+        except StopIteration:
+            return self.succeeded(msg, perf_counter() - start, token, context)
+        except (Exception, asyncio.CancelledError) as exc:
+            return self.failed(msg, exc, perf_counter() - start, token, context)
+        task = self.loop.create_task(self._rest(coro, yielded, msg, start, token), context=context)
+        if self.timeout is not None:
+            left = max(self.timeout - (perf_counter() - start), 0.0)
+            timer = self.loop.call_later(left, self._expire, msg, task)
+            task.add_done_callback(lambda _: timer.cancel())
+        return task
+
+    def _expire(self, msg: Message, task: asyncio.Task[Any]) -> None:
+        """An async handler ran past its time limit: cancel it (it becomes TaskTimeout)."""
+        if not task.done():
+            self.expired.add(msg)
+            task.cancel()
+
+    async def _rest(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        yielded: Any,
+        msg: Message,
+        start: float,
+        token: Any,
+    ) -> Outcome | None:
+        try:
+            await resume(coro, yielded)
+        except (Exception, asyncio.CancelledError) as exc:
+            error: BaseException = exc
+            if msg in self.expired:  # our own cancel: the time limit, not a stop
+                self.expired.discard(msg)
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
+                assert self.timeout is not None
+                error = TaskTimeout(self.timeout)
+            return self.failed(msg, error, perf_counter() - start, token, None)
+        return self.succeeded(msg, perf_counter() - start, token)
+
+    def succeeded(
+        self, msg: Message, duration: float, token: Any, context: Any = None
+    ) -> Outcome | None:
+        """The outcome of a handler that returned, with its log line and telemetry.
+
+        ``context``: the handler's own Context, for the log line's trace ids, when this
+        runs outside it."""
+        if duration < 0.001:
+            self.counts[0] += 1
+        else:
+            self.counts[bisect_left(self.bounds, duration)] += 1
+        self.dur_sum += duration
+        outcome = None if msg._responded else FINISH
+        if self.log_debug:
+            if token is not None and context is not None:
+                context.run(self.log_done, msg, outcome, duration)
+            else:
+                self.log_done(msg, outcome, duration)
+        if self.after_hooks:
+            run_after(self.after_hooks, msg, outcome, None, duration, self.loop)
+        if token is not None or self.inst.timed:
+            self.inst.end(token, outcome, None, duration)
+        return outcome
+
+    def call_sync(self, msg: Message) -> object:
+        """Hand a sync handler to the pool; its outcome reaches the dispatcher later."""
+        token = self.inst.start(msg)
+        assert self.pool is not None
+        self.pool.submit(msg, _copy_context(), token)
+        if self.timeout is not None:
+            self.overdue[msg] = self.loop.call_later(self.timeout, self._overdue, msg, token)
+        return DEFERRED
+
+    def _overdue(self, msg: Message, token: Any) -> None:
+        """A sync handler ran past its time limit. Its thread cannot be stopped: the
+        message is retried now, the thread keeps its slot until it returns, and the
+        process asks to be replaced after a drain."""
+        self.overdue.pop(msg, None)
+        if msg.responded:
+            return
+        assert self.timeout is not None
+        self.expired.add(msg)
+        outcome = self.failed(msg, TaskTimeout(self.timeout), self.timeout, token, None)
+        self.log.warning(
+            "a sync handler ran past its time limit; its thread cannot be stopped, so it "
+            "keeps its slot until it returns, and this worker process is replaced after "
+            "a drain",
+            id=msg.id, limit=self.timeout,
+        )  # fmt: skip
+        if isinstance(outcome, Requeue):
+            msg.requeue(outcome.delay, backoff=outcome.backoff)
+        self.worker.request_recycle(f"a sync handler of {self.spec.name} outlived its time limit")
+
+    def finish_sync(
+        self, msg: Message, ctx: contextvars.Context, token: Any,
+        error: BaseException | None, duration: float,
+    ) -> None:  # fmt: skip
+        """On the loop: record a sync handler's result and hand its outcome on."""
+        if self.overdue:
+            timer = self.overdue.pop(msg, None)
+            if timer is not None:
+                timer.cancel()
+        if msg in self.expired:  # retried at its time limit: the thread is done now
+            self.expired.discard(msg)
+            self.dispatcher.complete(msg, None)
+            return
+        if error is not None:
+            outcome = self.failed(msg, error, duration, token, ctx)
+        else:
+            self.counts[bisect_left(self.bounds, duration)] += 1
+            self.dur_sum += duration
+            outcome = None if msg._responded else FINISH
+            if self.log_debug:
+                ctx.run(run_traced, token, self.log_done, msg, outcome, duration)
+            if self.after_hooks:
+                run_after(self.after_hooks, msg, outcome, None, duration, self.loop)
+            if token is not None or self.inst.timed:
+                self.inst.end(token, outcome, None, duration)
+        self.dispatcher.complete(msg, outcome)
+
+    def log_done(self, msg: Message, outcome: Outcome | None, duration: float) -> None:
+        ms = round(duration * 1000, 3)
+        self.log.debug(describe_outcome(outcome), id=msg.id, attempts=msg.attempts, duration_ms=ms)
+
+    def failed(
+        self, msg: Message, exc: BaseException, duration: float, token: Any,
+        ctx: contextvars.Context | None,
+    ) -> Outcome | None:  # fmt: skip
+        """The outcome of a handler that raised, with its log line and telemetry.
+
+        ``ctx``: the handler's Context, to log in (with the span current), when this
+        runs outside it."""
+        self.counts[bisect_left(self.bounds, duration)] += 1
+        self.dur_sum += duration
+        outcome = outcome_of_error(msg, exc)
+        if isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
+            outcome = Requeue(self.dispatcher.requeue_delay(msg.attempts), backoff=outcome.backoff)
+        if ctx is None:
+            self.log_failure(msg, exc, outcome, duration)
+        else:
+            ctx.run(run_traced, token, self.log_failure, msg, exc, outcome, duration)
+        if self.after_hooks:
+            run_after(self.after_hooks, msg, outcome, exc, duration, self.loop)
+        self.inst.end(token, outcome, exc, duration)
+        return outcome
+
+    def log_failure(
+        self, msg: Message, exc: BaseException, outcome: Outcome | None, duration: float
+    ) -> None:
+        fields = {"id": msg.id, "attempts": msg.attempts, "duration_ms": round(duration * 1e3, 3)}
+        error = type(exc).__name__
+        if isinstance(exc, asyncio.CancelledError):  # the worker is stopping
+            self.log.info("cancelled while stopping; requeued", **fields)
+        elif outcome is None:
+            what = "handler raised after answering the message; nothing more sent"
+            self.log.warning(what, error=error, exc_info=exc, **fields)
+        elif isinstance(outcome, Requeue):  # a Retry's reason says why: no traceback
+            retry, delay = isinstance(exc, Retry), outcome.delay
+            why = exc.reason or error if isinstance(exc, Retry) else error
+            self.log.warning("req", delay=delay, error=why, exc_info=not retry and exc, **fields)
+        else:  # a Reject: logged once, with its traceback, by give_up
+            self.rejected[msg.id] = exc
+
+    async def give_up(self, msg: Message, reason: str) -> None:
+        """The dead-letter chain: publish to dead_letter_topic, then the task's
+        on_dead_letter, then the dead-letter hooks of the registry and the task.
+
+        Any exception propagates, so the dispatcher retries the message instead.
+        """
+        spec = self.spec
+        exc = self.rejected.pop(msg.id, None)
+        self.log.error("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, exc_info=exc)
+        if spec.dead_letter_topic is not None:
+            producer = self.worker.transport.publisher(msg)
+            envelope = dead_letter_envelope(msg, reason, spec.name)
+            await producer.publish(spec.dead_letter_topic, envelope)
+        if spec.on_dead_letter is not None:
+            await call(spec.on_dead_letter, msg, reason)
+        for hook in self.dead_letter_hooks:
+            await call(hook, msg, reason)
+        self.dead_lettered += 1
+
+    def stats(self) -> TaskStats:
+        spec, counts, dispatcher = self.spec, list(self.counts), self.dispatcher
+        ds = dispatcher.stats()
+        sub = ds.subscription
+        return TaskStats(
+            spec.name, spec.topic, spec.channel, dispatcher.subscribed, dispatcher.ready,
+            dead_lettered=self.dead_lettered, connections=sub.connected, rdy=sub.window,
+            buffered=sub.buffered, connection_errors=dict(sub.errors),
+            system=self.worker.transport.capabilities.system,
+            duration=DurationHistogram(list(self.bounds), counts, self.dur_sum, sum(counts)),
+            **{key: getattr(ds, key) for key in FROM_DISPATCHER.split()},
+        )  # fmt: skip
+
+
+def dead_letter_envelope(msg: Message, reason: str, task: str = "") -> bytes:
+    """The JSON published to a dead_letter_topic for ``msg``.
+
+    Keys: ``topic``, ``channel``, ``id``, ``attempts``, ``reason``, ``timestamp`` (ns,
+    when nsqd first accepted the message), ``task``, ``body`` (UTF-8 text, or base64
+    with ``"body_encoding": "base64"`` when the body is not valid UTF-8).
+    """
+    doc: dict[str, Any] = {"topic": msg.topic, "channel": msg.channel, "id": msg.id}
+    doc.update(attempts=msg.attempts, reason=reason, timestamp=msg.timestamp, task=task)
+    try:
+        doc["body"] = msg.body.decode("utf-8")
+    except UnicodeDecodeError:
+        doc["body"] = base64.b64encode(msg.body).decode("ascii")
+        doc["body_encoding"] = "base64"
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")

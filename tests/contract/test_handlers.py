@@ -1,0 +1,205 @@
+"""What users of the peers expect of a handler, on every transport: typed bodies, time
+limits (async cancelled, sync given back while its thread finishes) and hooks, with
+their failure paths: an invalid body, a handler over its limit, a hook that raises."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from pydantic import BaseModel
+
+from nsqworker.message import Message, Outcome
+from nsqworker.task import Registry, Reject
+from nsqworker.worker import Worker
+
+if TYPE_CHECKING:
+    from conftest import Harness  # tests/contract/conftest.py
+
+CHANNEL = "handlers"
+
+
+class Click(BaseModel):
+    id: int
+    url: str
+
+
+def worker(broker: Harness, registry: Registry, **settings: Any) -> Worker:
+    return Worker(registry, broker.settings(**settings), transport=broker.transport())
+
+
+async def test_a_typed_body_is_validated_and_an_invalid_one_dead_lettered_at_once(
+    broker: Harness,
+) -> None:
+    clicks: list[Click] = []
+    pairs: list[tuple[str, int]] = []
+    dead: list[tuple[bytes, str, int]] = []
+    reg = Registry()
+
+    def on_dead(msg: Message, reason: str) -> None:
+        dead.append((msg.body, reason, msg.attempts))
+
+    @reg.task(broker.topic, channel=CHANNEL, on_dead_letter=on_dead, max_attempts=5)
+    async def archive(click: Click) -> None:
+        clicks.append(click)
+
+    @reg.task(broker.topic, channel=f"{CHANNEL}_both")
+    def audit(msg: Message, click: Click) -> None:  # sync, the message and the body
+        pairs.append((msg.id, click.id))
+
+    good = Click(id=1, url="https://example.com/a").model_dump_json().encode()
+    async with worker(broker, reg):  # both channels exist before the messages arrive
+        await broker.publish(broker.topic, [good, b'{"id": "x"}', b"not json"])
+        await broker.until(lambda: len(clicks) == 1 and len(dead) == 2, 15, "1 handled, 2 dead")
+        await broker.until(lambda: len(pairs) == 1, 15, "the pair")
+        await asyncio.sleep(0.2)
+    assert clicks == [Click(id=1, url="https://example.com/a")]
+    reasons = {body: reason for body, reason, _ in dead}
+    assert "body is not a valid Click" in reasons[b'{"id": "x"}']
+    assert "id: Input should be a valid integer" in reasons[b'{"id": "x"}']
+    assert "url: Field required" in reasons[b'{"id": "x"}']
+    assert "Invalid JSON" in reasons[b"not json"]
+    assert {attempts for _, _, attempts in dead} == {1}  # retrying cannot fix a body
+    assert [click_id for _, click_id in pairs] == [1]
+
+
+async def test_an_async_handler_past_its_time_limit_is_cancelled_and_retried(
+    broker: Harness,
+) -> None:
+    attempts: list[int] = []
+    cancelled: list[int] = []
+    reg = Registry()
+
+    @reg.task(broker.topic, channel=CHANNEL, timeout=0.3)
+    async def slow_once(msg: Message) -> None:
+        attempts.append(msg.attempts)
+        if msg.attempts == 1:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.append(msg.attempts)
+                raise
+
+    await broker.publish(broker.topic, [b"x"])
+    async with worker(broker, reg) as w:
+        await broker.until(lambda: attempts == [1, 2], 15, "the retry after the time limit")
+        await broker.until(lambda: w.stats().tasks[slow_once.spec.name].finished == 1, 5, "fin")
+        stats = w.stats().tasks[slow_once.spec.name]
+    assert cancelled == [1]
+    assert stats.requeued == 1 and stats.dead_lettered == 0
+    assert w.recycle is None  # an async handler is cancelled: no need to replace the process
+
+
+async def test_a_sync_handler_past_its_limit_is_retried_and_keeps_its_slot(
+    broker: Harness,
+) -> None:
+    runs: list[tuple[int, float, float]] = []
+    lock = threading.Lock()
+    reg = Registry()
+
+    @reg.task(broker.topic, channel=CHANNEL, timeout=0.3, max_in_flight=1)
+    def stuck_once(msg: Message) -> None:
+        began = time.monotonic()
+        if msg.attempts == 1:
+            time.sleep(1.2)  # cannot be interrupted
+        with lock:
+            runs.append((msg.attempts, began, time.monotonic()))
+
+    await broker.publish(broker.topic, [b"x"])
+    async with worker(broker, reg) as w:
+        await broker.until(lambda: len(runs) == 2, 15, "both runs")
+        recycle = w.recycle
+    (first, second) = sorted(runs)
+    assert [first[0], second[0]] == [1, 2]
+    assert second[1] >= first[2] - 0.01  # the retry waited for the stuck thread's slot
+    assert recycle is not None and "outlived its time limit" in recycle
+
+
+async def test_hooks_run_in_order_and_one_that_raises_changes_nothing(
+    broker: Harness, log_lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    events: list[str] = []
+    reg = Registry()
+
+    @reg.before
+    def before(msg: Message) -> None:
+        events.append(f"before {msg.body.decode()}")
+
+    @reg.on_error
+    async def on_error(msg: Message, error: BaseException) -> None:
+        events.append(f"error {msg.body.decode()} {type(error).__name__}")
+
+    @reg.after
+    def after(
+        msg: Message, outcome: Outcome | None, error: BaseException | None, duration: float
+    ) -> None:
+        events.append(f"after {msg.body.decode()} {type(outcome).__name__}")
+
+    class Broken:
+        def before(self, msg: Message) -> None:
+            raise RuntimeError("a broken hook")
+
+    @reg.on_dead_letter
+    def last_resort(msg: Message, reason: str) -> None:
+        events.append(f"dead {msg.body.decode()} {reason}")
+
+    @reg.task(broker.topic, channel=CHANNEL, hooks=[Broken()], max_attempts=3)
+    async def handle(msg: Message) -> None:
+        events.append(f"handle {msg.body.decode()}")
+        if msg.body == b"bad":
+            raise Reject("bad body")
+
+    await broker.publish(broker.topic, [b"ok"])
+    async with worker(broker, reg):
+        await broker.until(lambda: "after ok Finish" in events, 10, "ok done")
+        await broker.publish(broker.topic, [b"bad"])
+        await broker.until(lambda: any(e.startswith("dead bad") for e in events), 10, "dead")
+    assert events[:3] == ["before ok", "handle ok", "after ok Finish"]
+    assert events[3:] == [
+        "before bad",
+        "handle bad",
+        "error bad Reject",
+        "after bad GiveUp",
+        "dead bad bad body",
+    ]
+    failures = [line for line in log_lines() if line["event"].startswith("hook failed")]
+    assert len(failures) == 2  # once per message it broke on, with its name
+    assert all("Broken.before" in entry["hook"] for entry in failures)
+
+
+async def test_a_task_without_hooks_runs_its_handler_unwrapped(broker: Harness) -> None:
+    reg = Registry()
+
+    @reg.task(broker.topic, channel=CHANNEL)
+    async def plain(msg: Message) -> None:
+        pass
+
+    async with worker(broker, reg) as w:
+        runner = w._runners[0]
+        assert runner.func is plain and not runner.after_hooks
+
+
+@pytest.mark.parametrize("bad", ['{"id": 1}', "[1, 2]"])
+async def test_a_model_published_is_what_a_typed_handler_reads(broker: Harness, bad: str) -> None:
+    """The publishing side takes the same models (the memory transport and NSQ's
+    Producer both publish a model's JSON)."""
+    got: list[Click] = []
+    dead: list[str] = []
+    reg = Registry()
+
+    @reg.task(broker.topic, channel=CHANNEL, on_dead_letter=lambda m, r: dead.append(r))
+    async def archive(click: Click) -> None:
+        got.append(click)
+
+    publisher = broker.publisher()
+    await publisher.publish(broker.topic, Click(id=7, url="u"))
+    await publisher.publish(broker.topic, bad)
+    async with worker(broker, reg):
+        await broker.until(lambda: len(got) == 1 and len(dead) == 1, 10, "both")
+    assert got == [Click(id=7, url="u")]
+    assert json.dumps(got[0].model_dump()) == '{"id": 7, "url": "u"}'
