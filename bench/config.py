@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from bench.common import default_loop
 
-SECTIONS = ("outofbox", "consume", "publish", "latency", "memory", "scale", "cpu", "telemetry")
+SECTIONS = (
+    "outofbox", "consume", "publish", "latency", "memory", "scale", "cpu", "telemetry", "handlers",
+)  # fmt: skip
 """In the order they run and are reported. A section is a module ``bench/<name>.py``
 with ``run(broker, cfg, results, say)``; ``bench.runner.SECTION_MODULES`` maps names to
 modules (bench/spark.py and bench/rpc.py are added there and here)."""

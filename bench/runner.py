@@ -40,6 +40,7 @@ SECTION_MODULES: dict[str, str] = {
     "scale": "bench.scale",
     "cpu": "bench.cpu",
     "telemetry": "bench.telemetry_cost",
+    "handlers": "bench.handlers",
     # Next: "spark": "bench.spark", "rpc": "bench.rpc" (and their names in
     # config.SECTIONS, their targets in results.TARGETS, titles in report.SECTION_TITLES).
 }
