@@ -51,7 +51,7 @@ def _runner(registry: Registry) -> TaskRunner:
         registry=registry,
         request_recycle=lambda reason: None,
     )
-    runner = TaskRunner(host, spec, 100)  # type: ignore[arg-type]
+    runner = TaskRunner(host, spec, 100)
     runner.dispatcher = SimpleNamespace(requeue_delay=lambda attempts: 1.0)  # type: ignore[assignment]
     return runner
 
