@@ -265,8 +265,9 @@ def decode_request(data: bytes) -> Request:
         )
     _, id, encoding, host_len, topic_len, port = _REQUEST_HEADER.unpack_from(data)
     _check_version(data, "request")
-    if encoding >= RESERVED:
-        raise RpcDecodeError(f"RPC request uses the reserved encoding {encoding}")
+    # An encoding this side does not know (the reserved 254 and 255 included) is not a
+    # decode error: once the reply address reads, the endpoint answers it with the 255
+    # reply and the caller falls back to JSON at once instead of timing out.
     end = size + host_len + topic_len
     if len(data) < end:
         raise RpcDecodeError(

@@ -221,13 +221,26 @@ async def test_unsupported_encoding_gets_255_and_is_resent_as_json(nsqd: NsqdPro
             await client.call(TOPIC, b"raw", encoding="binary", timeout=10)
 
 
-async def test_the_255_reply_on_the_wire(nsqd: NsqdProcess) -> None:
-    """An endpoint lacking msgpack answers the seed's 18 bytes: vsn, id, 0xff."""
+@pytest.mark.parametrize("encoding", [codec.MSGPACK, 2, codec.RESERVED, codec.UNSUPPORTED])
+async def test_the_255_reply_on_the_wire(nsqd: NsqdProcess, encoding: int) -> None:
+    """An endpoint lacking an encoding (msgpack here, an unknown one, the reserved 254,
+    even 255) answers the seed's 18 bytes, vsn, id, 0xff, so the caller falls back at
+    once instead of timing out."""
     registry = Registry()
     pricing(registry, encodings=["json"])
-    request = codec.encode_request(
-        b"I" * 16, codec.MSGPACK, "127.0.0.1", nsqd.tcp_port, "raw_replies", b"\x80"
+    request = (
+        codec.ReplyAddress("127.0.0.1", nsqd.tcp_port, "raw_replies").request(
+            b"I" * 16, encoding, b"\x80"
+        )
+        if encoding < codec.RESERVED
+        else (
+            codec.encode_request(
+                b"I" * 16, codec.JSON, "127.0.0.1", nsqd.tcp_port, "raw_replies", b"{}"
+            )
+        )
     )
+    if encoding >= codec.RESERVED:  # no client builds these: patch the encoding byte
+        request = request[:17] + bytes([encoding]) + request[18:]
     async with Worker(registry, settings_for(nsqd)):
         nsqd.publish(TOPIC, request)
         got = await read_messages(nsqd, "raw_replies", 1)
