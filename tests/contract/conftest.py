@@ -8,18 +8,14 @@ A transport joins the suite by adding a :class:`Harness` subclass and its name t
 from __future__ import annotations
 
 import asyncio
-import io
-import json
-import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 import structlog
 
-from nsqworker import logging as nsqworker_logging
 from nsqworker.consumer import Consumer
 from nsqworker.memory import MemoryTransport
 from nsqworker.message import FINISH, Message, Outcome
@@ -179,28 +175,6 @@ def quiet_logs() -> Any:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(50))
     yield
     structlog.configure(**saved)
-
-
-@pytest.fixture
-def log_lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[dict[str, Any]]]]:
-    """JSON logging at info into a buffer, as an application that set up its own logging
-    would have it; returns a reader of the lines so far."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    monkeypatch.setattr(nsqworker_logging, "_explicit", False)
-    buffer = io.StringIO()
-    nsqworker_logging.configure_logging("info", "json", stream=buffer)
-
-    def read() -> list[dict[str, Any]]:
-        return [json.loads(line) for line in buffer.getvalue().splitlines() if line]
-
-    yield read
-    for handler in list(root.handlers):
-        if handler not in handlers:
-            root.removeHandler(handler)
-    root.setLevel(level)
-    logging.captureWarnings(False)
-    structlog.reset_defaults()
 
 
 @pytest.fixture(params=TRANSPORTS)

@@ -4,21 +4,16 @@ busy task an info summary; an embedded Worker applies Settings.log_level itself.
 
 from __future__ import annotations
 
-import io
 import json
-import logging
 import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import structlog
 
-import nsqworker.logging as nsqworker_logging
-from nsqworker.logging import configure_logging
 from nsqworker.message import Message
 from nsqworker.settings import Settings
 from nsqworker.task import Registry, Reject
@@ -32,24 +27,9 @@ CHANNEL = "c"
 
 
 @pytest.fixture
-def lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[dict[str, Any]]]]:
-    """JSON logging at info into a buffer; returns a reader of the lines so far."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    monkeypatch.setattr(nsqworker_logging, "_explicit", False)
-    buffer = io.StringIO()
-    configure_logging("info", "json", stream=buffer)
-
-    def read() -> list[dict[str, Any]]:
-        return [json.loads(line) for line in buffer.getvalue().splitlines() if line]
-
-    yield read
-    for handler in list(root.handlers):
-        if handler not in handlers:
-            root.removeHandler(handler)
-    root.setLevel(level)
-    logging.captureWarnings(False)
-    structlog.reset_defaults()
+def lines(log_lines: Callable[[], list[dict[str, Any]]]) -> Callable[[], list[dict[str, Any]]]:
+    """JSON logging at info into a buffer (tests/conftest.py); a reader of the lines."""
+    return log_lines
 
 
 def settings(nsqd: NsqdProcess, **overrides: Any) -> Settings:

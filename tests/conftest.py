@@ -1,0 +1,37 @@
+"""Fixtures every test directory shares (the nsqd and kube fixtures are the
+``nsqworker.testing`` plugin's, which users get too)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import structlog
+
+from nsqworker import logging as nsqworker_logging
+
+
+@pytest.fixture
+def log_lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[dict[str, Any]]]]:
+    """JSON logging at info into a buffer, as an application that set up its own logging
+    would have it; returns a reader of the lines so far."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    monkeypatch.setattr(nsqworker_logging, "_explicit", False)
+    buffer = io.StringIO()
+    nsqworker_logging.configure_logging("info", "json", stream=buffer)
+
+    def read() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in buffer.getvalue().splitlines() if line]
+
+    yield read
+    for handler in list(root.handlers):
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
+    logging.captureWarnings(False)
+    structlog.reset_defaults()
