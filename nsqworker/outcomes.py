@@ -22,6 +22,7 @@ from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
 
 __all__ = [
     "MAX_REQUEUE_DELAY",
+    "TIME_LIMIT",
     "Reject",
     "Retry",
     "TaskTimeout",
@@ -31,6 +32,11 @@ __all__ = [
 ]
 
 MAX_REQUEUE_DELAY = 3600.0  # nsqd's default --max-req-timeout
+TIME_LIMIT = "nsqworker: the handler ran past its time limit"
+"""The message of the ``CancelledError`` an async handler gets at its time limit: code
+that must answer before it goes (an RPC endpoint's error reply) tells it from a stop by
+``exc.args == (TIME_LIMIT,)``; returning afterwards acks the message, re-raising
+retries it."""
 
 
 # --- what a handler raises -----------------------------------------------------------

@@ -30,7 +30,14 @@ from nsqworker.errors import ConfigurationError
 from nsqworker.hooks import Hooks, call, run_after, with_hooks
 from nsqworker.logging import TrafficSummary, get_logger
 from nsqworker.message import FINISH, Message, Outcome, Requeue
-from nsqworker.outcomes import Reject, Retry, TaskTimeout, describe_outcome, outcome_of_error
+from nsqworker.outcomes import (
+    TIME_LIMIT,
+    Reject,
+    Retry,
+    TaskTimeout,
+    describe_outcome,
+    outcome_of_error,
+)
 from nsqworker.pool import ThreadPool, run_traced
 from nsqworker.stats import DURATION_BUCKETS, FROM_DISPATCHER, DurationHistogram, TaskStats
 from nsqworker.task import TaskSpec
@@ -169,7 +176,7 @@ class TaskRunner:
         """An async handler ran past its time limit: cancel it (it becomes TaskTimeout)."""
         if not task.done():
             self.expired.add(msg)
-            task.cancel()
+            task.cancel(TIME_LIMIT)
 
     async def _rest(
         self,
@@ -191,6 +198,11 @@ class TaskRunner:
                 assert self.timeout is not None
                 error = TaskTimeout(self.timeout)
             return self.failed(msg, error, perf_counter() - start, token, None)
+        if msg in self.expired:  # it answered its time limit itself (an RPC error reply)
+            self.expired.discard(msg)
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
         return self.succeeded(msg, perf_counter() - start, token)
 
     def succeeded(
