@@ -10,6 +10,7 @@ from bench.common import default_loop
 
 SECTIONS = (
     "outofbox", "consume", "publish", "latency", "memory", "scale", "cpu", "telemetry", "handlers",
+    "seam",
 )  # fmt: skip
 """In the order they run and are reported. A section is a module ``bench/<name>.py``
 with ``run(broker, cfg, results, say)``; ``bench.runner.SECTION_MODULES`` maps names to

@@ -8,11 +8,12 @@ and is timed from its first message to its ``consume_count``-th; NSQ's Go
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from bench import gotools
 from bench.config import Config, Say
-from bench.env import BenchError, Broker, run_child
+from bench.env import ROOT, BenchError, Broker, run_child
 from bench.results import Results, Series
 
 CLIENTS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
@@ -66,7 +67,12 @@ def headroom(cfg: Config) -> int:
 
 
 def measure(
-    broker: Broker, cfg: Config, series: Series, target: str, extra: dict[str, Any]
+    broker: Broker,
+    cfg: Config,
+    series: Series,
+    target: str,
+    extra: dict[str, Any],
+    tree: Path = ROOT,
 ) -> None:
     topic = broker.fresh_topic("consume")
     try:
@@ -80,7 +86,7 @@ def measure(
             "loop": cfg.loop,
             **extra,
         }
-        result = run_child(target, params, cfg.consume_timeout + 30)
+        result = run_child(target, params, cfg.consume_timeout + 30, tree)
         series.add(result["rate"], result)
     except BenchError as exc:
         series.errors.append(str(exc))

@@ -45,10 +45,11 @@ class BenchError(RuntimeError):
 # --- processes ----------------------------------------------------------------------
 
 
-def child_env() -> dict[str, str]:
-    """The environment of measuring processes: ours, minus any NSQWORKER_* overrides."""
+def child_env(tree: Path = ROOT) -> dict[str, str]:
+    """The environment of measuring processes: ours, minus any NSQWORKER_* overrides,
+    importing nsqworker and bench from ``tree`` (this checkout, or an older commit's)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NSQWORKER_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(tree)
     return env
 
 
@@ -64,7 +65,7 @@ class Proc:
         return self.popen.pid
 
 
-def spawn(argv: Sequence[str], env: dict[str, str] | None = None) -> Proc:
+def spawn(argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> Proc:
     """Start a tracked process in its own session (stdout piped, stderr to a temp file)."""
     stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by reap()
     popen = subprocess.Popen(
@@ -72,7 +73,7 @@ def spawn(argv: Sequence[str], env: dict[str, str] | None = None) -> Proc:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=stderr,
-        cwd=ROOT,
+        cwd=cwd,
         env=env if env is not None else child_env(),
         text=True,
         start_new_session=True,
@@ -127,10 +128,10 @@ class Child:
     (:meth:`result`).
     """
 
-    def __init__(self, target: str, params: dict[str, Any]) -> None:
+    def __init__(self, target: str, params: dict[str, Any], tree: Path = ROOT) -> None:
         self.target = target
         argv = [sys.executable, "-m", "bench.child", target, json.dumps(params)]
-        self.proc = spawn(argv)
+        self.proc = spawn(argv, env=child_env(tree), cwd=tree)
         self._lines: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -195,9 +196,11 @@ class Child:
         reap(self.proc)
 
 
-def run_child(target: str, params: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run one measuring process to its end and return its result."""
-    return Child(target, params).result(timeout)
+def run_child(
+    target: str, params: dict[str, Any], timeout: float, tree: Path = ROOT
+) -> dict[str, Any]:
+    """Run one measuring process (from ``tree``) to its end and return its result."""
+    return Child(target, params, tree).result(timeout)
 
 
 def run_tool(argv: Sequence[str], timeout: float, env: dict[str, str] | None = None) -> str:

@@ -32,7 +32,7 @@ import httpx
 from bench import consume
 from bench.common import CHANNEL
 from bench.config import Config, Say
-from bench.env import BenchError, Broker, Proc, child_env, reap, spawn, stderr_tail
+from bench.env import ROOT, BenchError, Broker, Proc, child_env, reap, spawn, stderr_tail
 from bench.results import Results, Series
 
 TASKS = """
@@ -88,13 +88,21 @@ def run(broker: Broker, cfg: Config, results: Results, say: Say) -> None:
         idle.note = "processes: " + ", ".join(idle.raw[0]["processes"])
 
 
-def measure(broker: Broker, cfg: Config, series: Series, workers: int, idle: Series | None) -> None:
+def measure(
+    broker: Broker,
+    cfg: Config,
+    series: Series,
+    workers: int,
+    idle: Series | None,
+    tree: Path = ROOT,
+) -> None:
+    """One run of ``nsqworker run --workers N`` (of ``tree``: this checkout by default)."""
     topic = broker.fresh_topic("outofbox")
     with tempfile.TemporaryDirectory(prefix="nsqworker-outofbox-") as tmp:
         folder = Path(tmp)
         (folder / "bench_tasks.py").write_text(TASKS)
         port = _free_port()
-        env = child_env()
+        env = child_env(tree)
         env.update(
             PYTHONPATH=f"{folder}{os.pathsep}{env['PYTHONPATH']}",
             NSQWORKER_NSQD_TCP_ADDRESSES=broker.tcp_address,
@@ -106,7 +114,7 @@ def measure(broker: Broker, cfg: Config, series: Series, workers: int, idle: Ser
         if workers != 1:
             env["NSQWORKER_WORKERS"] = str(workers)
         argv = [sys.executable, "-m", "nsqworker", "run", "bench_tasks"]
-        proc = spawn(argv, env=env)
+        proc = spawn(argv, env=env, cwd=tree)
         try:
             _wait_ready(proc, port, timeout=60)
             if idle is not None:

@@ -21,6 +21,7 @@ SECTION_TITLES = {
     "cpu": "Hot-path CPU, offline feed",
     "telemetry": "Telemetry cost (bench/bench_telemetry.py)",
     "handlers": "Handler features: typed bodies, hooks, time limits (bench/bench_handlers.py)",
+    "seam": "The transport seam: before and after, one run (bench/seam.py)",
 }
 CPU_SECTIONS = ("consume", "publish")
 COLUMNS = ("case", "unit", "median", "min-max", "runs", "CPU", "vs pynsq", "vs limit", "target")

@@ -234,6 +234,24 @@ TARGETS: list[tuple[str, str, str, Check]] = [
         "telemetry/consume-full-over-bare",
         _at_most("telemetry/consume-full-over-bare", 5.0, "us"),
     ),
+    (
+        "the transport seam: `nsqworker run` out of the box, after it, >= 15x pynsq",
+        ">= 15x pynsq",
+        "seam/run-after",
+        _at_least_ratio("seam/run-after", "seam/pynsq", 15),
+    ),
+    (
+        "the transport seam: in-process Worker, async, within 5% of before it",
+        ">= 95% of before",
+        "seam/worker-async-after",
+        _at_least_ratio("seam/worker-async-after", "seam/worker-async-before", 0.95),
+    ),
+    (
+        "the transport seam: in-process Worker, sync, within 5% of before it",
+        ">= 95% of before",
+        "seam/worker-sync-after",
+        _at_least_ratio("seam/worker-sync-after", "seam/worker-sync-before", 0.95),
+    ),
 ]
 
 

@@ -41,6 +41,7 @@ SECTION_MODULES: dict[str, str] = {
     "cpu": "bench.cpu",
     "telemetry": "bench.telemetry_cost",
     "handlers": "bench.handlers",
+    "seam": "bench.seam",
     # Next: "spark": "bench.spark", "rpc": "bench.rpc" (and their names in
     # config.SECTIONS, their targets in results.TARGETS, titles in report.SECTION_TITLES).
 }

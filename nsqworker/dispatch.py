@@ -171,7 +171,7 @@ class Dispatcher:
         self._backlog: deque[Message] = deque()
         self._in_flight = 0
         self._running = 0
-        self.received = self.finished = self.requeued = self.given_up = 0
+        self.finished = self.requeued = self.given_up = 0
         # True while an ack needs no bookkeeping beyond counters (see _set_flow).
         self._plain = True
         self._stopping = False
@@ -248,6 +248,11 @@ class Dispatcher:
     def force_stop(self) -> None:
         """Cut a running drain short: retry what is still running and close now."""
         self._drained.set()
+
+    @property
+    def received(self) -> int:
+        """Deliveries so far: each is settled (finished, requeued, given up) or in flight."""
+        return self.finished + self.requeued + self.given_up + self._in_flight
 
     @property
     def subscribed(self) -> bool:
@@ -329,31 +334,32 @@ class Dispatcher:
 
     # --- messages (hot path) ---------------------------------------------------
 
-    def deliver(self, msg: Message) -> None:
-        """A delivery from the subscription (on the loop, in its read path)."""
+    def deliver(self, msg: Message) -> bool:
+        """A delivery from the subscription (on the loop, in its read path). True: the
+        handler finished it inline and the transport acks it now (the common case, with
+        nothing else to decide: no call back into the transport on the hot path)."""
         self._in_flight += 1
-        self.received += 1
         if (
             self._stopping
             or msg.attempts > self.max_attempts
             or self._running >= self.max_in_flight
         ):
             self._admit(msg)
-            return
+            return False
         result = self._start(msg)
         if result is _PENDING:
-            return
+            return False
         if result is FINISH and self._plain and not msg._responded:
-            # settle + _release for the common case, when nothing else needs to know.
+            # _apply + _release for the common case, when nothing else needs to know.
             msg._responded = True
-            self._ack(msg)
             self.finished += 1
             self._in_flight -= 1
             self._running -= 1
             if self._backlog:
                 self._ran_backlog()
-            return
+            return True
         self._ran(msg, result)
+        return False
 
     def _admit(self, msg: Message) -> None:
         """The rare arrivals: while stopping, past max_attempts, or over the fence."""

@@ -461,7 +461,8 @@ class MemorySubscription:
             entry.id, entry.body, entry.timestamp, entry.attempts, self.topic, self.channel,
             ADDRESS, self._receiver, (entry, delivery), now,
         )  # fmt: skip
-        self._receiver.deliver(msg)
+        if self._receiver.deliver(msg):
+            self.ack(msg)
 
     async def stop(self) -> None:
         """No more deliveries."""

@@ -117,8 +117,12 @@ class Receiver(MessageOwner, Protocol):
     ``Message.finish()`` and friends go through it, so policy sees every settle.
     """
 
-    def deliver(self, msg: Message) -> None:
-        """A new delivery; called on the event loop, in the transport's read path."""
+    def deliver(self, msg: Message) -> bool:
+        """A new delivery; called on the event loop, in the transport's read path.
+
+        True: the handler already finished it and the transport acks it now, as if
+        :meth:`Subscription.ack` had been called (the hot path of a handler that
+        completes inline, kept free of a call back into the transport)."""
 
 
 class Subscription(Protocol):

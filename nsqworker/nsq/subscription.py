@@ -75,7 +75,7 @@ class NsqSubscription:
         self.window = max_in_flight
         self._mode = Mode.NORMAL
         self._receiver: Receiver | None = None
-        self._deliver: Callable[[Message], None] | None = None
+        self._deliver: Callable[[Message], bool] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._unsatisfied = False
@@ -194,7 +194,13 @@ class NsqSubscription:
         session.link.received += 1
         if now >= session.check_at:
             self.connections.check_lane(session, now)
-        self._deliver(msg)  # type: ignore[misc]
+        if self._deliver(msg):  # type: ignore[misc]
+            # Finished inline: what ack() does, with session and slot in hand.
+            if session.open:
+                session.conn.fin(message_id)
+            slot.in_flight -= 1
+            if self._unsatisfied or slot.retiring:
+                self._released(session)
 
     def ack(self, msg: Message) -> None:
         """FIN."""
