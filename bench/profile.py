@@ -40,6 +40,7 @@ from typing import Any
 
 from bench.common import BODY_SIZE, CHANNEL, Clock, default_loop, loop_label, run_on
 from nsqworker.consumer import Consumer
+from nsqworker.dispatch import Dispatcher
 from nsqworker.message import FINISH, Finish, Message
 from nsqworker.nsq import protocol
 from nsqworker.nsq.connection import Connection
@@ -100,20 +101,21 @@ class OfflineFeed:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        start, stop = Consumer.start, Consumer.stop
+        # Every consumer and every Worker task is a Dispatcher over a subscription.
+        start, stop = Dispatcher.start, Dispatcher.stop
         attach = self._attach
 
-        def fake_start(consumer: Consumer) -> Any:
+        def fake_start(consumer: Dispatcher) -> Any:
             return attach(consumer)
 
-        Consumer.start = fake_start  # type: ignore[method-assign,assignment]
-        Consumer.stop = _no_stop  # type: ignore[method-assign,assignment]
+        Dispatcher.start = fake_start  # type: ignore[method-assign,assignment]
+        Dispatcher.stop = _no_stop  # type: ignore[method-assign]
         try:
             yield
         finally:
-            Consumer.start, Consumer.stop = start, stop  # type: ignore[method-assign]
+            Dispatcher.start, Dispatcher.stop = start, stop  # type: ignore[method-assign]
 
-    async def _attach(self, consumer: Consumer) -> None:
+    async def _attach(self, consumer: Dispatcher) -> None:
         import threading
 
         from nsqworker.nsq.links import Link, Session
@@ -149,7 +151,7 @@ class OfflineFeed:
         await done.wait()
 
 
-async def _no_stop(self: Consumer, drain_timeout: float | None = None) -> None:
+async def _no_stop(self: Dispatcher, drain_timeout: float | None = None) -> None:
     return None
 
 

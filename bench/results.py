@@ -252,6 +252,12 @@ TARGETS: list[tuple[str, str, str, Check]] = [
         "seam/worker-sync-after",
         _at_least_ratio("seam/worker-sync-after", "seam/worker-sync-before", 0.95),
     ),
+    (
+        "the transport seam: Worker async CPU per message (offline feed) within 5% of before",
+        ">= 95% of before",
+        "seam/cpu-worker-async-after",
+        _at_least_ratio("seam/cpu-worker-async-after", "seam/cpu-worker-async-before", 0.95),
+    ),
 ]
 
 

@@ -11,7 +11,10 @@ same count of fresh messages with:
   settings), beside pynsq's Reader, for the ratio the issue asks to hold (>= 15x);
 * the in-process ``Worker``, an async no-op ``@task`` and a sync one (the
   ``consume:worker`` child of bench/clients/consume.py), whose after/before ratio must
-  stay within 5%.
+  stay within 5%;
+* the same two Worker paths and the raw Consumer on the offline feed (bench/cpu.py's
+  ``offline:feed``: pre-encoded frames into the connection, no nsqd, no socket): CPU
+  microseconds per message, the least noisy comparison of the two hot paths.
 """
 
 from __future__ import annotations
@@ -23,13 +26,18 @@ from pathlib import Path
 
 from bench import consume, outofbox
 from bench.config import Config, Say
-from bench.env import ROOT, BenchError, Broker
-from bench.results import Results
+from bench.env import ROOT, BenchError, Broker, run_child
+from bench.results import Results, Series
 
 BASELINE = "dc43164"
 """The commit before the transport seam (``nsqworker/nsq/consumer.py`` held the task
 policy; the seam moved it to ``nsqworker/dispatch.py``)."""
 TREES = ("before", "after")
+CPU_PATHS = (
+    ("worker-async", "Worker async"),
+    ("worker-sync", "Worker sync"),
+    ("consumer", "raw Consumer"),
+)
 
 
 def extract(commit: str) -> Path:
@@ -63,11 +71,22 @@ def run(broker: Broker, cfg: Config, results: Results, say: Say) -> None:
                     say(f"seam run {i + 1}/{cfg.runs}: Worker {mode}, {name}")
                     series = results.series[f"seam/worker-{mode}-{name}"]
                     consume.measure(broker, cfg, series, "consume:worker", {"mode": mode}, tree)
+                for path, label in CPU_PATHS:
+                    say(f"seam run {i + 1}/{cfg.runs}: {label}, offline feed, {name}")
+                    _cpu(cfg, results.series[f"seam/cpu-{path}-{name}"], path, tree)
             say(f"seam run {i + 1}/{cfg.runs}: pynsq Reader")
             consume.measure(broker, cfg, results.series["seam/pynsq"], "consume:pynsq_reader", {})
         _ratios(results)
     finally:
         shutil.rmtree(baseline, ignore_errors=True)
+
+
+def _cpu(cfg: Config, series: Series, path: str, tree: Path) -> None:
+    params = {"path": path, "count": cfg.cpu_count, "loop": cfg.loop}
+    try:
+        series.add(run_child("offline:feed", params, 300, tree)["us_per_msg"])
+    except BenchError as exc:
+        series.errors.append(str(exc))
 
 
 def _rows(results: Results) -> None:
@@ -81,6 +100,12 @@ def _rows(results: Results) -> None:
             results.row(key, "seam", f"Worker @task, {mode} no-op, {label}", "msgs/s")
             results.compare(key, "seam/pynsq")
     results.row("seam/pynsq", "seam", "pynsq Reader, its defaults", "msgs/s")
+    for path, label in CPU_PATHS:
+        for name in TREES:
+            results.row(
+                f"seam/cpu-{path}-{name}", "seam", f"{label}, offline feed, {name} the seam",
+                "us/msg", higher_is_better=False,
+            )  # fmt: skip
 
 
 def _ratios(results: Results) -> None:
@@ -89,6 +114,7 @@ def _ratios(results: Results) -> None:
         ("run", "nsqworker run"),
         ("worker-async", "Worker async"),
         ("worker-sync", "Worker sync"),
+        *((f"cpu-{path}", f"{name}, CPU per message") for path, name in CPU_PATHS),
     ):
         before = results.get(f"seam/{what}-before")
         after = results.get(f"seam/{what}-after")

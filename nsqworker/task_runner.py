@@ -198,7 +198,7 @@ class TaskRunner:
                 assert self.timeout is not None
                 error = TaskTimeout(self.timeout)
             return self.failed(msg, error, perf_counter() - start, token, None)
-        if msg in self.expired:  # it answered its time limit itself (an RPC error reply)
+        if self.expired and msg in self.expired:  # it answered its time limit itself (RPC)
             self.expired.discard(msg)
             current = asyncio.current_task()
             if current is not None:
@@ -267,7 +267,7 @@ class TaskRunner:
             timer = self.overdue.pop(msg, None)
             if timer is not None:
                 timer.cancel()
-        if msg in self.expired:  # retried at its time limit: the thread is done now
+        if self.expired and msg in self.expired:  # retried at its limit: its thread is done
             self.expired.discard(msg)
             self.dispatcher.complete(msg, None)
             return

@@ -79,6 +79,7 @@ class NsqSubscription:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._unsatisfied = False
+        self._plain = True
         self._plan_scheduled = False
         # One clock for arrivals, turns and touches: monotonic, like asyncio's default.
         self._time: Callable[[], float] = _monotonic
@@ -160,6 +161,9 @@ class NsqSubscription:
         self._unsatisfied = (
             bool(lanes) and total < min(wanted, lanes * 2500) and mode is not Mode.PAUSED
         )
+        # An ack needs no more than FIN and the slot's count unless a plan waits for
+        # capacity or a connection is being retired (see _released).
+        self._plain = not self._unsatisfied and not any(s.retiring for s in slots)
 
     def _schedule_plan(self) -> None:
         if not self._plan_scheduled and self._loop is not None:
@@ -199,7 +203,7 @@ class NsqSubscription:
             if session.open:
                 session.conn.fin(message_id)
             slot.in_flight -= 1
-            if self._unsatisfied or slot.retiring:
+            if not self._plain:
                 self._released(session)
 
     def ack(self, msg: Message) -> None:
@@ -209,7 +213,7 @@ class NsqSubscription:
             session.conn.fin(msg.id_bytes)
         slot = session.slot
         slot.in_flight -= 1
-        if self._unsatisfied or slot.retiring:
+        if not self._plain:
             self._released(session)
 
     def retry(self, msg: Message, delay: float) -> None:
