@@ -81,6 +81,7 @@ async def _serve(registry: Registry, settings: Settings, conn: Connection, inter
 
     worker = Worker(registry, settings)
     beat = _Heartbeat(worker, conn, interval)
+    worker.recycle_listeners.append(beat.send)  # a recycle is told at once, not next beat
     beat.start()
     try:
         await worker.run()

@@ -29,17 +29,17 @@ import threading
 import types
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 from nsqworker.eager import finish_in_task
 from nsqworker.message import FINISH, Finish, GiveUp, Message, Outcome, Requeue
-from nsqworker.policy import BackoffPhase, BackoffState, requeue_delay
-from nsqworker.transport import Flow, Subscription, SubscriptionStats, Timer
+from nsqworker.policy import BackoffPhase, BackoffState, Policy, requeue_delay
+from nsqworker.stats import DispatchStats
+from nsqworker.transport import Flow, Subscription, Timer
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    pass
 
 __all__ = [
     "DEFERRED",
@@ -76,58 +76,6 @@ _CoroutineType = types.CoroutineType
 _OUTCOMES = (Finish, Requeue, GiveUp)
 _PENDING: Final = object()  # the callback's outcome arrives later
 _copy_context = contextvars.copy_context
-
-
-@dataclass(frozen=True)
-class Policy:
-    """One task's policy numbers (from its ``@task`` options and the Settings)."""
-
-    max_in_flight: int = 100
-    max_attempts: int = 5
-    requeue_delay: float = 5.0
-    requeue_multiplier: float = 2.0
-    max_requeue_delay: float = 900.0
-    backoff_multiplier: float = 1.0
-    max_backoff_duration: float = 120.0
-    drain_timeout: float = 30.0
-
-    @classmethod
-    def from_settings(cls, settings: Settings, **task: Any) -> Policy:
-        """The settings' defaults, overridden by the task's own values (None = unset)."""
-        values = {name: getattr(settings, name) for name in cls.__dataclass_fields__}
-        values.update({k: v for k, v in task.items() if v is not None})
-        return cls(**values)
-
-
-@dataclass
-class DispatchStats:
-    """A snapshot of one dispatcher: its counters and its subscription's view."""
-
-    max_in_flight: int
-    in_flight: int
-    running: int
-    received: int
-    finished: int
-    requeued: int
-    given_up: int
-    backoff_level: int
-    backoff_phase: str
-    subscription: SubscriptionStats = field(default_factory=SubscriptionStats)
-
-    @property
-    def rdy(self) -> int:
-        """The flow-control window the broker may fill (RDY on NSQ)."""
-        return self.subscription.window
-
-    @property
-    def connected(self) -> int:
-        """Open connections."""
-        return self.subscription.connected
-
-    @property
-    def connections(self) -> list[Any]:
-        """Per-connection detail from the transport."""
-        return self.subscription.connections
 
 
 class Dispatcher:
@@ -181,6 +129,11 @@ class Dispatcher:
         #: (a Kubernetes Spark job) waits on it to hand the message back at once.
         self.draining = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
+        #: ``on_slow(msg, seconds)``, once per message that runs longer than
+        #: ``slow_after()`` seconds (set by the worker; None: never).
+        self.on_slow: Callable[[Message, float], None] | None = None
+        self.slow_after: Callable[[], float] = lambda: float("inf")
+        self._slow: set[Message] = set()
         self._stop_task: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -196,8 +149,7 @@ class Dispatcher:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._set_flow()
-        if self._keep_alive:
-            self._sweeper = asyncio.create_task(self._sweep_loop())
+        self._sweeper = asyncio.create_task(self._sweep_loop())
         await self.subscription.start(self)
 
     async def stop(self, drain_timeout: float | None = None) -> None:
@@ -318,6 +270,10 @@ class Dispatcher:
                 self._sweep(self._clock())
 
     def _sweep(self, now: float) -> None:
+        if self.on_slow is not None:
+            self._look_for_slow(now)
+        if not self._keep_alive:
+            return
         sub = self.subscription
         for msg in [*self._tasks, *self._deferred, *self._backlog]:
             if msg._responded:
@@ -331,6 +287,29 @@ class Dispatcher:
                     continue  # the broker ignores keep-alives past its longest hold
                 sub.keep_alive(msg)
                 msg.touch_count += 1
+
+    def _look_for_slow(self, now: float) -> None:
+        running = [*self._tasks, *self._deferred]
+        self._slow.intersection_update(running)
+        if not running:
+            return
+        after = self.slow_after()
+        for msg in running:
+            age = now - msg.received_at
+            if age > after and msg not in self._slow and not msg._responded:
+                self._slow.add(msg)
+                assert self.on_slow is not None
+                self.on_slow(msg, age)
+
+    def tracked(self) -> list[tuple[Message, str, Any]]:
+        """What is in flight beyond the hot path: ``(msg, state, handle)`` with state
+        ``running`` (an async handler that suspended: its Task; a sync one in a thread:
+        None) or ``waiting`` (over the in-flight bound). Handlers that finish inline are
+        never here: they are done before anyone could look."""
+        items: list[tuple[Message, str, Any]] = [(m, "running", t) for m, t in self._tasks.items()]
+        items += [(m, "running", None) for m in self._deferred]
+        items += [(m, "waiting", None) for m in self._backlog]
+        return items
 
     # --- messages (hot path) ---------------------------------------------------
 

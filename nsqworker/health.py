@@ -298,12 +298,13 @@ class _IPv6Server(_ThreadingServer):
 
 
 class HealthServer:
-    """Serve ``/livez``, ``/readyz`` and ``/metrics`` from a daemon thread.
+    """Serve ``/livez``, ``/readyz``, ``/metrics`` and ``/inflight`` from a daemon thread.
 
     ``/livez`` (also ``/healthz``) is 200 while ``is_live()`` is true, else 503.
     ``/readyz`` is 200 when ``is_ready()`` says so, else 503; both bodies are the JSON
     details ``is_ready()`` returns. ``/metrics`` is the Prometheus text (or OpenMetrics,
-    by the Accept header) of ``collector``.
+    by the Accept header) of ``collector``. ``/inflight`` is the JSON ``inflight()``
+    returns: what every worker process runs beyond the hot path, oldest first.
     """
 
     def __init__(
@@ -313,11 +314,13 @@ class HealthServer:
         is_live: Callable[[], bool],
         is_ready: ReadyCheck,
         collector: Collector,
+        inflight: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self.host = host
         self._requested_port = port
         self._is_live = is_live
         self._is_ready = is_ready
+        self._inflight = inflight
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
         self._metrics_app = make_wsgi_app(registry)
@@ -376,7 +379,9 @@ class HealthServer:
         if path == "/metrics":
             body: Iterable[bytes] = self._metrics_app(environ, start_response)
             return body
-        return _reply(start_response, 404, {"error": "try /livez, /readyz or /metrics"})
+        if path == "/inflight" and self._inflight is not None:
+            return _reply(start_response, 200, self._inflight())
+        return _reply(start_response, 404, {"error": "try /livez, /readyz, /metrics or /inflight"})
 
 
 _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}

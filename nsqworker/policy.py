@@ -11,8 +11,12 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["REQUEUE_JITTER", "BackoffPhase", "BackoffState", "requeue_delay"]
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+
+__all__ = ["REQUEUE_JITTER", "BackoffPhase", "BackoffState", "Policy", "requeue_delay"]
 
 Random = Callable[[], float]
 
@@ -126,3 +130,24 @@ class BackoffState:
             self.window_start = now
             return True
         return False
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One task's policy numbers (from its ``@task`` options and the Settings)."""
+
+    max_in_flight: int = 100
+    max_attempts: int = 5
+    requeue_delay: float = 5.0
+    requeue_multiplier: float = 2.0
+    max_requeue_delay: float = 900.0
+    backoff_multiplier: float = 1.0
+    max_backoff_duration: float = 120.0
+    drain_timeout: float = 30.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **task: Any) -> Policy:
+        """The settings' defaults, overridden by the task's own values (None = unset)."""
+        values = {name: getattr(settings, name) for name in cls.__dataclass_fields__}
+        values.update({k: v for k, v in task.items() if v is not None})
+        return cls(**values)

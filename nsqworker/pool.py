@@ -77,6 +77,7 @@ class ThreadPool:
         self._check_armed = False
         self._closed = False
         self._busy_since: list[float] = []  # per thread: when its current job began, or 0
+        self._current: list[Message | None] = []  # per thread: the message it runs
 
     def submit(self, msg: Message, ctx: contextvars.Context, token: Any) -> None:
         """Queue a job; the batch goes to the threads at the end of this iteration."""
@@ -112,6 +113,7 @@ class ThreadPool:
         for _ in range(count):
             index = len(self._threads)
             self._busy_since.append(0.0)
+            self._current.append(None)
             name = f"{self._name}-{index + 1}"
             thread = threading.Thread(target=self._work, args=(index,), name=name, daemon=True)
             self._threads.append(thread)
@@ -136,7 +138,7 @@ class ThreadPool:
     def _work(self, index: int) -> None:
         jobs, append, func = self._jobs, self._done.append, self._func
         wake, flush = self._loop.call_soon_threadsafe, self._flush
-        busy = self._busy_since
+        busy, current = self._busy_since, self._current
         while True:
             job: _Job | None
             try:
@@ -146,6 +148,7 @@ class ThreadPool:
             if job is None:
                 return
             start = busy[index] = perf_counter()
+            current[index] = job[0]
             error: BaseException | None = None
             try:
                 if job[2] is None:
@@ -157,6 +160,7 @@ class ThreadPool:
             except BaseException as exc:
                 error = exc
             busy[index] = 0.0
+            current[index] = None
             append((job, error, perf_counter() - start))
             if not self._flush_scheduled:
                 self._flush_scheduled = True
@@ -174,6 +178,14 @@ class ThreadPool:
                 finish(*job, error, duration)
             except Exception:  # one bad result must not strand the rest of the batch
                 log.exception("settling a sync handler's result failed", id=job[0].id)
+
+    def running(self) -> dict[Message, str]:
+        """The message each busy thread runs now, with the thread's name."""
+        return {
+            msg: thread.name
+            for msg, thread in zip(list(self._current), list(self._threads), strict=False)
+            if msg is not None
+        }
 
     def shutdown(self) -> None:
         """Let every thread exit once the jobs it can see are done."""

@@ -345,6 +345,20 @@ class Settings(BaseSettings):
         "MiB of resident memory after which `nsqworker run` replaces a worker process,"
         " once it has finished its in-flight messages; 0 = no limit.",
     )
+    max_tasks_per_child: int = _bounded(
+        0,
+        0,
+        1_000_000_000,
+        "Messages a worker process handles before `nsqworker run` replaces it, once it"
+        " has drained; 0 = no limit.",
+    )
+    slow_handler_after: Seconds = _bounded(
+        60.0,
+        0.1,
+        86400,
+        "Seconds a handler may run before a warning says so, once per message (or 10x"
+        " the task's p99 handler duration, if that is longer); /inflight lists them all.",
+    )
     task_timeout: Seconds | None = _bounded(
         None,  # type: ignore[arg-type]
         0.001,

@@ -9,7 +9,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["DURATION_BUCKETS", "FROM_DISPATCHER", "DurationHistogram", "TaskStats", "WorkerStats"]
+from nsqworker.transport import SubscriptionStats
+
+__all__ = [
+    "DURATION_BUCKETS",
+    "FROM_DISPATCHER",
+    "DispatchStats",
+    "DurationHistogram",
+    "TaskStats",
+    "WorkerStats",
+]
 
 #: Upper bounds (seconds) of the handler-duration histogram: 1 ms handlers to 1 h jobs.
 DURATION_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
@@ -72,7 +81,40 @@ class WorkerStats:
     tasks: dict[str, TaskStats]
     recycle: str | None = None
     """Why the process asks to be replaced after a drain, or None."""
+    inflight: list[dict[str, Any]] = field(default_factory=list)
+    """Messages in flight beyond the hot path (``Worker.inflight``), oldest first."""
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as JSON-ready dicts and lists."""
         return asdict(self)
+
+
+@dataclass
+class DispatchStats:
+    """A snapshot of one dispatcher: its counters and its subscription's view."""
+
+    max_in_flight: int
+    in_flight: int
+    running: int
+    received: int
+    finished: int
+    requeued: int
+    given_up: int
+    backoff_level: int
+    backoff_phase: str
+    subscription: SubscriptionStats = field(default_factory=SubscriptionStats)
+
+    @property
+    def rdy(self) -> int:
+        """The flow-control window the broker may fill (RDY on NSQ)."""
+        return self.subscription.window
+
+    @property
+    def connected(self) -> int:
+        """Open connections."""
+        return self.subscription.connected
+
+    @property
+    def connections(self) -> list[Any]:
+        """Per-connection detail from the transport."""
+        return self.subscription.connections

@@ -178,6 +178,16 @@ class Supervisor:
         late = limit > 0 and any(c.snapshot and now - c.last_seen > grace for c in self._children())
         return now - self._tick < LIVE_TIMEOUT and not late
 
+    def inflight(self) -> dict[str, Any]:
+        """What every worker process last reported in flight (running handlers that
+        suspended or run in threads, messages waiting for a slot), oldest first."""
+        rows = []
+        for child in list(self._children()):
+            for row in child.snapshot.get("inflight") or ():
+                rows.append({**row, "pid": child.pid, "worker": child.index + 1})
+        rows.sort(key=lambda row: -float(row.get("age_s") or 0))
+        return {"inflight": rows}
+
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """``(ready, details)`` as of the last loop turn: every live child subscribed."""
         return self._readiness
@@ -475,8 +485,9 @@ def _start_health(
     default = settings.source("health_port") == "default"
     for port in [settings.health_port] + [0] * default:
         health = HealthServer(
-            settings.health_host, port, supervisor.is_live, supervisor.readiness, supervisor.metrics
-        )
+            settings.health_host, port, supervisor.is_live, supervisor.readiness,
+            supervisor.metrics, supervisor.inflight,
+        )  # fmt: skip
         try:
             health.start()
         except OSError as exc:

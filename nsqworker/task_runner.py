@@ -28,7 +28,7 @@ from nsqworker.dispatch import DEFERRED, Dispatcher
 from nsqworker.eager import resume
 from nsqworker.errors import ConfigurationError
 from nsqworker.hooks import Hooks, call, run_after, with_hooks
-from nsqworker.logging import TrafficSummary, get_logger
+from nsqworker.logging import TrafficSummary, get_logger, histogram_quantile
 from nsqworker.message import FINISH, Message, Outcome, Requeue
 from nsqworker.outcomes import (
     TIME_LIMIT,
@@ -137,6 +137,7 @@ class TaskRunner:
         self.counts = [0] * (len(DURATION_BUCKETS) + 1)
         self.dur_sum = 0.0
         self.dead_lettered = 0
+        self.slow_floor = worker.settings.slow_handler_after
         self.pool: ThreadPool | None = None
         if not spec.is_async:
             name = f"nsqworker-{getattr(spec.func, '__name__', 'task')}"
@@ -346,6 +347,34 @@ class TaskRunner:
         for hook in self.dead_letter_hooks:
             await call(hook, msg, reason)
         self.dead_lettered += 1
+
+    def slow_after(self) -> float:
+        """When a running handler is worth a warning: 10x this task's p99 handler
+        duration, at least ``slow_handler_after`` seconds."""
+        p99 = histogram_quantile(self.bounds, self.counts, 0.99) if any(self.counts) else 0.0
+        return max(self.slow_floor, 10 * p99)
+
+    def on_slow(self, msg: Message, seconds: float) -> None:
+        """Log, once per message, a handler that runs longer than :meth:`slow_after`."""
+        self.log.warning(
+            "handler still running", id=msg.id, attempts=msg.attempts,
+            running_s=round(seconds, 1), threshold_s=round(self.slow_after(), 1),
+        )  # fmt: skip
+
+    def inflight(self, now: float) -> list[dict[str, Any]]:
+        """This task's messages beyond the hot path, as plain data for /inflight."""
+        threads = self.pool.running() if self.pool is not None else {}
+        rows = []
+        for msg, state, handle in self.dispatcher.tracked():
+            if handle is not None:
+                where = f"task {handle.get_name()}"
+            else:
+                where = f"thread {threads[msg]}" if msg in threads else "-"
+            rows.append({
+                "task": self.spec.name, "id": msg.id, "attempts": msg.attempts,
+                "age_s": round(now - msg.received_at, 3), "state": state, "handler": where,
+            })  # fmt: skip
+        return rows
 
     def stats(self) -> TaskStats:
         spec, counts, dispatcher = self.spec, list(self.counts), self.dispatcher

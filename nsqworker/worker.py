@@ -22,7 +22,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import Self
+from typing import Any, Self
 
 from nsqworker import logging as _logs
 from nsqworker.dispatch import Dispatcher, Policy
@@ -78,8 +78,11 @@ class Worker:
         self._unregister_metrics: Callable[[], None] | None = None
         self.watchdog: LoopWatchdog | None = None
         self._summaries: asyncio.Task[None] | None = None
+        self._recycler: asyncio.Task[None] | None = None
         #: Why this process should be replaced after a drain (see request_recycle), or None.
         self.recycle: str | None = None
+        #: Called (on the loop) when a recycle is first requested.
+        self.recycle_listeners: list[Callable[[], None]] = []
 
     def __repr__(self) -> str:
         return f"<Worker tasks={len(self.registry)} ready={self.ready}>"
@@ -140,6 +143,8 @@ class Worker:
                 sub, runner.callback, policy, on_give_up=runner.give_up, name=spec.name,
                 max_retry_delay=caps.max_retry_delay, keep_alive=caps.keep_alive,
             )  # fmt: skip
+            runner.dispatcher.on_slow = runner.on_slow
+            runner.dispatcher.slow_after = runner.slow_after
             self._runners.append(runner)
         results = await asyncio.gather(
             *(r.dispatcher.start() for r in self._runners), return_exceptions=True
@@ -155,11 +160,34 @@ class Worker:
             self.watchdog = LoopWatchdog.start_for(self.registry, settings.watchdog_timeout)
         if (every := settings.log_summary_interval) > 0:
             self._summaries = asyncio.create_task(_logs.every(every, self._log_summaries))
+        if settings.max_tasks_per_child > 0:
+            self._recycler = asyncio.create_task(_logs.every(0.2, self._count_for_recycle))
         waiting = [r.spec.name for r in self._runners if not r.dispatcher.subscribed]
         if waiting:  # each subscription logs "subscribed on ..." when it gets there
             log.warning("not subscribed yet; retrying", pid=os.getpid(), waiting_for=waiting)
         else:
             log.info("worker started", pid=os.getpid(), tasks=[s.name for s in self.registry])
+
+    def inflight(self, limit: int = 1000) -> list[dict[str, Any]]:
+        """Messages in flight beyond the hot path, oldest first (at most ``limit``):
+        task, id, attempts, age in seconds, state (running, waiting) and the handler's
+        asyncio task or thread; what ``/inflight`` and ``nsqworker inflight`` show."""
+        rows: list[dict[str, Any]] = []
+        for runner in self._runners:
+            rows += runner.inflight(runner.dispatcher.subscription.clock())
+        rows.sort(key=lambda row: -row["age_s"])
+        return rows[:limit]
+
+    def handled(self) -> int:
+        """Messages this worker's tasks have settled so far (finished, retried, given up)."""
+        return sum(
+            d.finished + d.requeued + d.given_up for d in (r.dispatcher for r in self._runners)
+        )
+
+    def _count_for_recycle(self) -> None:
+        limit = self.settings.max_tasks_per_child
+        if self.recycle is None and (handled := self.handled()) >= limit:
+            self.request_recycle(f"handled {handled} messages (max_tasks_per_child {limit})")
 
     def _log_summaries(self) -> None:
         for r in self._runners:  # each busy task's periodic info line
@@ -201,6 +229,8 @@ class Worker:
             await self.transport.close()
         except Exception:
             log.exception("closing the transport failed")
+        if self._recycler is not None:
+            self._recycler.cancel()
         if self._summaries is not None:  # and the last window, so short runs get one too
             self._summaries.cancel()
             self._log_summaries()
@@ -232,6 +262,8 @@ class Worker:
         if self.recycle is None:
             self.recycle = reason
             log.warning("this worker process should be replaced after a drain", reason=reason)
+            for listener in self.recycle_listeners:  # the child's heartbeat: tell at once
+                listener()
 
     def request_stop(self) -> None:
         """Ask :meth:`run` to drain and return; safe from any thread and signal handler."""
@@ -290,7 +322,10 @@ class Worker:
             tasks = {r.spec.name: r.stats() for r in self._runners}
         else:
             tasks = {s.name: TaskStats(s.name, s.topic, s.channel) for s in self.registry}
-        return WorkerStats(pid=os.getpid(), ready=self.ready, tasks=tasks, recycle=self.recycle)
+        return WorkerStats(
+            pid=os.getpid(), ready=self.ready, tasks=tasks, recycle=self.recycle,
+            inflight=self.inflight() if self._runners else [],
+        )  # fmt: skip
 
 
 # --- entry point for worker processes ------------------------------------------------

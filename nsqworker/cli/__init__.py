@@ -1,4 +1,5 @@
-"""The ``nsqworker`` command: ``run``, ``tasks``, ``settings``, ``publish`` and ``rpc``.
+"""The ``nsqworker`` command: ``run``, ``tasks``, ``settings``, ``inflight``, ``publish``
+and ``rpc``.
 
 One module per verb group (:mod:`.run`, :mod:`.inspect` for ``tasks`` and ``settings``,
 :mod:`.publish`, :mod:`.rpc`), what they share in :mod:`.common`; this module assembles the app.
@@ -13,6 +14,7 @@ from typing import Annotated
 import typer
 
 from nsqworker import __version__
+from nsqworker.cli.inflight import inflight
 from nsqworker.cli.inspect import show_settings, tasks
 from nsqworker.cli.publish import publish
 from nsqworker.cli.rpc import app as rpc_app
@@ -56,6 +58,7 @@ def _root(
 app.command()(run)
 app.command()(tasks)
 app.command("settings")(show_settings)
+app.command()(inflight)
 app.command()(publish)
 app.add_typer(rpc_app)
 

@@ -3,10 +3,11 @@
 The handler returns a :class:`~nsqworker.spark.job.SparkJob`. The task then:
 
 1. checks it (:func:`~nsqworker.spark.job.job_problems`) and, when the job says how long
-   it may run, that nsqd's ``--max-msg-timeout`` allows that long; a job that cannot
+   it may run, that the transport holds a delivery that long (``Message.max_hold``: on
+   NSQ nsqd's ``--max-msg-timeout``); a job that cannot
    run is a dead letter (``Reject``) before anything is submitted;
 2. submits it to the runner ``Settings.spark_runner`` names and waits for its end,
-   while the consumer TOUCHes the message;
+   while the worker keeps the message alive (TOUCH on NSQ);
 3. returns on success (FIN) or raises :class:`~nsqworker.spark.job.SparkJobFailed`
    (REQ with backoff, dead letter after ``max_attempts``).
 
@@ -20,12 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
+from nsqworker.hooks import call
 from nsqworker.logging import get_logger
 from nsqworker.message import Message
 from nsqworker.spark.job import (
@@ -113,24 +114,18 @@ async def run_spark_job(
     func: JobBuilder, msg: Message, runner: Runner, task: str, on_success: SuccessHook | None = None
 ) -> None:
     """Describe, check, submit and wait for the job of ``msg``; see the module doc."""
-    job: Any
-    if inspect.iscoroutinefunction(func):
-        job = await func(msg)
-    else:
-        job = await asyncio.to_thread(func, msg)
-        if inspect.isawaitable(job):
-            job = await job
+    job: Any = await call(func, msg)  # async (callable objects too) on the loop, else a thread
     problems = job_problems(job, runner.kind)
     if problems:
         raise Reject("invalid SparkJob: " + "; ".join(problems))
     assert isinstance(job, SparkJob)
-    limit = msg.max_msg_timeout
+    limit = msg.max_hold  # the transport's longest hold of a delivery (None: no limit)
     if job.timeout is not None and limit is not None and job.timeout > limit:
         raise Reject(
-            f"SparkJob timeout {job.timeout:g}s is longer than nsqd's --max-msg-timeout "
-            f"({limit:g}s): nsqd would redeliver the message while the job runs and the job "
-            "would run twice; start nsqd with a larger --max-msg-timeout (docs/spark.md) "
-            "or split the job"
+            f"SparkJob timeout {job.timeout:g}s is longer than the broker holds a delivery "
+            f"({limit:g}s; on NSQ, nsqd's --max-msg-timeout): it would deliver the message "
+            "again while the job runs and the job would run twice; raise that limit "
+            "(docs/spark.md) or split the job"
         )
     ctx = JobContext(msg.topic, msg.channel, msg.id, msg.attempts, task)
     span = trace.get_current_span()
@@ -168,12 +163,7 @@ async def run_spark_job(
         duration_ms=round(result.duration * 1000, 1),
     )  # fmt: skip
     if on_success is not None:
-        if inspect.iscoroutinefunction(on_success):
-            await on_success(msg, job, result)
-        else:
-            outcome = await asyncio.to_thread(on_success, msg, job, result)
-            if inspect.isawaitable(outcome):
-                await outcome
+        await call(on_success, msg, job, result)
 
 
 def _record(span: trace.Span, runner: Runner, result: JobResult) -> None:

@@ -261,7 +261,7 @@ async def test_job_longer_than_max_msg_timeout_is_refused(
         requeued = channel(nsqd)["requeue_count"]
     assert runner.submitted == submitted and requeued == 0
     (reason,) = dead
-    assert "timeout 600s is longer than nsqd's --max-msg-timeout (30s)" in reason
+    assert "timeout 600s is longer than the broker holds a delivery (30s; on NSQ" in reason
 
 
 async def test_job_output_reaches_the_log_and_the_outcome_the_span(

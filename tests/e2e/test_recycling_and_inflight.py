@@ -1,0 +1,191 @@
+"""``nsqworker run`` and the handler features that need processes: a sync handler past
+its time limit gets its process replaced, ``max_tasks_per_child`` recycles processes
+mid-backlog, and ``/inflight`` with ``nsqworker inflight`` shows what runs. Counted:
+every message handled, none lost."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nsqworker.testing import NsqdProcess, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+BOOT = 30.0
+Start = Callable[..., Any]
+Write = Callable[[str, str], str]
+
+# The first delivery of "stuck" sleeps past the 0.5 s limit; every other returns at once.
+TASKS = """
+import os
+import time
+
+from nsqworker import task
+
+
+@task("limits", channel="c", timeout=0.5, max_in_flight=4)
+def handle(msg):
+    if msg.body == b"stuck" and msg.attempts == 1:
+        time.sleep(2.0)
+    fd = os.open(os.environ["HANDLED_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, b"%s %d %d\\n" % (msg.body, msg.attempts, os.getpid()))
+    finally:
+        os.close(fd)
+"""
+
+
+def test_a_sync_handler_past_its_limit_gets_its_process_replaced(
+    supervise: Start, write_module: Write, nsqd: NsqdProcess, tmp_path: Path
+) -> None:
+    module = write_module("limit_tasks", TASKS)
+    env = {"NSQWORKER_NSQD_TCP_ADDRESSES": nsqd.tcp_address, "NSQWORKER_REQUEUE_DELAY": "0.1"}
+    run = supervise(module, env=env)
+    run.wait_ready()
+    (first_pid,) = run.pids()
+    bodies = [f"m{i}" for i in range(20)]
+    nsqd.mpublish("limits", ["stuck", *bodies])
+    done = tmp_path / "handled.txt"
+
+    def lines() -> list[tuple[str, int, int]]:
+        if not done.exists():
+            return []
+        return [
+            (b, int(a), int(p))
+            for b, a, p in (line.split() for line in done.read_text().splitlines())
+        ]
+
+    wait_for(
+        lambda: {b for b, _, _ in lines()} >= {"stuck", *bodies},
+        BOOT,
+        message=lambda: f"not all handled: {lines()}\n{run.output()}",
+    )
+    wait_for(
+        lambda: run.readyz()[0] == 200 and run.pids() and first_pid not in run.pids(),
+        BOOT,
+        message=lambda: f"not replaced: {run.readyz()}\n{run.output()}",
+    )
+    output = run.output()
+    assert "a sync handler ran past its time limit" in output
+    assert "asks to be replaced" in output and "replaced (asked)" in output
+    counts = Counter(b for b, _, _ in lines())
+    assert all(counts[b] == 1 for b in bodies), counts  # nothing lost, nothing twice
+    assert counts["stuck"] == 2  # the stuck thread finished its first run; the retry ran too
+    run.signal(signal.SIGTERM)
+    assert run.wait(30) == 0
+
+
+# Each message takes 20 ms; every handled body is written with its worker's pid.
+COUNTED = """
+import asyncio
+import os
+
+from nsqworker import task
+
+
+@task("recycle", channel="c", max_in_flight=5)
+async def handle(msg):
+    await asyncio.sleep(0.02)
+    fd = os.open(os.environ["HANDLED_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, b"%s %d\\n" % (msg.body, os.getpid()))
+    finally:
+        os.close(fd)
+"""
+
+
+def test_max_tasks_per_child_replaces_a_process_mid_backlog_losing_nothing(
+    supervise: Start, write_module: Write, nsqd: NsqdProcess, tmp_path: Path
+) -> None:
+    module = write_module("recycle_tasks", COUNTED)
+    env = {"NSQWORKER_NSQD_TCP_ADDRESSES": nsqd.tcp_address, "NSQWORKER_MAX_TASKS_PER_CHILD": "100"}
+    run = supervise(module, env=env)
+    run.wait_ready()
+    bodies = [f"m{i}" for i in range(400)]
+    nsqd.mpublish("recycle", bodies)
+    done = tmp_path / "handled.txt"
+
+    def seen() -> list[tuple[str, int]]:
+        if not done.exists():
+            return []
+        return [(b, int(p)) for b, p in (line.split() for line in done.read_text().splitlines())]
+
+    wait_for(
+        lambda: {b for b, _ in seen()} >= set(bodies),
+        BOOT * 2,
+        message=lambda: f"{len({b for b, _ in seen()})} of 400 handled\n{run.output()}",
+    )
+    counts = Counter(b for b, _ in seen())
+    assert all(counts[b] == 1 for b in bodies), [b for b in bodies if counts[b] != 1]
+    pids = {p for _, p in seen()}
+    assert len(pids) >= 3, pids  # 400 messages, 100 a process: replaced at least twice
+    output = run.output()
+    assert "max_tasks_per_child 100" in output and "replaced (asked)" in output
+    run.signal(signal.SIGTERM)
+    assert run.wait(30) == 0
+
+
+HOLDING = """
+import os
+import time
+
+from nsqworker import task
+
+
+@task("held", channel="c")
+def hold(msg):
+    while not os.path.exists(os.environ["RELEASE_FILE"]):
+        time.sleep(0.05)
+"""
+
+
+def test_inflight_shows_running_handlers_from_every_worker(
+    supervise: Start, write_module: Write, nsqd: NsqdProcess, tmp_path: Path
+) -> None:
+    module = write_module("held_tasks", HOLDING)
+    release = tmp_path / "release"
+    env = {"NSQWORKER_NSQD_TCP_ADDRESSES": nsqd.tcp_address, "RELEASE_FILE": str(release)}
+    run = supervise(module, "--workers", "2", env=env)
+    run.wait_ready()
+    nsqd.mpublish("held", ["one", "two", "three"])
+
+    def rows() -> list[dict[str, Any]]:
+        status, body = run.get("/inflight")
+        return json.loads(body)["inflight"] if status == 200 else []
+
+    wait_for(lambda: len(rows()) == 3, BOOT, message=lambda: f"{rows()}\n{run.output()}")
+    listed = rows()
+    assert {row["task"] for row in listed} == {"held_tasks.hold"}
+    assert all(row["state"] == "running" and row["handler"].startswith("thread ") for row in listed)
+    assert [row["age_s"] for row in listed] == sorted(
+        (row["age_s"] for row in listed), reverse=True
+    )
+    cli = subprocess.run(
+        [sys.executable, "-m", "nsqworker", "inflight", "--url", f"http://127.0.0.1:{run.health_port}"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert "3 in flight" in cli.stdout and "held_tasks.hold" in cli.stdout
+    assert all(row["id"] in cli.stdout for row in listed)
+    release.touch()
+    wait_for(lambda: not rows(), 15, message=lambda: str(rows()))
+    run.signal(signal.SIGTERM)
+    assert run.wait(30) == 0
+
+
+def test_inflight_says_what_to_do_when_nothing_answers() -> None:
+    cli = subprocess.run(
+        [sys.executable, "-m", "nsqworker", "inflight", "--url", "http://127.0.0.1:9"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert cli.returncode == 2
+    assert "cannot read http://127.0.0.1:9/inflight" in cli.stderr and "--url" in cli.stderr
