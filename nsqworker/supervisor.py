@@ -162,6 +162,7 @@ class Supervisor:
         self._deaths: deque[float] = deque()
         self._keys = 0
         self._signals: deque[int] = deque()
+        self._reloads: deque[list[str]] = deque()  # changed files (--reload), from its thread
         self._wake_r, self._wake_w = socket.socketpair()
         self._stopping = False
         self._deadline = 0.0
@@ -235,6 +236,7 @@ class Supervisor:
             else:
                 self._check_hung(now)
                 self._check_memory()
+                self._check_reload()
                 self._start_due(now)
             self._update_readiness()
             self._wait(0.5)
@@ -319,6 +321,27 @@ class Supervisor:
                 continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signal.SIGTERM)
+
+    def request_reload(self, changed: list[str]) -> None:
+        """Drain and restart every worker (``--reload``); any thread may call this."""
+        self._reloads.append(changed)
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"r")
+
+    def _check_reload(self) -> None:
+        if not self._reloads:
+            return
+        changed = sorted({path for batch in self._reloads for path in batch})
+        self._reloads.clear()
+        shown = ", ".join(changed[:3]) + (
+            f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        )
+        log.info(f"{shown} changed; restarting the workers (--reload)")
+        for child in self._children():
+            if not child.recycling:
+                child.recycling = "reload"
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGTERM)
 
     def _on_death(self, child: _Child, code: int | None, now: float) -> None:
         lived = now - child.started
@@ -452,6 +475,7 @@ def run(
     policy: Policy | None = None,
     *,
     spelled: Mapping[str, str] | None = None,
+    reload: bool = False,
 ) -> int:
     """``nsqworker run``: check ``target``, serve health, supervise; the exit code.
 
@@ -460,7 +484,8 @@ def run(
     once, before any child starts. A health port that was set and cannot be bound
     returns 2; the default one, when taken, is replaced by a free one, so that a second
     local worker just works. ``spelled`` names the flag of each setting the caller
-    passed on its command line (``{"health_port": "--health-port"}``).
+    passed on its command line (``{"health_port": "--health-port"}``). ``reload``
+    restarts the workers when a source file of the task package changes.
     """
     from nsqworker.task import load_registry
 
@@ -471,9 +496,18 @@ def run(
         health = _start_health(settings, supervisor, spelled or {})
         if health is None:
             return EXIT_USAGE
+    reloader = None
+    if reload:
+        from nsqworker.reload import Reloader, watched_paths
+
+        reloader = Reloader(watched_paths(target), supervisor.request_reload)
+        reloader.start()
+        log.info("watching for changes (--reload): " + ", ".join(map(str, reloader.paths)))
     try:
         return supervisor.run()
     finally:
+        if reloader is not None:
+            reloader.stop()
         if health is not None:
             health.stop()
 

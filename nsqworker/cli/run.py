@@ -56,6 +56,14 @@ def run(
     crash_window: Annotated[
         float, typer.Option(min=1, help="Seconds over which worker deaths are counted.")
     ] = 60.0,
+    reload: Annotated[
+        bool,
+        typer.Option(
+            "--reload",
+            help="Restart the workers (draining first) when a source file of the task "
+            "package changes; for development.",
+        ),
+    ] = False,
 ) -> None:
     """Run the tasks in worker processes under a supervisor, until SIGTERM or Ctrl-C.
 
@@ -79,7 +87,7 @@ def run(
     }
     settings = load_settings(config, **given)
     load_registry(target)  # an import problem first: it is reported once, here
-    problem = transport_problem(settings)
+    problem = transport_problem(settings) or (reload and _reload_problem())
     if problem:
         typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(EXIT_USAGE)
@@ -88,11 +96,21 @@ def run(
     spelled = {name: flag(name) for name, value in given.items() if value is not None}
     warn_unreachable(settings)
     try:  # OTEL_* variables are read in each worker process, where the spans are made
-        code = supervise(target, settings, policy, spelled=spelled)
+        code = supervise(target, settings, policy, spelled=spelled, reload=reload)
     except TaskImportError as exc:
         print_import_error(target, exc)
         code = EXIT_USAGE
     raise typer.Exit(code)
+
+
+def _reload_problem() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("watchfiles") is None:
+        from nsqworker.reload import MISSING_HINT
+
+        return MISSING_HINT
+    return None
 
 
 def transport_problem(settings: Settings) -> str | None:

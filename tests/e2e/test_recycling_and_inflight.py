@@ -189,3 +189,55 @@ def test_inflight_says_what_to_do_when_nothing_answers() -> None:
     )  # fmt: skip
     assert cli.returncode == 2
     assert "cannot read http://127.0.0.1:9/inflight" in cli.stderr and "--url" in cli.stderr
+
+
+RELOADABLE = """
+import os
+
+from nsqworker import task
+
+VERSION = "{version}"
+
+
+@task("reloaded", channel="c")
+def handle(msg):
+    fd = os.open(os.environ["HANDLED_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, f"{{VERSION}} {{msg.body.decode()}}\\n".encode())
+    finally:
+        os.close(fd)
+"""
+
+
+def test_reload_restarts_the_workers_on_the_changed_code(
+    supervise: Start, nsqd: NsqdProcess, tmp_path: Path
+) -> None:
+    package = tmp_path / "reloadable"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tasks.py").write_text(RELOADABLE.format(version="v1"))
+    env = {"NSQWORKER_NSQD_TCP_ADDRESSES": nsqd.tcp_address}
+    run = supervise("reloadable.tasks", "--reload", env=env)
+    run.wait_ready()
+    (first_pid,) = run.pids()
+    done = tmp_path / "handled.txt"
+
+    def lines() -> list[str]:
+        return done.read_text().splitlines() if done.exists() else []
+
+    nsqd.publish("reloaded", b"before")
+    wait_for(lambda: lines() == ["v1 before"], BOOT, message=lambda: f"{lines()}\n{run.output()}")
+    (package / "tasks.py").write_text(RELOADABLE.format(version="v2"))
+    wait_for(
+        lambda: run.readyz()[0] == 200 and run.pids() and first_pid not in run.pids(),
+        BOOT,
+        message=lambda: f"not restarted: {run.readyz()}\n{run.output()}",
+    )
+    nsqd.publish("reloaded", b"after")
+    wait_for(lambda: "v2 after" in lines(), BOOT, message=lambda: f"{lines()}\n{run.output()}")
+    assert lines() == ["v1 before", "v2 after"]  # nothing lost, nothing twice
+    output = run.output()
+    assert "tasks.py changed; restarting the workers (--reload)" in output
+    assert "replaced (reload)" in output
+    run.signal(signal.SIGTERM)
+    assert run.wait(30) == 0
