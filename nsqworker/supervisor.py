@@ -117,11 +117,14 @@ class _Child:
     def ready(self) -> bool:
         return bool(self.snapshot.get("ready"))
 
-    def state(self) -> dict[str, Any]:
-        """This child for ``/readyz``: starting (no stats yet), or the tasks not subscribed."""
+    def state(self, stopping: bool = False) -> dict[str, Any]:
+        """This child for ``/readyz``: starting (no stats yet), stopping (draining, as a
+        whole run or to be replaced), or the tasks not subscribed."""
         state: dict[str, Any] = {"worker": self.index + 1, "pid": self.pid, "ready": self.ready}
         if not self.snapshot:
             state["starting"] = True
+        elif stopping or self.recycling:
+            state["stopping"] = True
         elif not self.ready:
             tasks = (self.snapshot.get("tasks") or {}).values()
             state["waiting_for"] = [str(t.get("name")) for t in tasks if not t.get("ready")]
@@ -195,9 +198,9 @@ class Supervisor:
 
     def _update_readiness(self) -> None:
         children = list(self._children())
-        workers = [c.state() for c in children]
+        workers = [c.state(self._stopping) for c in children]
         ready = bool(children) and not self._stopping and all(c.ready for c in children)
-        details: dict[str, Any] = {"workers": workers}
+        details: dict[str, Any] = {"transport": self.settings.transport, "workers": workers}
         if self._stopping:
             details["stopping"] = True
         self._readiness = (ready, details)

@@ -39,7 +39,7 @@ def import_snappy() -> Any:
         import snappy
     except ImportError as exc:
         raise ConfigurationError(
-            "compression='snappy' needs python-snappy: pip install 'nsqworker[snappy]'"
+            "compression='snappy' needs python-snappy: pip install 'nsq-worker[snappy]'"
         ) from exc
     return snappy
 

@@ -107,7 +107,7 @@ class Response(NamedTuple):
 
 def supported_encodings() -> frozenset[int]:
     """The encodings this process can encode and decode: binary, JSON, and msgpack when
-    the ``msgpack`` package (the ``nsqworker[msgpack]`` extra) is installed."""
+    the ``msgpack`` package (the ``nsq-worker[msgpack]`` extra) is installed."""
     if msgpack is None:
         return frozenset({BINARY, JSON})
     return frozenset({BINARY, JSON, MSGPACK})
@@ -142,7 +142,7 @@ def encoding_codes(encodings: Iterable[int | str]) -> frozenset[int]:
     missing = codes - supported_encodings()
     if missing:
         names = ", ".join(encoding_name(c) for c in sorted(missing))
-        hint = " (pip install 'nsqworker[msgpack]')" if MSGPACK in missing else ""
+        hint = " (pip install 'nsq-worker[msgpack]')" if MSGPACK in missing else ""
         raise LocalProtocolError(f"RPC encoding {names} is not available here{hint}")
     return codes
 

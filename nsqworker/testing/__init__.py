@@ -44,7 +44,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from nsqworker.testing.ports import free_port, free_ports, port_is_free
 from nsqworker.testing.processes import (
@@ -203,6 +203,19 @@ if _HAVE_PYTEST:
             ),
         )
 
+    _missing: dict[str, int] = {}  # why a fixture skipped (a binary missing) -> how often
+
+    def _skip_missing(reason: str) -> NoReturn:
+        """Skip for a missing binary, and count it for the summary at the end."""
+        _missing[reason] = _missing.get(reason, 0) + 1
+        pytest.skip(reason)
+
+    def pytest_terminal_summary(terminalreporter: Any) -> None:
+        """Say why tests were skipped for a missing nsqd (``pytest -q`` shows only ``s``)."""
+        for reason, count in _missing.items():
+            terminalreporter.write_sep("-", "nsqworker.testing")
+            terminalreporter.write_line(f"{count} test(s) skipped: {reason}")
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         """Run an ``async def`` test on a fresh event loop, unless an async plugin took it
@@ -228,7 +241,7 @@ if _HAVE_PYTEST:
         except FileNotFoundError as exc:
             if _in_ci():
                 pytest.fail(f"CI=true and NSQ binaries are missing: {exc}", pytrace=False)
-            pytest.skip(str(exc))
+            _skip_missing(str(exc))
 
     @pytest.fixture
     def nsqlookupd_factory(

@@ -59,7 +59,10 @@ __all__ = [
     "find_kube_binaries",
 ]
 
-KUBE_INSTALL_HINT = "run `make tools` (scripts/install-tools k8s) to build etcd and kube-apiserver"
+KUBE_INSTALL_HINT = (
+    "put etcd and kube-apiserver on PATH or in NSQWORKER_TOOLS_BIN=DIR (in a clone of "
+    "nsqworker: `make tools`, which builds them with scripts/install-tools k8s)"
+)
 READY_TIMEOUT = 60.0
 """Seconds etcd and kube-apiserver together get to become ready (about 5-10 s)."""
 STOP_TIMEOUT = 10.0

@@ -49,7 +49,12 @@ STOP_TIMEOUT = 5.0
 PORT_ATTEMPTS = 5
 """How many times :meth:`start` picks new ports when the chosen ones were taken."""
 
-_INSTALL_HINT = "run `make tools` (scripts/install-tools) to build NSQ v1.3.0 into .tools/bin"
+_INSTALL_HINT = (
+    "install NSQ v1.3.0 (https://nsq.io/deployment/installing.html; or `go install "
+    "github.com/nsqio/nsq/apps/nsqd@v1.3.0 github.com/nsqio/nsq/apps/nsqlookupd@v1.3.0`) "
+    "and put nsqd and nsqlookupd on PATH, or name their directory with --nsqd-bin-dir DIR "
+    "or NSQWORKER_TOOLS_BIN=DIR (in a clone of nsqworker: `make tools`)"
+)
 _ADDRESS_IN_USE = "address already in use"
 
 

@@ -88,6 +88,11 @@ def test_sigterm_drains_in_flight_messages(
 
     started = time.monotonic()
     run.signal(signal.SIGTERM)
+    if all_finish:  # while it drains, /readyz says stopping, not waiting for subscriptions
+        wait_for(lambda: run.readyz()[1].get("stopping"), 3, message=lambda: str(run.readyz()))
+        status, body = run.readyz()
+        assert status == 503 and body["transport"] == "nsq"
+        assert all(w.get("stopping") and "waiting_for" not in w for w in body["workers"]), body
     code = run.wait(drain_timeout + 10)
     took = time.monotonic() - started
 

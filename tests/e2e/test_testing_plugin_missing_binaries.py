@@ -19,7 +19,9 @@ def test_needs_nsqd(nsqd):
 """
 
 
-def _run_user_suite(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
+def _run_user_suite(
+    tmp_path: Path, ci: str | None, *flags: str
+) -> subprocess.CompletedProcess[str]:
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_user.py").write_text(USER_TEST)
     env = {k: v for k, v in os.environ.items() if k not in {"CI", "NSQWORKER_TOOLS_BIN"}}
@@ -27,7 +29,15 @@ def _run_user_suite(tmp_path: Path, ci: str | None) -> subprocess.CompletedProce
     if ci is not None:
         env["CI"] = ci
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", "test_user.py"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            *(flags or ["-rs"]),
+            "test_user.py",
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -41,6 +51,14 @@ def test_missing_binaries_skip_locally(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 skipped" in result.stdout
     assert "make tools" in result.stdout
+
+
+def test_a_quiet_run_still_says_why_it_skipped_and_what_to_do(tmp_path: Path) -> None:
+    """``pytest -q`` shows no skip reasons; the plugin's summary line does, outside this repo."""
+    result = _run_user_suite(tmp_path, None, "-q")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 test(s) skipped: nsqd not found" in result.stdout
+    assert "NSQWORKER_TOOLS_BIN" in result.stdout and "--nsqd-bin-dir" in result.stdout
 
 
 @pytest.mark.parametrize("ci", ["true", "1"])
