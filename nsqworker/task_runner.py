@@ -325,7 +325,13 @@ class TaskRunner:
         elif isinstance(outcome, Requeue):  # a Retry's reason says why: no traceback
             retry, delay = isinstance(exc, Retry), outcome.delay
             why = exc.reason or error if isinstance(exc, Retry) else error
-            self.log.warning("req", delay=delay, error=why, exc_info=not retry and exc, **fields)
+            self.log.warning(
+                "req",
+                delay=round(delay, 3) if delay is not None else None,
+                error=why,
+                exc_info=not retry and exc,
+                **fields,
+            )
         else:  # a Reject: logged once, with its traceback, by give_up
             self.rejected[msg.id] = exc
 

@@ -55,7 +55,7 @@ def tasks(target: Target, config: ConfigFile = None, as_json: AsJson = False) ->
             Text(_cell(name, row[name]), style="dim" if name in defaults else "")
             for name in _DEFAULTED
         ]
-        name = row["name"].removeprefix(f"{target.partition(':')[0]}.")
+        name = row["name"]  # in full, as logs and metrics name it
         kind = row["kind"] if row["body"] is None else f"{row['kind']}, {row['body']}"
         cells = [row["topic"], row["channel"], *resolved, _dead_letter_text(row), kind]
         table.add_row(name, *cells)

@@ -40,11 +40,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 from nsqworker.testing.ports import free_port, free_ports, port_is_free
 from nsqworker.testing.processes import (
@@ -67,6 +68,9 @@ except ImportError:  # pragma: no cover - the helpers work without pytest instal
 else:
     _HAVE_PYTEST = True
 
+if TYPE_CHECKING:
+    from nsqworker.message import Message
+
 __all__ = [
     "NsqBinaries",
     "NsqCluster",
@@ -79,12 +83,43 @@ __all__ = [
     "find_binary",
     "free_port",
     "free_ports",
+    "make_message",
     "port_is_free",
     "wait_for",
     "wait_until",
 ]
 
 T = TypeVar("T")
+_ids = itertools.count(1)
+
+
+def make_message(
+    body: bytes | str | Any = b"{}",
+    *,
+    topic: str = "test",
+    channel: str = "test",
+    attempts: int = 1,
+    id: str | None = None,
+    timestamp: int | None = None,
+    address: str = "127.0.0.1:4150",
+) -> Message:
+    """A :class:`~nsqworker.Message` for calling a handler directly in a unit test.
+
+    ``body`` is bytes, str or a pydantic model (its JSON). Nothing delivered it, so
+    ``finish()``/``requeue()`` only mark it answered (``msg.responded``); to run the
+    whole worker (retries, dead letters, hooks) use the memory transport
+    (docs/testing.md).
+    """
+    import time as _time
+
+    from nsqworker.message import Message
+    from nsqworker.nsq.publishing import to_bytes
+
+    message_id = id if id is not None else f"{next(_ids):016x}"
+    stamp = timestamp if timestamp is not None else _time.time_ns()
+    return Message(
+        message_id.encode("ascii"), to_bytes(body), stamp, attempts, topic, channel, address
+    )
 
 
 def wait_for(

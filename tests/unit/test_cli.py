@@ -85,10 +85,10 @@ def test_tasks_table_shows_resolved_values(runner: CliRunner, module: str) -> No
     )
     assert result.exit_code == 0, result.output
     assert "2 tasks" in result.stdout
-    # names are shown relative to the module; max_attempts and requeue from settings
-    archive = row(result.stdout, "archive")
+    # max_attempts and requeue from settings
+    archive = row(result.stdout, f"{module}.archive")  # in full, as logs and metrics say
     assert archive[1:] == ["clicks", "archive", "7", "9", "5s", "-", "async"]
-    report = row(result.stdout, "build_report")
+    report = row(result.stdout, f"{module}.build_report")
     assert report[1:] == ["reports", "spark", "100", "3", "2.5s", "alert()", "sync"]
     assert row(result.stdout, "→ reports.dead")
 
