@@ -109,6 +109,14 @@ def call_command(
         return code
 
     text = stdin.read() if request == "-" else request
+    if not (nsqd or lookupd or getattr(settings, "nsqd_tcp_addresses", None)) and not getattr(
+        settings, "lookupd_http_addresses", None
+    ):
+        return fail(
+            EXIT_USAGE,
+            "no nsqd to call through: pass --nsqd HOST:PORT (like --nsqd 127.0.0.1:4150) or "
+            "--lookupd URL, or set NSQWORKER_NSQD_TCP_ADDRESSES",
+        )
     try:
         check_topic(topic)
         code = codec.encoding_code(encoding)

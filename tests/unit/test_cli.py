@@ -271,3 +271,9 @@ def test_tasks_says_the_transport_and_where_it_connects(runner: CliRunner, modul
     result = runner.invoke(app, ["tasks", f"{module}:registry"], env=env)
     assert result.exit_code == 0, result.output
     assert "on nsq (nsqd 127.0.0.1:4150)" in " ".join(result.stdout.split())
+
+
+def test_rpc_call_without_an_address_names_the_flag(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["rpc", "call", "pricing", "{}"])
+    assert result.exit_code == 2
+    assert "no nsqd to call through: pass --nsqd HOST:PORT" in " ".join(result.stderr.split())
