@@ -61,7 +61,7 @@ __all__ = [
 
 KUBE_INSTALL_HINT = (
     "put etcd and kube-apiserver on PATH or in NSQWORKER_TOOLS_BIN=DIR (in a clone of "
-    "nsqworker: `make tools`, which builds them with scripts/install-tools k8s)"
+    "nsqworker, `make tools` runs scripts/install-tools k8s to build etcd and kube-apiserver)"
 )
 READY_TIMEOUT = 60.0
 """Seconds etcd and kube-apiserver together get to become ready (about 5-10 s)."""
