@@ -136,4 +136,4 @@ def test_find_kube_binaries_names_the_tool_to_build(tmp_path: Path, monkeypatch:
         find_kube_binaries()
     assert "etcd not found" in str(missing.value)
     assert "build etcd and kube-apiserver" in str(missing.value)
-    assert "NSQ" not in str(missing.value)
+    assert "NSQ v1.3.0" not in str(missing.value)  # the kube tools, not NSQ
