@@ -205,6 +205,23 @@ def _lookupd_address(text: str) -> str:
     return f"{url.scheme}://{host}{url.path.rstrip('/')}"
 
 
+def _reply_pattern(text: str) -> str:
+    """Check an RPC reply pattern: ``host:port`` or a topic, ``*`` and ``?`` allowed."""
+    text = text.strip()
+    if not text or any(c.isspace() for c in text):
+        raise ValueError(f"{text!r} is not a pattern (no spaces, not empty)")
+    return text
+
+
+def _reply_address_pattern(text: str) -> str:
+    """Check an RPC reply address pattern: ``host:port``, ``*`` and ``?`` allowed."""
+    text = _reply_pattern(text)
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port:
+        raise ValueError(f"{text!r} is not host:port (a pattern like 10.0.0.*:4150)")
+    return text
+
+
 def _split_list(value: Any) -> Any:
     """Read a list from a JSON list or a comma-separated string; other values pass."""
     if not isinstance(value, str):
@@ -225,6 +242,8 @@ def _bounded(default: float, ge: float, le: float, doc: str) -> Any:
 
 NsqdAddresses = Annotated[list[Annotated[str, AfterValidator(_nsqd_address)]], NoDecode]
 LookupdAddresses = Annotated[list[Annotated[str, AfterValidator(_lookupd_address)]], NoDecode]
+ReplyPatterns = Annotated[list[Annotated[str, AfterValidator(_reply_pattern)]], NoDecode]
+ReplyAddresses = Annotated[list[Annotated[str, AfterValidator(_reply_address_pattern)]], NoDecode]
 
 
 class _FileSource(PydanticBaseSettingsSource):
@@ -359,6 +378,18 @@ class Settings(BaseSettings):
     trace_parent_mode: Literal["link", "parent"] = Field(
         "link", description="Consumer span links to the producer's, or is its child (parent)."
     )
+    # -- RPC endpoints (nsqworker.rpc, docs/rpc.md, docs/security.md)
+    rpc_reply_addresses: ReplyAddresses = Field(
+        default_factory=list,
+        description="More nsqd (host:port patterns, * and ? wildcards) an @rpc endpoint may"
+        " reply to, beside the one the request came on, nsqd_tcp_addresses and lookupd's"
+        " nsqd; they get no AUTH secret or client certificate.",
+    )
+    rpc_reply_topics: ReplyPatterns = Field(
+        default_factory=lambda: ["rpc_*"],
+        description="Topics (patterns) an @rpc endpoint may publish replies to; RpcClient's"
+        " are rpc_<uuid>#ephemeral.",
+    )
     # -- Spark jobs (nsqworker.spark, docs/spark.md)
     spark_runner: Literal["local", "kubernetes"] = Field(
         "local", description="Where @spark_task jobs run: local (spark-submit) or kubernetes."
@@ -414,7 +445,13 @@ class Settings(BaseSettings):
         """Overrides, then the environment, then the config file being loaded."""
         return init_settings, env_settings, _FileSource(settings_cls)
 
-    @field_validator("nsqd_tcp_addresses", "lookupd_http_addresses", mode="before")
+    @field_validator(
+        "nsqd_tcp_addresses",
+        "lookupd_http_addresses",
+        "rpc_reply_addresses",
+        "rpc_reply_topics",
+        mode="before",
+    )
     @classmethod
     def _parse_list(cls, value: Any) -> Any:
         return _split_list(value)

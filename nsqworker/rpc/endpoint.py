@@ -24,7 +24,8 @@ cannot be decoded (frame or body)           dead-lettered (a body error is answe
                                             first, as an error response)
 in an encoding the endpoint lacks           the 18-byte encoding-255 reply, FIN
 the worker drains before it is answered     REQ 0: another worker answers it
-the response cannot be published            REQ with backoff, like any failure
+names a reply nsqd or topic not trusted     dead-lettered, never dialled (replies.py)
+the response cannot be published in 2 s     dead-lettered, no backoff (replies.py)
 ==========================================  ==========================================
 """
 
@@ -33,18 +34,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import weakref
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, ClassVar, Final, TypeVar, cast
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from nsqworker.errors import LocalProtocolError, RpcDecodeError
+from nsqworker.errors import LocalProtocolError, NoConnection, PublishError, RpcDecodeError
 from nsqworker.logging import get_logger
-from nsqworker.nsq.connection import ConnectionConfig
-from nsqworker.nsq.lookupd import format_address
 from nsqworker.nsq.message import Message
-from nsqworker.nsq.producer import Producer
+from nsqworker.nsq.options import ConnectionConfig
 from nsqworker.rpc import codec
 from nsqworker.rpc.codec import Request
+from nsqworker.rpc.replies import ReplyPolicy, ReplyPool, normalize_address
 from nsqworker.task import (
     DeadLetterHook,
     Registry,
@@ -54,90 +53,19 @@ from nsqworker.task import (
     default_registry,
 )
 
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+
 __all__ = ["ReplyPool", "error_value", "rpc"]
 
 log = get_logger("nsqworker.rpc")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Seconds a reply producer may sit unused before it is closed.
-REPLY_IDLE_TIMEOUT: Final = 60.0
-
 
 def error_value(exc: BaseException) -> dict[str, dict[str, str]]:
     """The error response's value for ``exc``: ``{"error": {"type", "message"}}``."""
     return {"error": {"type": type(exc).__name__, "message": str(exc)}}
-
-
-# --- producers to the reply nsqd ------------------------------------------------------
-
-
-class ReplyPool:
-    """One :class:`Producer` per reply nsqd, made on first use, closed when idle.
-
-    One pool per event loop (:meth:`for_loop`). A sweeper task closes, every
-    ``idle_timeout`` seconds, the producers unused since its last round; when the loop
-    shuts down (``asyncio.run`` cancels its tasks) the sweeper closes every producer
-    left.
-    """
-
-    def __init__(self, idle_timeout: float = REPLY_IDLE_TIMEOUT) -> None:
-        self.idle_timeout = idle_timeout
-        self._producers: dict[tuple[str, int], Producer] = {}
-        self._used: set[tuple[str, int]] = set()  # since the last sweep
-        self._sweeper: asyncio.Task[None] | None = None
-
-    _pools: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ReplyPool]] = (
-        weakref.WeakKeyDictionary()
-    )
-
-    @classmethod
-    def for_loop(cls) -> ReplyPool:
-        """The pool of the running event loop."""
-        loop = asyncio.get_running_loop()
-        pool = cls._pools.get(loop)
-        if pool is None:
-            pool = cls._pools[loop] = cls()
-        return pool
-
-    def __len__(self) -> int:
-        return len(self._producers)
-
-    def send(
-        self, host: str, port: int, topic: str, body: bytes, config: ConnectionConfig | None = None
-    ) -> Awaitable[None]:
-        """Publish ``body`` to ``topic`` on the nsqd at ``host:port``; await the result.
-
-        ``config`` (TLS, AUTH, timeouts) is used when a producer must be made; the
-        endpoint passes the one of the connection the request came on."""
-        key = (host, port)
-        producer = self._producers.get(key)
-        if producer is None:
-            producer = self._producers[key] = Producer(
-                format_address(host, port), connection_config=config, envelope=False
-            )
-            if self._sweeper is None or self._sweeper.done():
-                self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
-        self._used.add(key)
-        return producer.publish(topic, body)
-
-    async def close(self) -> None:
-        """Close every producer now."""
-        producers = list(self._producers.values())
-        self._producers.clear()
-        self._used.clear()
-        await asyncio.gather(*(p.close() for p in producers), return_exceptions=True)
-
-    async def _sweep(self) -> None:
-        try:
-            while self._producers:
-                await asyncio.sleep(self.idle_timeout)
-                for key in [k for k in self._producers if k not in self._used]:
-                    await self._producers.pop(key).close()
-                self._used.clear()
-        except asyncio.CancelledError:  # the loop is shutting down: leave nothing open
-            await self.close()
-            raise
 
 
 # --- the decorator --------------------------------------------------------------------
@@ -219,13 +147,24 @@ def _check_function(topic: str, func: object) -> None:
 
 def _bind(endpoint: _Endpoint) -> Callable[[Message], Any]:
     """``endpoint.handle`` named like the user's function, for @task (a partial, not a
-    wrapper coroutine: one coroutine less per request)."""
-    handler: Any = functools.partial(_Endpoint.handle, endpoint)
-    func = endpoint.func
-    handler.__module__ = getattr(func, "__module__", __name__)
-    handler.__name__ = getattr(func, "__name__", "handler")
-    handler.__qualname__ = getattr(func, "__qualname__", handler.__name__)
-    handler.__doc__ = getattr(func, "__doc__", None)
+    wrapper coroutine: one coroutine less per request). The Worker calls its
+    ``bind_settings(settings)`` for the handler it runs: the same, with the reply
+    policy of the worker's settings."""
+
+    def named(handler: Any) -> Callable[[Message], Any]:
+        func = endpoint.func
+        handler.__module__ = getattr(func, "__module__", __name__)
+        handler.__name__ = getattr(func, "__name__", "handler")
+        handler.__qualname__ = getattr(func, "__qualname__", handler.__name__)
+        handler.__doc__ = getattr(func, "__doc__", None)
+        return cast("Callable[[Message], Any]", handler)
+
+    def bind_settings(settings: Settings) -> Callable[[Message], Any]:
+        policy = ReplyPolicy.for_settings(settings)
+        return named(functools.partial(_Endpoint.serve, endpoint, policy))
+
+    handler: Any = named(functools.partial(_Endpoint.handle, endpoint))
+    handler.bind_settings = bind_settings
     return cast("Callable[[Message], Any]", handler)
 
 
@@ -238,6 +177,7 @@ class _Endpoint:
         self.encodings = encodings
         self._loop: asyncio.AbstractEventLoop | None = None
         self._replies = ReplyPool()
+        self._policy: ReplyPolicy | None = None  # outside a Worker: from the environment
         self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
             getattr(func, "__call__", None)  # noqa: B004 - async callable objects count too
         )
@@ -248,21 +188,34 @@ class _Endpoint:
             self._loop, self._replies = loop, ReplyPool.for_loop()
         return self._replies
 
+    def _default_policy(self) -> ReplyPolicy:
+        if self._policy is None:
+            from nsqworker.settings import Settings
+
+            self._policy = ReplyPolicy(Settings.load())
+        return self._policy
+
     async def handle(self, msg: Message) -> None:
+        """:meth:`serve` outside a Worker: the reply policy of the environment's settings."""
+        await self.serve(self._default_policy(), msg)
+
+    async def serve(self, policy: ReplyPolicy, msg: Message) -> None:
         """Decode, call, reply; see the module's table for every outcome."""
         try:
             request = codec.decode_request(msg.body)
         except RpcDecodeError as exc:
             raise Reject(str(exc)) from None
-        pool = self._pool()
+        # Before anything runs: an address or topic the worker does not trust is
+        # never dialled, and the function is not called for a reply that cannot go.
+        config = await policy.check(request.host, request.port, request.topic, msg.nsqd_address)
+        reply = _Reply(self._pool(), policy, request, config)
         if request.encoding not in self.encodings:
-            reply = codec.unsupported_reply(request.id)
-            await pool.send(request.host, request.port, request.topic, reply, _config(msg))
+            await reply.send(codec.unsupported_reply(request.id))
             return
         try:
             value = codec.decode_value(request.encoding, request.body)
         except RpcDecodeError as exc:
-            await self._reply_error(pool, request, exc, msg)
+            await reply.error(exc)
             raise Reject(str(exc)) from None
         try:
             if self.is_async:
@@ -272,36 +225,49 @@ class _Endpoint:
         except Retry:
             raise
         except Reject as exc:
-            await self._reply_error(pool, request, exc, msg)
+            await reply.error(exc)
             raise
         except Exception as exc:
             log.warning(
                 "answered with an error", topic=self.topic, id=msg.id, error=type(exc).__name__,
                 message=str(exc), exc_info=exc,
             )  # fmt: skip
-            await self._reply_error(pool, request, exc, msg)
+            await reply.error(exc)
             return
         try:
             body = codec.encode_value(request.encoding, result)
         except LocalProtocolError as exc:
-            await self._reply_error(pool, request, exc, msg)
+            await reply.error(exc)
             return
-        reply = codec.encode_response(request.id, request.encoding, body)
-        await pool.send(request.host, request.port, request.topic, reply, _config(msg))
+        await reply.send(codec.encode_response(request.id, request.encoding, body))
 
-    @staticmethod
-    async def _reply_error(
-        pool: ReplyPool, request: Request, exc: BaseException, msg: Message
+
+class _Reply:
+    """The reply to one request: where it goes, and what a failed delivery becomes."""
+
+    __slots__ = ("config", "policy", "pool", "request")
+
+    def __init__(
+        self, pool: ReplyPool, policy: ReplyPolicy, request: Request, config: ConnectionConfig
     ) -> None:
+        self.pool, self.policy, self.request, self.config = pool, policy, request, config
+
+    async def error(self, exc: BaseException) -> None:
+        request = self.request
         encoding = codec.JSON if request.encoding == codec.BINARY else request.encoding
         body = codec.encode_value(encoding, error_value(exc))
-        reply = codec.encode_response(request.id, encoding, body)
-        await pool.send(request.host, request.port, request.topic, reply, _config(msg))
+        await self.send(codec.encode_response(request.id, encoding, body))
 
-
-def _config(msg: Message) -> ConnectionConfig | None:
-    """The options (TLS, AUTH...) of the connection ``msg`` came on: replies use them.
-
-    The consumer's session holds the Connection (tests/integration/test_rpc.py checks
-    this path through nsqd's view of the reply connection)."""
-    return getattr(getattr(msg._conn, "conn", None), "config", None)
+    async def send(self, body: bytes) -> None:
+        """Publish the reply; Reject (dead letter, no backoff) when it cannot be."""
+        request = self.request
+        try:
+            await self.pool.send(request.host, request.port, request.topic, body, self.config)
+        except (NoConnection, ConnectionError, TimeoutError) as exc:
+            address = normalize_address(request.host, request.port)
+            self.policy.failed(address)
+            await self.pool.drop(request.host, request.port, self.config)
+            raise Reject(f"reply nsqd {address} unreachable: {exc}; not answered") from None
+        except (PublishError, LocalProtocolError) as exc:
+            address = normalize_address(request.host, request.port)
+            raise Reject(f"reply to {address} refused: {exc}; not answered") from None
