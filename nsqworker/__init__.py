@@ -19,6 +19,7 @@ from nsqworker.errors import (
     NSQDError,
     NSQWorkerError,
     PublishError,
+    UndecodableBody,
 )
 from nsqworker.nsq import publishing as _publishing
 from nsqworker.nsq.message import Message
@@ -98,6 +99,7 @@ __all__ = [  # noqa: RUF022 - grouped by theme, not sorted
     "ConnectionClosed",
     "InvalidName",
     "MessageTooLarge",
+    "UndecodableBody",
     "NSQDError",
     "NSQWorkerError",
     "NoConnection",

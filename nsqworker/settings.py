@@ -390,6 +390,11 @@ class Settings(BaseSettings):
         description="Topics (patterns) an @rpc endpoint may publish replies to; RpcClient's"
         " are rpc_<uuid>#ephemeral.",
     )
+    rpc_error_details: bool = Field(
+        False,
+        description="RPC error replies carry the exception's type and text; off: a generic"
+        " error with a correlation id (RpcUserError's text is always sent).",
+    )
     # -- Spark jobs (nsqworker.spark, docs/spark.md)
     spark_runner: Literal["local", "kubernetes"] = Field(
         "local", description="Where @spark_task jobs run: local (spark-submit) or kubernetes."

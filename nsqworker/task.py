@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, Never, ParamSpec, Protocol, TypeVar, cast
 
-from nsqworker.errors import ConfigurationError, InvalidName
+from nsqworker.errors import ConfigurationError, InvalidName, UndecodableBody
 from nsqworker.nsq.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.nsq.protocol import check_channel, check_topic
 
@@ -138,6 +138,8 @@ def outcome_of_error(msg: Message, exc: BaseException) -> Outcome | None:
         return Requeue(exc.delay, backoff=True)
     if isinstance(exc, Reject):
         return GiveUp(exc.reason or "rejected by the handler")
+    if isinstance(exc, UndecodableBody):  # msg.json() of a bad body: never a retry
+        return GiveUp(exc.reason)
     if isinstance(exc, asyncio.CancelledError):
         return Requeue(0.0, backoff=False)
     return Requeue(None, backoff=True)

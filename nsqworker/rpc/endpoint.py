@@ -35,9 +35,15 @@ import asyncio
 import functools
 import inspect
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
-from nsqworker.errors import LocalProtocolError, NoConnection, PublishError, RpcDecodeError
+from nsqworker.errors import (
+    LocalProtocolError,
+    NoConnection,
+    PublishError,
+    RpcDecodeError,
+    RpcUserError,
+)
 from nsqworker.logging import get_logger
 from nsqworker.nsq.message import Message
 from nsqworker.nsq.options import ConnectionConfig
@@ -63,9 +69,26 @@ log = get_logger("nsqworker.rpc")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def error_value(exc: BaseException) -> dict[str, dict[str, str]]:
-    """The error response's value for ``exc``: ``{"error": {"type", "message"}}``."""
-    return {"error": {"type": type(exc).__name__, "message": str(exc)}}
+#: Bytes of a request's body an endpoint accepts by default (nsqd's default
+#: --max-msg-size); decoded msgpack may take ~70 times its size in memory.
+MAX_REQUEST_SIZE: Final = 1024 * 1024
+#: The error type a caller sees for an exception whose text is not sent.
+GENERIC_ERROR: Final = "EndpointError"
+# Errors whose text is meant for the caller: about its own request, or chosen by the
+# endpoint's author.
+_CALLER_ERRORS: Final = (RpcUserError, RpcDecodeError, Reject, LocalProtocolError)
+
+
+def error_value(exc: BaseException, details: bool = True, error_id: str = "") -> dict[str, Any]:
+    """The error response's value for ``exc``: ``{"error": {"type", "message"}}``.
+
+    Without ``details`` an exception other than RpcUserError, Reject or a decode error
+    is answered as ``EndpointError`` naming ``error_id`` (the request's message id, in
+    the endpoint's log line), not with its own text."""
+    if details or isinstance(exc, _CALLER_ERRORS):
+        return {"error": {"type": type(exc).__name__, "message": str(exc)}}
+    message = f"the endpoint failed (error id {error_id}); its log has the details"
+    return {"error": {"type": GENERIC_ERROR, "message": message}}
 
 
 # --- the decorator --------------------------------------------------------------------
@@ -82,6 +105,8 @@ def rpc(
     registry: Registry | None = None,
     on_dead_letter: DeadLetterHook | None = None,
     dead_letter_topic: str | None = None,
+    max_request_size: int = MAX_REQUEST_SIZE,
+    max_depth: int | None = codec.MAX_DEPTH,
 ) -> Callable[[F], F]:
     """Serve RPC requests published to ``topic`` with the decorated function.
 
@@ -99,6 +124,10 @@ def rpc(
         name: the task's name (default ``module.qualname``).
         registry: where to register the task (default: the one ``@task`` uses).
         on_dead_letter, dead_letter_topic: as for ``@task``.
+        max_request_size: bytes of a request's body accepted; larger ones are answered
+            with an error and dead-lettered (default 1 MiB).
+        max_depth: how deep lists and maps may nest in a request (default 64; None:
+            no limit); deeper ones are answered with an error and dead-lettered.
 
     Raises:
         TaskDefinitionError, LocalProtocolError: at import, naming what to change.
@@ -109,7 +138,7 @@ def rpc(
 
     def decorate(func: F) -> F:
         _check_function(topic, func)
-        endpoint = _Endpoint(func, topic, frozenset(accepted))
+        endpoint = _Endpoint(func, topic, frozenset(accepted), max_request_size, max_depth)
         registered = target.task(
             topic,
             channel=channel,
@@ -171,10 +200,19 @@ def _bind(endpoint: _Endpoint) -> Callable[[Message], Any]:
 class _Endpoint:
     """The handler of one ``@rpc`` task."""
 
-    def __init__(self, func: Callable[[Any], Any], topic: str, encodings: frozenset[int]) -> None:
+    def __init__(
+        self,
+        func: Callable[[Any], Any],
+        topic: str,
+        encodings: frozenset[int],
+        max_request_size: int = MAX_REQUEST_SIZE,
+        max_depth: int | None = codec.MAX_DEPTH,
+    ) -> None:
         self.func = func
         self.topic = topic
         self.encodings = encodings
+        self.max_request_size = max_request_size
+        self.max_depth = max_depth
         self._loop: asyncio.AbstractEventLoop | None = None
         self._replies = ReplyPool()
         self._policy: ReplyPolicy | None = None  # outside a Worker: from the environment
@@ -208,12 +246,17 @@ class _Endpoint:
         # Before anything runs: an address or topic the worker does not trust is
         # never dialled, and the function is not called for a reply that cannot go.
         config = await policy.check(request.host, request.port, request.topic, msg.nsqd_address)
-        reply = _Reply(self._pool(), policy, request, config)
+        reply = _Reply(self._pool(), policy, request, config, msg.id)
         if request.encoding not in self.encodings:
             await reply.send(codec.unsupported_reply(request.id))
             return
         try:
-            value = codec.decode_value(request.encoding, request.body)
+            if len(request.body) > self.max_request_size:
+                raise RpcDecodeError(
+                    f"RPC body of {len(request.body)} bytes is over the endpoint's "
+                    f"max_request_size of {self.max_request_size}"
+                )
+            value = codec.decode_value(request.encoding, request.body, self.max_depth)
         except RpcDecodeError as exc:
             await reply.error(exc)
             raise Reject(str(exc)) from None
@@ -245,17 +288,24 @@ class _Endpoint:
 class _Reply:
     """The reply to one request: where it goes, and what a failed delivery becomes."""
 
-    __slots__ = ("config", "policy", "pool", "request")
+    __slots__ = ("config", "error_id", "policy", "pool", "request")
 
     def __init__(
-        self, pool: ReplyPool, policy: ReplyPolicy, request: Request, config: ConnectionConfig
+        self,
+        pool: ReplyPool,
+        policy: ReplyPolicy,
+        request: Request,
+        config: ConnectionConfig,
+        error_id: str,
     ) -> None:
         self.pool, self.policy, self.request, self.config = pool, policy, request, config
+        self.error_id = error_id
 
     async def error(self, exc: BaseException) -> None:
         request = self.request
         encoding = codec.JSON if request.encoding == codec.BINARY else request.encoding
-        body = codec.encode_value(encoding, error_value(exc))
+        value = error_value(exc, self.policy.error_details, self.error_id)
+        body = codec.encode_value(encoding, value)
         await self.send(codec.encode_response(request.id, encoding, body))
 
     async def send(self, body: bytes) -> None:

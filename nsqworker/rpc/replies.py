@@ -86,6 +86,7 @@ class ReplyPolicy:
         self.own = {normalize_address(*_split(a)) for a in settings.nsqd_tcp_addresses}
         self.patterns = [_split(p) for p in settings.rpc_reply_addresses]
         self.topics = list(settings.rpc_reply_topics)
+        self.error_details = settings.rpc_error_details
         self.lookupd = [a if "://" in a else f"http://{a}" for a in settings.lookupd_http_addresses]
         full = ConnectionConfig.from_settings(settings)
         dial = min(full.dial_timeout, REPLY_TIMEOUT)

@@ -149,7 +149,7 @@ async def test_an_endpoint_exception_is_raised_as_rpc_error(
     registry = Registry()
     pricing(registry)
     async with (
-        Worker(registry, settings_for(nsqd)),
+        Worker(registry, settings_for(nsqd, rpc_error_details=True)),
         RpcClient([nsqd.tcp_address], settings=settings_for(nsqd), encoding=encoding) as client,
     ):
         with pytest.raises(RpcError) as info:
@@ -171,7 +171,7 @@ async def test_binary_request_gets_its_error_as_json(nsqd: NsqdProcess) -> None:
         return request.decode("ascii").upper().encode()
 
     async with (
-        Worker(registry, settings_for(nsqd)),
+        Worker(registry, settings_for(nsqd, rpc_error_details=True)),
         RpcClient([nsqd.tcp_address], settings=settings_for(nsqd), encoding="binary") as client,
     ):
         assert await client.call("upper", b"abc", timeout=10) == b"ABC"

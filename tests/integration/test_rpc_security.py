@@ -181,3 +181,65 @@ async def test_a_reply_nsqd_listed_by_lookupd_is_trusted(
     async with Worker(registry, settings), client:
         assert await client.call("sec_rpc", 1, timeout=15) == {"ok": 1}
     assert not letters
+
+
+async def test_nested_json_is_rejected_without_backoff(nsqd: NsqdProcess) -> None:
+    registry, letters = Registry(), list[str]()
+    endpoint(registry, letters)
+    settings = settings_for(nsqd, backoff_multiplier=1.0)  # a failure would pause 1 s, 2, 4...
+    deep = b"[" * 100_000
+    async with Worker(registry, settings):
+        for n in range(4):
+            body = codec.encode_request(bytes([n]) * 16, codec.JSON, "127.0.0.1",
+                                        nsqd.tcp_port, "rpc_bomb", deep)  # fmt: skip
+            nsqd.publish("sec_rpc", body)
+        nested = b'{"a":' * 70 + b"1" + b"}" * 70  # parses, but deeper than max_depth 64
+        nsqd.publish("sec_rpc", request_to(nsqd.tcp_port, topic="rpc_bomb")[:-8] + nested)
+        await wait_until(lambda: len(letters) == 5, message="5 dead letters")
+        started = time.monotonic()
+        async with RpcClient([nsqd.tcp_address], settings=settings_for(nsqd)) as client:
+            assert await client.call("sec_rpc", 1, timeout=10) == {"ok": 1}
+        assert time.monotonic() - started < 3.0  # no backoff level to wait out
+    assert sum("nested too deeply" in r for r in letters) == 4
+    assert any("deeper than 64 levels" in r for r in letters)
+
+
+async def test_a_request_over_max_request_size_is_rejected(nsqd: NsqdProcess) -> None:
+    registry, letters = Registry(), list[str]()
+    endpoint(registry, letters, max_request_size=1000)
+    async with Worker(registry, settings_for(nsqd)):
+        body = codec.encode_request(b"B" * 16, codec.JSON, "127.0.0.1", nsqd.tcp_port,
+                                    "rpc_big", b"[" + b"0," * 1000 + b"0]")  # fmt: skip
+        nsqd.publish("sec_rpc", body)
+        await wait_until(lambda: letters, message="dead-lettered")
+    assert "2003 bytes is over the endpoint's max_request_size of 1000" in letters[0]
+
+
+async def test_error_replies_are_generic_unless_the_author_chose_the_text(
+    nsqd: NsqdProcess,
+) -> None:
+    from nsqworker.rpc import RpcError, RpcUserError
+
+    class OutOfStock(RpcUserError):
+        pass
+
+    registry = Registry()
+
+    @rpc("fails", registry=registry)
+    async def fails(request: str) -> None:
+        if request == "user":
+            raise OutOfStock("sku A1 is out of stock")
+        raise RuntimeError("cannot reach postgres://admin:hunter2@db:5432/orders")
+
+    async with (
+        Worker(registry, settings_for(nsqd)),
+        RpcClient([nsqd.tcp_address], settings=settings_for(nsqd)) as client,
+    ):
+        with pytest.raises(RpcError) as info:
+            await client.call("fails", "internal", timeout=10)
+        assert info.value.type == "EndpointError"
+        assert "hunter2" not in str(info.value)
+        assert "error id " in info.value.message  # the message id, in the endpoint's log
+        with pytest.raises(RpcError) as info:
+            await client.call("fails", "user", timeout=10)
+        assert (info.value.type, info.value.message) == ("OutOfStock", "sku A1 is out of stock")
