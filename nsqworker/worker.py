@@ -15,11 +15,9 @@ consumer's own counters complete :meth:`Worker.stats`.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextvars
 import importlib
 import inspect
-import json
 import logging
 import os
 import signal
@@ -32,6 +30,7 @@ from typing import Any, Protocol, Self
 from opentelemetry import context as otel_context
 
 from nsqworker import logging as _logs
+from nsqworker.dead_letters import dead_letter_envelope, publish_dead_letter
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import TrafficSummary, configure_logging, get_logger
 from nsqworker.nsq.connection import ConnectionConfig
@@ -254,8 +253,7 @@ class _TaskRunner:
         self.log.error("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, exc_info=exc)
         if spec.dead_letter_topic is not None:
             producer = self.worker._dead_letter_producer(msg)
-            envelope = dead_letter_envelope(msg, reason, spec.name)
-            await producer.publish(spec.dead_letter_topic, envelope)
+            await publish_dead_letter(producer, spec.dead_letter_topic, msg, reason, spec.name)
         hook = spec.on_dead_letter
         if hook is not None:
             if self.hook_async:
@@ -276,23 +274,6 @@ class _TaskRunner:
             duration=DurationHistogram(list(self.bounds), counts, self.dur_sum, sum(counts)),
             **{key: getattr(cs, key) for key in FROM_CONSUMER.split()},
         )  # fmt: skip
-
-
-def dead_letter_envelope(msg: Message, reason: str, task: str = "") -> bytes:
-    """The JSON published to a dead_letter_topic for ``msg``.
-
-    Keys: ``topic``, ``channel``, ``id``, ``attempts``, ``reason``, ``timestamp`` (ns,
-    when nsqd first accepted the message), ``task``, ``body`` (UTF-8 text, or base64
-    with ``"body_encoding": "base64"`` when the body is not valid UTF-8).
-    """
-    doc: dict[str, Any] = {"topic": msg.topic, "channel": msg.channel, "id": msg.id}
-    doc.update(attempts=msg.attempts, reason=reason, timestamp=msg.timestamp, task=task)
-    try:
-        doc["body"] = msg.body.decode("utf-8")
-    except UnicodeDecodeError:
-        doc["body"] = base64.b64encode(msg.body).decode("ascii")
-        doc["body_encoding"] = "base64"
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 # --- the worker ----------------------------------------------------------------------
