@@ -340,6 +340,11 @@ class Settings(BaseSettings):
     tls_server_name: str | None = Field(None, description="Name in nsqd's cert; host if unset.")
     tls_verify: bool = Field(True, description="Verify nsqd's certificate; off only in tests.")
     auth_secret: SecretStr | None = Field(None, description="AUTH secret; never printed.")
+    lookupd_auth_without_tls: bool = Field(
+        False,
+        description="Send the AUTH secret to nsqd found through nsqlookupd over plain TCP"
+        " (off: only over TLS, since lookupd's answers are unauthenticated).",
+    )
     # -- stopping, health, logs, tracing
     uvloop: bool = Field(
         True, description="Run workers on uvloop when it is installed (the uvloop extra)."

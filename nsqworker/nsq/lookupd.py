@@ -210,10 +210,8 @@ class LookupdPoller:
                 return set()  # TOPIC_NOT_FOUND: nobody has published it yet
             self._failed(base, f"HTTP {exc.response.status_code}", str(exc).splitlines()[0])
             return None
-        except (httpx.HTTPError, ValueError) as exc:
+        except Exception as exc:  # a broken answer must not end the poller
             kind = type(exc).__name__
-            if isinstance(exc, httpx.HTTPStatusError):
-                kind = f"HTTP {exc.response.status_code}"
             text = str(exc).splitlines()[0] if str(exc) else ""
             if isinstance(exc, httpx.TimeoutException):
                 text = f"no answer within {self.timeout:g} s"
@@ -241,7 +239,10 @@ class LookupdPoller:
         """Poll forever (cancel to stop); ``poll_first=False`` waits before the first."""
         while True:
             if poll_first:
-                await self.poll()
+                try:
+                    await self.poll()
+                except Exception:  # an on_update bug: keep polling, say it loudly
+                    log.exception("lookupd poll for topic %s failed; polling on", self.topic)
             poll_first = True
             try:
                 await asyncio.wait_for(self._wake.wait(), self.next_wait())

@@ -262,6 +262,8 @@ class Subscriptions:
         session = _Session(link)
         config = self._bulk_config if bulk else self._config
         assert config is not None
+        if not link.direct:  # security: found through lookupd (options.for_discovered)
+            config = config.for_discovered()
 
         def make(config: ConnectionConfig) -> Connection:
             session.conn = Connection(

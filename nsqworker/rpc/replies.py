@@ -91,6 +91,7 @@ class ReplyPolicy:
         full = ConnectionConfig.from_settings(settings)
         dial = min(full.dial_timeout, REPLY_TIMEOUT)
         self.credentialed = dataclasses.replace(full, dial_timeout=dial)
+        self.discovered = self.credentialed.for_discovered()
         plain_tls = None
         if full.tls_v1:  # the same CA and verification, no client certificate
             plain_tls = ssl_context(settings.tls_ca_file, None, None, settings.tls_verify)
@@ -129,10 +130,13 @@ class ReplyPolicy:
                     f"reply nsqd {address} failed less than {DOWN_FOR:g} s ago; not answered"
                 )
             del self.down[address]
-        if address in self.own or address == _normal(came_from):
+        if address in self.own:
             return self.credentialed
-        if self.lookupd and await self._known_to_lookupd(address, loop.time()):
-            return self.credentialed
+        # The request's nsqd, when not in our list, was found through lookupd.
+        if address == _normal(came_from) or (
+            self.lookupd and await self._known_to_lookupd(address, loop.time())
+        ):
+            return self.discovered
         if _matches(address, self.patterns):
             return self.plain
         raise Reject(
