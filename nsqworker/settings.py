@@ -367,7 +367,11 @@ class Settings(BaseSettings):
         30.0, 0, 86400, "Seconds a stop waits for running handlers before REQing them."
     )
     health_port: int = _bounded(8080, 0, 65535, "Port of /livez /readyz /metrics; 0 = off.")
-    health_host: str = Field("0.0.0.0", min_length=1, description="Address health binds.")
+    health_host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="Address health binds; 0.0.0.0 for every address (the Helm chart's).",
+    )
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
         "info", description="Lowest level logged: debug, info, warning, error or critical."
     )

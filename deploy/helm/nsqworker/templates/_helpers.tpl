@@ -116,6 +116,7 @@ number as a float, which would print 1000000 as 1e+06), lists comma-joined.
 NSQWORKER_WORKERS: {{ include "nsqworker.envValue" .Values.workers | quote }}
 NSQWORKER_DRAIN_TIMEOUT: {{ include "nsqworker.envValue" .Values.drainTimeout | quote }}
 NSQWORKER_HEALTH_PORT: {{ include "nsqworker.envValue" .Values.healthPort | quote }}
+NSQWORKER_HEALTH_HOST: {{ .Values.healthHost | quote }}
 NSQWORKER_LOG_LEVEL: {{ .Values.logLevel | quote }}
 NSQWORKER_LOG_FORMAT: {{ .Values.logFormat | quote }}
 {{- with .Values.nsq.lookupdHttpAddresses }}
