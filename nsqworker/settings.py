@@ -341,9 +341,7 @@ class Settings(BaseSettings):
     tls_verify: bool = Field(True, description="Verify nsqd's certificate; off only in tests.")
     auth_secret: SecretStr | None = Field(None, description="AUTH secret; never printed.")
     lookupd_auth_without_tls: bool = Field(
-        False,
-        description="Send the AUTH secret to nsqd found through nsqlookupd over plain TCP"
-        " (off: only over TLS, since lookupd's answers are unauthenticated).",
+        False, description="Send AUTH to nsqd found through lookupd over plain TCP, not only TLS."
     )
     # -- stopping, health, logs, tracing
     uvloop: bool = Field(
@@ -368,9 +366,7 @@ class Settings(BaseSettings):
     )
     health_port: int = _bounded(8080, 0, 65535, "Port of /livez /readyz /metrics; 0 = off.")
     health_host: str = Field(
-        "127.0.0.1",
-        min_length=1,
-        description="Address health binds; 0.0.0.0 for every address (the Helm chart's).",
+        "127.0.0.1", min_length=1, description="Address health binds; 0.0.0.0: every address."
     )
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
         "info", description="Lowest level logged: debug, info, warning, error or critical."
@@ -387,6 +383,7 @@ class Settings(BaseSettings):
     trace_parent_mode: Literal["link", "parent"] = Field(
         "link", description="Consumer span links to the producer's, or is its child (parent)."
     )
+    trace_trust_remote: bool = Field(False, description="Trust envelopes' sampled flag, baggage.")
     # -- RPC endpoints (nsqworker.rpc, docs/rpc.md, docs/security.md)
     rpc_reply_addresses: ReplyAddresses = Field(
         default_factory=list,
@@ -400,9 +397,7 @@ class Settings(BaseSettings):
         " are rpc_<uuid>#ephemeral.",
     )
     rpc_error_details: bool = Field(
-        False,
-        description="RPC error replies carry the exception's type and text; off: a generic"
-        " error with a correlation id (RpcUserError's text is always sent).",
+        False, description="RPC error replies carry any exception's type and text (not only ours)."
     )
     # -- Spark jobs (nsqworker.spark, docs/spark.md)
     spark_runner: Literal["local", "kubernetes"] = Field(

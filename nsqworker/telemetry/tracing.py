@@ -47,6 +47,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, 
 
 from nsqworker._version import __version__
 from nsqworker.nsq.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.telemetry import envelope as _envelope
 from nsqworker.telemetry.envelope import ENVELOPE_MAGIC, unwrap_envelope, wrap_envelope
 from nsqworker.telemetry.metrics import SCOPE, SYSTEM_ATTRS, hub
 from nsqworker.telemetry.shortcuts import context_with
@@ -244,7 +245,12 @@ class TaskInstrumentation:
         self.timed = False
         """True when ``end`` records the duration histogram (an SDK MeterProvider is
         installed), so it must be called for messages ``start`` did not trace too."""
-        self._unwrap = getattr(spec, "envelope", None) is not False
+        # Security (issue 29): strip only when opted in; trust sampled flag and baggage
+        opted = getattr(spec, "envelope", None)
+        self._unwrap = bool(
+            getattr(settings, "tracing_envelope", False) if opted is None else opted
+        )
+        self._trust_remote = bool(getattr(settings, "trace_trust_remote", False))
         mode = parent_mode or getattr(settings, "trace_parent_mode", "link")
         if mode not in ("link", "parent"):
             raise ValueError(f"parent_mode must be 'link' or 'parent', got {mode!r}")
@@ -341,9 +347,14 @@ class TaskInstrumentation:
 
     def _remote(self, carrier: dict[str, str]) -> tuple[otel_context.Context, Any]:
         """``(parent, links)`` for an envelope's trace headers, as ``parent_mode`` says."""
+        if not self._trust_remote:  # security: a publisher's baggage is not ours to carry
+            carrier = {k: v for k, v in carrier.items() if k.lower() != "baggage"}
         remote = propagate.extract(carrier)
         if self._parent_mode:
-            return remote, ()
+            if self._trust_remote:
+                return remote, ()
+            ours = self._mode != _RATIO or getrandbits(64) < self._bound  # not their flag
+            return _envelope.with_sampled_flag(remote, ours), ()
         span_context = trace.get_current_span(remote).get_span_context()
         return _ROOT, (Link(span_context),) if span_context.is_valid else ()
 
