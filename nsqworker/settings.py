@@ -403,6 +403,9 @@ class Settings(BaseSettings):
     spark_runner: Literal["local", "kubernetes"] = Field(
         "local", description="Where @spark_task jobs run: local (spark-submit) or kubernetes."
     )
+    spark_app_roots: list[str] = Field(
+        default_factory=list, description="Directories local Spark apps must be in; default: ."
+    )
     spark_master: str = Field(
         "local[*]",
         min_length=1,

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from nsqworker.spark.policy import denied_conf, denied_env, outside_root
+
 __all__ = ["JobContext", "JobResult", "JobState", "SparkJob", "SparkJobFailed", "job_problems"]
 
 RunnerKind = Literal["local", "kubernetes"]
@@ -66,21 +68,29 @@ def _conf_text(value: object) -> str:
     return str(value)
 
 
-def job_problems(job: object, runner: RunnerKind, cwd: str | os.PathLike[str] = ".") -> list[str]:
+def job_problems(
+    job: object,
+    runner: RunnerKind,
+    cwd: str | os.PathLike[str] = ".",
+    roots: Sequence[str | os.PathLike[str]] = (),
+) -> list[str]:
     """Everything wrong with ``job`` for ``runner``; empty when it can be submitted.
 
     Each problem names the field and what to change. The local runner also checks that
-    ``app`` and ``py_files`` exist (relative to ``cwd``); the Kubernetes runner that
-    they are URIs the driver can fetch.
+    ``app`` and ``py_files`` are files under ``roots`` (default: ``cwd``; relative paths
+    are read from ``cwd``); the Kubernetes runner that they
+    are URIs the driver can fetch. Conf keys and env names that would let a message
+    run code are refused (:mod:`nsqworker.spark.policy`).
     """
     if not isinstance(job, SparkJob):
         return [f"the handler returned {type(job).__name__}, not a SparkJob"]
     problems: list[str] = []
-    problems += _file_problems("app", [job.app], runner, cwd, single=True)
+    where = [Path(r) for r in roots] or [Path(cwd)]
+    problems += _file_problems("app", [job.app], runner, cwd, where, single=True)
     if isinstance(job.py_files, str) or not isinstance(job.py_files, Sequence):
         problems.append(f"py_files must be a list of paths, got {job.py_files!r}")
     else:
-        problems += _file_problems("py_files", list(job.py_files), runner, cwd, single=False)
+        problems += _file_problems("py_files", list(job.py_files), runner, cwd, where, False)
     if isinstance(job.args, str) or not isinstance(job.args, Sequence):
         problems.append(f"args must be a list of strings, got {job.args!r}")
     else:
@@ -108,7 +118,12 @@ def job_problems(job: object, runner: RunnerKind, cwd: str | os.PathLike[str] = 
 
 
 def _file_problems(
-    what: str, values: list[object], runner: RunnerKind, cwd: str | os.PathLike[str], single: bool
+    what: str,
+    values: list[object],
+    runner: RunnerKind,
+    cwd: str | os.PathLike[str],
+    roots: list[Path],
+    single: bool,
 ) -> list[str]:
     problems = []
     for i, value in enumerate(values):
@@ -128,10 +143,17 @@ def _file_problems(
         path_text = value
         if scheme is not None:
             if scheme.group(1) not in ("file", "local"):
-                continue  # a remote URI: spark-submit fetches it, we cannot check it here
+                problems.append(
+                    f"{label} {value!r} is remote; the local runner runs files under the "
+                    "spark_app_roots only (ship the app in the image)"
+                )
+                continue
             path_text = value[len(scheme.group(0)) :]
         path = Path(cwd, path_text)
-        if not path.is_file():
+        if all(outside_root(path, root) for root in roots):
+            places = ", ".join(str(r) for r in roots)
+            problems.append(f"{label} {value!r} is outside spark_app_roots ({places})")
+        elif not path.is_file():
             problems.append(f"{label} {value!r}: no such file ({path.resolve()})")
     return problems
 
@@ -143,6 +165,12 @@ def _conf_problems(conf: object) -> list[str]:
     for key, value in conf.items():
         if not isinstance(key, str) or not _CONF_KEY.match(key):
             problems.append(f"conf key {key!r} is not a Spark property name (like spark.x.y)")
+            continue
+        if denied_conf(key):  # security: code, jars, volumes... are the operator's
+            problems.append(
+                f"conf key {key!r} may not be set by a job (it runs or fetches code, or "
+                "changes the pod); set it in spark-defaults.conf or the operator's defaults"
+            )
             continue
         if isinstance(value, float) and not math.isfinite(value):
             problems.append(f"conf[{key!r}] = {value!r} is not a finite number")
@@ -163,6 +191,8 @@ def _env_problems(env: object) -> list[str]:
     for key, value in env.items():
         if not isinstance(key, str) or not _ENV_NAME.match(key):
             problems.append(f"env name {key!r} is not a valid variable name")
+        elif denied_env(key):
+            problems.append(f"env name {key!r} may not be set by a job (it changes what runs)")
         elif not isinstance(value, str) or "\x00" in value:
             problems.append(f"env[{key!r}] must be a string without NUL, got {value!r}")
     return problems

@@ -120,7 +120,7 @@ async def run_spark_job(
         job = await asyncio.to_thread(func, msg)
         if inspect.isawaitable(job):
             job = await job
-    problems = job_problems(job, runner.kind)
+    problems = job_problems(job, runner.kind, roots=getattr(runner, "app_roots", ()))
     if problems:
         raise Reject("invalid SparkJob: " + "; ".join(problems))
     assert isinstance(job, SparkJob)

@@ -106,6 +106,11 @@ number as a float, which would print 1000000 as 1e+06), lists comma-joined.
 {{- if and .Values.tls.enabled (ne (empty .Values.tls.certKey) (empty .Values.tls.keyKey)) }}
 {{- fail "tls.certKey and tls.keyKey go together: set both (a client certificate) or neither" }}
 {{- end }}
+{{- range $name, $value := .Values.otel.env }}
+{{- if contains "HEADERS" $name }}
+{{- fail (printf "otel.env.%s would put the collector's API keys in a ConfigMap: store them in a Secret and set otel.headersSecret" $name) }}
+{{- end }}
+{{- end }}
 {{- if and .Values.spark.kubernetes.enabled (not .Values.spark.kubernetes.image) }}
 {{- fail "spark.kubernetes.enabled needs spark.kubernetes.image: the image of the Spark driver and executors" }}
 {{- end }}
