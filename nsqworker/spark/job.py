@@ -18,7 +18,15 @@ from typing import Literal
 
 from nsqworker.spark.policy import denied_conf, denied_env, outside_root
 
-__all__ = ["JobContext", "JobResult", "JobState", "SparkJob", "SparkJobFailed", "job_problems"]
+__all__ = [
+    "JobContext",
+    "JobResult",
+    "JobState",
+    "SecretRef",
+    "SparkJob",
+    "SparkJobFailed",
+    "job_problems",
+]
 
 RunnerKind = Literal["local", "kubernetes"]
 
@@ -28,6 +36,20 @@ _CONF_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-\[\]]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _URI = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 _NAME_MAX = 200
+
+
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """An ``env`` value read from key ``key`` of the Kubernetes Secret ``name`` (in the
+    jobs' namespace), so it never appears in the SparkApplication in plain text.
+    Kubernetes runner only; build it from your code, never from the message."""
+
+    name: str
+    key: str
 
 
 @dataclass(frozen=True)
@@ -43,7 +65,8 @@ class SparkJob:
             booleans are written as Spark expects them (``8``, ``true``).
         name: the application's name in Spark (default: the task's name).
         py_files: extra ``.py``/``.zip``/``.egg`` files for ``--py-files``.
-        env: environment variables for the driver (and, on Kubernetes, the executors).
+        env: environment variables for the driver (and, on Kubernetes, the executors);
+            on Kubernetes a value may be a :class:`SecretRef` (a ``secretKeyRef``).
         timeout: the longest the job is expected to run, in seconds. When it exceeds
             nsqd's ``--max-msg-timeout`` the job is refused before it is submitted
             (nsqd would redeliver the message while the job still runs).
@@ -54,7 +77,7 @@ class SparkJob:
     conf: Mapping[str, str | int | float | bool] = field(default_factory=dict)
     name: str | None = None
     py_files: Sequence[str] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str | SecretRef] = field(default_factory=dict)
     timeout: float | None = None
 
     def conf_strings(self) -> dict[str, str]:
@@ -102,6 +125,12 @@ def job_problems(
                 problems.append(f"args[{i}] contains a NUL byte")
     problems += _conf_problems(job.conf)
     problems += _env_problems(job.env)
+    if runner == "local" and isinstance(job.env, Mapping):
+        problems += [
+            f"env[{k!r}] is a SecretRef: the local runner has no Kubernetes Secrets"
+            for k, v in job.env.items()
+            if isinstance(v, SecretRef)
+        ]
     if job.name is not None and (
         not isinstance(job.name, str) or not job.name.strip() or len(job.name) > _NAME_MAX
     ):
@@ -193,6 +222,9 @@ def _env_problems(env: object) -> list[str]:
             problems.append(f"env name {key!r} is not a valid variable name")
         elif denied_env(key):
             problems.append(f"env name {key!r} may not be set by a job (it changes what runs)")
+        elif isinstance(value, SecretRef):
+            if not _K8S_NAME.match(str(value.name)) or not _SECRET_KEY.match(str(value.key)):
+                problems.append(f"env[{key!r}] = {value!r}: not a Secret name and key")
         elif not isinstance(value, str) or "\x00" in value:
             problems.append(f"env[{key!r}] must be a string without NUL, got {value!r}")
     return problems

@@ -157,7 +157,7 @@ class LocalRunner:
             self.java = java
         if self._home is None:
             self._home = spark_home()
-        env = base | dict(job.env)
+        env = base | {k: v for k, v in job.env.items() if isinstance(v, str)}  # no SecretRef here
         env["JAVA_HOME"] = java.home
         env["SPARK_HOME"] = str(self._home)
         env.setdefault("PYSPARK_PYTHON", sys.executable)

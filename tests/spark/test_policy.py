@@ -78,3 +78,27 @@ def test_debug_command_masks_secret_looking_conf() -> None:
         "spark-submit", "--conf", "spark.hadoop.fs.s3a.secret.key=**********", "--conf",
         "spark.sql.shuffle.partitions=8", "app.py",
     ]  # fmt: skip
+
+
+def test_secret_env_is_a_secret_key_ref_on_kubernetes(app: str) -> None:
+    from nsqworker.spark import SecretRef
+    from nsqworker.spark.job import JobContext
+    from nsqworker.spark.kubernetes import application_body
+
+    job = SparkJob("local:///opt/r.py", env={"DB_PASSWORD": SecretRef("db", "password"), "A": "1"})
+    assert job_problems(job, "kubernetes") == []
+    ctx = JobContext("clicks", "spark", "0a1b2c3d4e5f6a7b", 1, "svc.daily")
+    body = application_body(
+        job, ctx, name="n", namespace="jobs", image="img:1", service_account="sa",
+        ttl=600.0, spark_version="3.5.7",
+    )  # fmt: skip
+    assert body["spec"]["driver"]["env"] == [
+        {"name": "A", "value": "1"},
+        {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}},
+    ]
+    (local,) = job_problems(SparkJob(app, env={"X": SecretRef("db", "password")}), "local")
+    assert "the local runner has no Kubernetes Secrets" in local
+    (bad,) = job_problems(
+        SparkJob("local:///r.py", env={"X": SecretRef("Bad_Name", "k")}), "kubernetes"
+    )
+    assert "not a Secret name and key" in bad
