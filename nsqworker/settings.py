@@ -340,6 +340,9 @@ class Settings(BaseSettings):
     tls_server_name: str | None = Field(None, description="Name in nsqd's cert; host if unset.")
     tls_verify: bool = Field(True, description="Verify nsqd's certificate; off only in tests.")
     auth_secret: SecretStr | None = Field(None, description="AUTH secret; never printed.")
+    lookupd_allowed_nsqd: ReplyAddresses = Field(
+        default_factory=list, description="host:port patterns of the nsqd taken from lookupd."
+    )
     lookupd_auth_without_tls: bool = Field(
         False, description="Send AUTH to nsqd found through lookupd over plain TCP, not only TLS."
     )
@@ -386,15 +389,10 @@ class Settings(BaseSettings):
     trace_trust_remote: bool = Field(False, description="Trust envelopes' sampled flag, baggage.")
     # -- RPC endpoints (nsqworker.rpc, docs/rpc.md, docs/security.md)
     rpc_reply_addresses: ReplyAddresses = Field(
-        default_factory=list,
-        description="More nsqd (host:port patterns, * and ? wildcards) an @rpc endpoint may"
-        " reply to, beside the one the request came on, nsqd_tcp_addresses and lookupd's"
-        " nsqd; they get no AUTH secret or client certificate.",
+        default_factory=list, description="More nsqd (host:port patterns) @rpc may reply to."
     )
     rpc_reply_topics: ReplyPatterns = Field(
-        default_factory=lambda: ["rpc_*"],
-        description="Topics (patterns) an @rpc endpoint may publish replies to; RpcClient's"
-        " are rpc_<uuid>#ephemeral.",
+        default_factory=lambda: ["rpc_*"], description="Topics (patterns) @rpc may reply to."
     )
     rpc_error_details: bool = Field(
         False, description="RPC error replies carry any exception's type and text (not only ours)."
@@ -462,6 +460,7 @@ class Settings(BaseSettings):
         "lookupd_http_addresses",
         "rpc_reply_addresses",
         "rpc_reply_topics",
+        "lookupd_allowed_nsqd",
         mode="before",
     )
     @classmethod

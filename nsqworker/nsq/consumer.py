@@ -174,6 +174,7 @@ class Consumer(Subscriptions):
                 self._on_producers,
                 interval=settings.lookupd_poll_interval,
                 jitter=settings.lookupd_poll_jitter,
+                allow=getattr(settings, "lookupd_allowed_nsqd", ()),  # security, issue 29
             )
             await self._poller.poll()
             self._background.append(asyncio.create_task(self._poller.run(poll_first=False)))

@@ -13,6 +13,7 @@ the topic has no producers yet, so a newcomer's first message is not a minute aw
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import json
 import logging
 import random
@@ -21,7 +22,14 @@ from typing import Any
 
 import httpx
 
-__all__ = ["LookupdPoller", "format_address", "get_json", "parse_producers"]
+__all__ = [
+    "LookupdPoller",
+    "format_address",
+    "get_json",
+    "matches_address",
+    "parse_producers",
+    "split_address",
+]
 
 log = logging.getLogger("nsqworker.nsq.lookupd")
 
@@ -59,6 +67,23 @@ async def get_json(
         return json.loads(b"".join(chunks))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(f"answer is not JSON: {exc}") from None
+
+
+def split_address(address: str) -> tuple[str, str]:
+    """``(host, port)`` of ``host:port`` as compared: lower-case, no IPv6 brackets."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]").lower(), port
+
+
+def matches_address(address: str, patterns: Iterable[str]) -> bool:
+    """Whether ``host:port`` matches one of ``patterns`` (``*`` and ``?`` wildcards in
+    the host and the port, compared apart so IPv6 brackets are no character class)."""
+    host, port = split_address(address)
+    for pattern in patterns:
+        want_host, want_port = split_address(pattern)
+        if fnmatch.fnmatchcase(host, want_host) and fnmatch.fnmatchcase(port, want_port):
+            return True
+    return False
 
 
 def _producer_list(payload: Any) -> list[Any]:
@@ -134,7 +159,11 @@ class LookupdPoller:
         timeout: float = 5.0,
         first_retry: float = 1.0,
         rand: Callable[[], float] = random.random,
+        allow: Iterable[str] = (),
     ) -> None:
+        self.allow = list(allow)
+        """host:port patterns; a listed nsqd matching none is ignored (none: take all)."""
+        self._refused: set[str] = set()
         self.addresses = [a if "://" in a else f"http://{a}" for a in addresses]
         self.topic = topic
         self.on_update = on_update
@@ -179,10 +208,20 @@ class LookupdPoller:
             return None
         self.answered += 1
         union: set[str] = set().union(*answered)
+        if self.allow:
+            union = self._allowed(union)
         self.last_producers = union
         self._note_empty(not union)
         self.on_update(union)
         return union
+
+    def _allowed(self, found: set[str]) -> set[str]:
+        kept = {a for a in found if matches_address(a, self.allow)}
+        for address in sorted(found - kept - self._refused)[:20]:
+            log.warning("lookupd lists nsqd %s, which lookupd_allowed_nsqd does not match; "
+                        "ignored", address)  # fmt: skip
+        self._refused |= found - kept
+        return kept
 
     def _note_empty(self, empty: bool) -> None:
         if empty and not self._told_empty:

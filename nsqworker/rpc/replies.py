@@ -28,13 +28,19 @@ import asyncio
 import dataclasses
 import fnmatch
 import weakref
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, ClassVar, Final
 
 import httpx
 
 from nsqworker.logging import get_logger
-from nsqworker.nsq.lookupd import format_address, get_json, parse_producers
+from nsqworker.nsq.lookupd import (
+    format_address,
+    get_json,
+    matches_address,
+    parse_producers,
+    split_address,
+)
 from nsqworker.nsq.options import ConnectionConfig
 from nsqworker.nsq.producer import Producer
 from nsqworker.nsq.tls import ssl_context
@@ -64,14 +70,7 @@ def normalize_address(host: str, port: int | str) -> str:
     return format_address(host.strip("[]").lower(), int(port))
 
 
-def _split(address: str) -> tuple[str, str]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]").lower(), port
-
-
-def _matches(address: str, patterns: Iterable[tuple[str, str]]) -> bool:
-    host, port = _split(address)
-    return any(fnmatch.fnmatchcase(host, h) and fnmatch.fnmatchcase(port, p) for h, p in patterns)
+_split = split_address
 
 
 class ReplyPolicy:
@@ -84,7 +83,7 @@ class ReplyPolicy:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.own = {normalize_address(*_split(a)) for a in settings.nsqd_tcp_addresses}
-        self.patterns = [_split(p) for p in settings.rpc_reply_addresses]
+        self.patterns = list(settings.rpc_reply_addresses)
         self.topics = list(settings.rpc_reply_topics)
         self.error_details = settings.rpc_error_details
         self.lookupd = [a if "://" in a else f"http://{a}" for a in settings.lookupd_http_addresses]
@@ -137,7 +136,7 @@ class ReplyPolicy:
             self.lookupd and await self._known_to_lookupd(address, loop.time())
         ):
             return self.discovered
-        if _matches(address, self.patterns):
+        if matches_address(address, self.patterns):
             return self.plain
         raise Reject(
             f"reply nsqd {address} is not trusted (not the request's nsqd, not in "

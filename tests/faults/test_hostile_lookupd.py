@@ -89,3 +89,18 @@ async def test_a_direct_nsqd_still_gets_the_secret(kit) -> None:
             pass
         await kit.until(lambda: SECRET.encode() in impostor.received, 10, "no AUTH")
         await worker.stop()
+
+
+async def test_lookupd_allowed_nsqd_ignores_the_rest(nsqd_factory: NsqdFactory, kit) -> None:
+    nsqd = nsqd_factory()
+    nsqd.publish(kit.TOPIC, b"good")
+    seen = kit.Seen()
+    with AuthAskingServer() as impostor, HttpFaultServer(mode="fixed") as lookupd:
+        lookupd.body = producers(nsqd_entry(impostor.port), nsqd_entry(nsqd.tcp_port))
+        settings = kit.fast(
+            lookupd_http_addresses=[lookupd.address], lookupd_poll_interval=0.1,
+            lookupd_allowed_nsqd=[f"127.0.0.1:{nsqd.tcp_port}"],
+        )  # fmt: skip
+        async with Worker(kit.registry(seen), settings):
+            await kit.until(lambda: seen.bodies["good"], 10, "the allowed nsqd not consumed")
+        assert impostor.accepted == 0
