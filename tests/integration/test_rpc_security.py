@@ -1,14 +1,13 @@
 """RPC endpoints against hostile requests, with real nsqd (docs/security.md).
 
-The "fake nsqd" here is an attacker's server, not a broker under test: it records who
-connects and what they send, and asks for AUTH the way a real nsqd would.
+The "fake nsqd" here (nsqworker.testing.faults) is an attacker's server, not a broker
+under test: it records who connects and what they send, and asks for AUTH the way a
+real nsqd would.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import struct
 import time
 from typing import Any
 
@@ -20,6 +19,7 @@ from nsqworker.rpc import RpcClient, codec, rpc
 from nsqworker.settings import Settings
 from nsqworker.task import Registry
 from nsqworker.testing import NsqdFactory, NsqdProcess, NsqlookupdProcess, wait_until
+from nsqworker.testing.faults import AuthAskingServer, SilentServer
 from nsqworker.worker import Worker
 
 SECRET = "top-secret-token"
@@ -31,43 +31,6 @@ def quiet_logs() -> Any:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(50))
     yield
     structlog.configure(**saved)
-
-
-class FakeNsqd:
-    """A TCP server on loopback that records every connection and every byte sent to
-    it; with ``ask_auth`` it answers IDENTIFY with ``auth_required: true``; with
-    ``silent`` it never answers at all (a reply nsqd that hangs)."""
-
-    def __init__(self, *, ask_auth: bool = True, silent: bool = False) -> None:
-        self.ask_auth, self.silent = ask_auth, silent
-        self.connections = 0
-        self.port = 0
-        self.received = bytearray()
-        self._server: asyncio.Server | None = None
-        self._writers: list[asyncio.StreamWriter] = []
-
-    async def __aenter__(self) -> FakeNsqd:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = int(self._server.sockets[0].getsockname()[1])
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in self._writers:
-            writer.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        self._writers.append(writer)
-        try:
-            while data := await reader.read(65536):
-                self.received += data
-                if not self.silent and b"IDENTIFY" in data and self.ask_auth:
-                    answer = json.dumps({"auth_required": True, "max_rdy_count": 2500}).encode()
-                    writer.write(struct.pack(">ii", len(answer) + 4, 0) + answer)
-        except ConnectionError:
-            pass
 
 
 def settings_for(*nsqds: NsqdProcess, **overrides: Any) -> Settings:
@@ -101,15 +64,16 @@ async def test_a_request_naming_an_unknown_nsqd_gets_no_connection_and_no_secret
 ) -> None:
     registry, letters = Registry(), list[str]()
     endpoint(registry, letters)
-    async with FakeNsqd() as fake, Worker(registry, settings_for(nsqd)):
-        nsqd.publish("sec_rpc", request_to(fake.port))
-        await wait_until(lambda: letters, message="the request dead-lettered")
-        # A known reply nsqd still works: the caller's nsqd is the request's nsqd.
-        async with RpcClient([nsqd.tcp_address], settings=settings_for(nsqd)) as client:
-            assert await client.call("sec_rpc", 7, timeout=10) == {"ok": 7}
-        await asyncio.sleep(0.2)
-        assert fake.connections == 0
-        assert SECRET.encode() not in fake.received
+    with AuthAskingServer() as fake:
+        async with Worker(registry, settings_for(nsqd)):
+            nsqd.publish("sec_rpc", request_to(fake.port))
+            await wait_until(lambda: letters, message="the request dead-lettered")
+            # A known reply nsqd still works: the caller's nsqd is the request's nsqd.
+            async with RpcClient([nsqd.tcp_address], settings=settings_for(nsqd)) as client:
+                assert await client.call("sec_rpc", 7, timeout=10) == {"ok": 7}
+            await asyncio.sleep(0.2)
+            assert fake.accepted == 0
+            assert SECRET.encode() not in fake.received
     assert f"reply nsqd 127.0.0.1:{fake.port} is not trusted" in letters[0]
 
 
@@ -119,13 +83,14 @@ async def test_an_allowed_pattern_gets_a_connection_without_credentials(
     registry, letters = Registry(), list[str]()
     endpoint(registry, letters)
     settings = settings_for(nsqd, rpc_reply_addresses=["127.0.0.*:*"])
-    async with FakeNsqd() as fake, Worker(registry, settings):
-        nsqd.publish("sec_rpc", request_to(fake.port))
-        await wait_until(lambda: letters, timeout=10, message="the request dead-lettered")
-        assert fake.connections >= 1  # allowed: dialled
-        assert b"IDENTIFY" in fake.received
-        assert SECRET.encode() not in fake.received
-        assert b"AUTH" not in fake.received
+    with AuthAskingServer() as fake:
+        async with Worker(registry, settings):
+            nsqd.publish("sec_rpc", request_to(fake.port))
+            await wait_until(lambda: letters, timeout=10, message="the request dead-lettered")
+            assert fake.accepted >= 1  # allowed: dialled
+            assert b"IDENTIFY" in fake.received
+            assert SECRET.encode() not in fake.received
+            assert b"AUTH" not in fake.received
     assert f"reply nsqd 127.0.0.1:{fake.port} unreachable" in letters[0]
 
 
@@ -145,7 +110,7 @@ async def test_a_flood_naming_a_hanging_reply_nsqd_does_not_starve_the_endpoint(
     registry, letters = Registry(), list[str]()
     endpoint(registry, letters)
     # The worst case: an allowed address that accepts and never answers.
-    async with FakeNsqd(silent=True) as fake:
+    with SilentServer() as fake:
         settings = settings_for(nsqd, rpc_reply_addresses=[f"127.0.0.1:{fake.port}"])
         async with Worker(registry, settings):
             nsqd.mpublish("sec_rpc", [request_to(fake.port)] * 300, binary=True)
@@ -159,7 +124,7 @@ async def test_a_flood_naming_a_hanging_reply_nsqd_does_not_starve_the_endpoint(
             assert answers == [{"ok": n} for n in range(5)]
             assert took < 5.0, f"good calls waited {took:.1f} s behind the flood"
             await wait_until(lambda: len(letters) == 300, timeout=20, message="300 dead letters")
-        assert fake.connections <= 3  # dialled once (and its retry), not once per request
+        assert fake.accepted <= 3  # dialled once (and its retry), not once per request
     assert all("unreachable" in r or "failed less than" in r for r in letters)
 
 
