@@ -33,10 +33,13 @@ RUN uv sync --frozen --no-dev --no-editable --extra uvloop --extra kubernetes
 
 # ---------------------------------------------------------------- runtime
 FROM ${PYTHON_IMAGE}
+# nsqworker binds health to 127.0.0.1 by default; in a container that is unreachable
+# from outside it, so the image binds every address (as the Helm chart does).
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PATH=/opt/nsqworker/bin:$PATH \
-    PYTHONPATH=/app
+    PYTHONPATH=/app \
+    NSQWORKER_HEALTH_HOST=0.0.0.0
 RUN groupadd --gid 10001 nsqworker \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /app --shell /usr/sbin/nologin nsqworker
 COPY --from=build /opt/nsqworker /opt/nsqworker

@@ -19,6 +19,7 @@ from nsqworker.errors import (
     NSQDError,
     NSQWorkerError,
     PublishError,
+    UndecodableBody,
 )
 from nsqworker.message import Message
 from nsqworker.nsq import publishing as _publishing
@@ -100,6 +101,7 @@ __all__ = [  # noqa: RUF022 - grouped by theme, not sorted
     "ConnectionClosed",
     "InvalidName",
     "MessageTooLarge",
+    "UndecodableBody",
     "NSQDError",
     "NSQWorkerError",
     "NoConnection",

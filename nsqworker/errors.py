@@ -120,6 +120,19 @@ class NoConnection(NSQWorkerError, ConnectionError):
     """Raised when no nsqd could be reached within the timeout."""
 
 
+class UndecodableBody(NSQWorkerError, ValueError):
+    """Raised by ``Message.json()`` for a body that is not JSON or nests too deeply.
+
+    A handler that lets it escape gives the message up at once, like ``Reject``
+    (dead-letter hooks, FIN, no consumer backoff): the body will not decode on a later
+    delivery either. Being a ``ValueError``, ``except ValueError`` still catches it.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
 class RpcDecodeError(RemoteProtocolError):
     """Raised when an RPC request, response or body is not in the RPC wire format."""
 
@@ -139,6 +152,13 @@ class RpcError(NSQWorkerError):
 
     def __reduce__(self) -> tuple[type[RpcError], tuple[str, str, str]]:
         return RpcError, (self.type, self.message, self.topic)
+
+
+class RpcUserError(NSQWorkerError):
+    """Raise in an ``@rpc`` function for an error whose text the caller may read.
+
+    Other exceptions reach the caller as a generic error with a correlation id unless
+    ``rpc_error_details`` is on (their text may hold what callers must not see)."""
 
 
 class RpcTimeout(NSQWorkerError, TimeoutError):

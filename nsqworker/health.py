@@ -279,18 +279,53 @@ def _bound_text(bound: float) -> str:
     return "+Inf" if math.isinf(bound) else repr(float(bound))
 
 
+#: Seconds a client may take to send its request (and to read the answer): a client
+#: that sends half a request is cut off instead of holding a thread.
+REQUEST_TIMEOUT = 5.0
+#: Connections served at once; more are closed at once (each one is a thread).
+MAX_CONNECTIONS = 64
+
+
 class _QuietHandler(WSGIRequestHandler):
     """Probes every few seconds should not fill the log with access lines."""
+
+    timeout = REQUEST_TIMEOUT
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    """One thread per request, so a slow scrape never blocks a probe."""
+    """One thread per request, so a slow scrape never blocks a probe; at most
+    :data:`MAX_CONNECTIONS` of them (docs/security.md)."""
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # the listen backlog: accepted (or refused) at once anyway
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)  # replaced per server
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out or went away is not worth a traceback on stderr."""
+
+    def server_activate(self) -> None:
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)  # full: close rather than queue a thread
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class _IPv6Server(_ThreadingServer):

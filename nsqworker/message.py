@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from nsqworker.errors import AlreadyResponded
+from nsqworker.errors import AlreadyResponded, UndecodableBody
 
 __all__ = ["FINISH", "Finish", "GiveUp", "Message", "MessageOwner", "Outcome", "Requeue"]
 
@@ -175,8 +175,14 @@ class Message:
         return None if self._owner is None else self._owner.draining
 
     def json(self) -> Any:
-        """The body parsed as JSON."""
-        return json.loads(self.body)
+        """The body parsed as JSON; a body that is not JSON raises UndecodableBody (a
+        Reject and a ValueError): uncaught, the message is dead-lettered at once."""
+        try:  # security (issue 29): a bad body is given up, never retried with backoff
+            return json.loads(self.body)
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, int too long
+            raise UndecodableBody(f"body is not JSON: {exc} ({self.body[:60]!r})") from None
+        except RecursionError:  # [[[[... deeper than the interpreter's stack
+            raise UndecodableBody(f"body is JSON nested too deeply ({self.body[:60]!r})") from None
 
     def text(self, encoding: str = "utf-8") -> str:
         """The body decoded as text."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 
+from nsqworker.errors import UndecodableBody
 from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
 
 __all__ = [
@@ -111,6 +112,8 @@ def outcome_of_error(msg: Message, exc: BaseException) -> Outcome | None:
         return Requeue(exc.delay, backoff=True)
     if isinstance(exc, Reject):
         return GiveUp(exc.reason or "rejected by the handler")
+    if isinstance(exc, UndecodableBody):  # msg.json() of a bad body: never a retry
+        return GiveUp(exc.reason)
     if isinstance(exc, asyncio.CancelledError):
         return Requeue(0.0, backoff=False)
     return Requeue(None, backoff=True)

@@ -11,8 +11,6 @@ so), the environment variable, or the config file.
 
 from __future__ import annotations
 
-import ipaddress
-import json
 import os
 import re
 import socket
@@ -21,7 +19,6 @@ from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 import annotated_types
 from pydantic import (
@@ -47,6 +44,13 @@ from nsqworker.config_files import (
     unknown_env_vars,
 )
 from nsqworker.errors import ConfigurationError
+from nsqworker.setting_values import (
+    lookupd_address,
+    nsqd_address,
+    reply_address_pattern,
+    reply_pattern,
+    split_list,
+)
 
 __all__ = ["ENV_PREFIX", "RESERVED_ENV_VARS", "Settings", "SettingsError"]
 
@@ -157,74 +161,15 @@ def _short_hostname() -> str:
     return socket.gethostname().split(".")[0] or "localhost"
 
 
-def _check_host(host: str) -> None:
-    if host.startswith("[") and host.endswith("]"):
-        try:
-            ipaddress.IPv6Address(host[1:-1])
-        except ValueError:
-            raise ValueError(f"{host} is not an IPv6 address") from None
-    elif ":" in host:
-        raise ValueError("write IPv6 addresses in brackets, like [::1]:4150")
-    elif not _HOSTNAME.match(host):
-        raise ValueError(f"{host!r} is not a host name or IP address")
-
-
-def _check_port(port: str) -> int:
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError("the port must be a number from 1 to 65535")
-    return int(port)
-
-
-def _nsqd_address(text: str) -> str:
-    """Check a ``host:port`` nsqd TCP address (``[::1]:4150`` for IPv6)."""
-    text = text.strip()
-    host, sep, port = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError("must be host:port, like 127.0.0.1:4150")
-    _check_host(host)
-    _check_port(port)
-    return text
-
-
-def _lookupd_address(text: str) -> str:
-    """Check an nsqlookupd HTTP URL; a bare ``host:port`` gets ``http://``."""
-    text = text.strip()
-    has_scheme = "://" in text
-    url = urlsplit(text if has_scheme else f"http://{text}")
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ValueError("must be http(s)://host:port, like http://127.0.0.1:4161")
-    if url.query or url.fragment or url.username:
-        raise ValueError("leave out the query, fragment and user of the URL")
-    host = url.netloc.rpartition("@")[2]
-    name, sep, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
-    if not has_scheme and not sep:
-        raise ValueError(f"give a port, like {text}:4161")
-    _check_host(name if sep else host)
-    if sep:
-        _check_port(port)
-    return f"{url.scheme}://{host}{url.path.rstrip('/')}"
-
-
-def _split_list(value: Any) -> Any:
-    """Read a list from a JSON list or a comma-separated string; other values pass."""
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if text.startswith("["):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"not a valid JSON list ({exc.msg})") from None
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
 def _bounded(default: float, ge: float, le: float, doc: str) -> Any:
     """A numeric field with its default, bounds and doc; the bounds end the doc."""
     return Field(default, ge=ge, le=le, description=f"{doc} [{_number(ge)}..{_number(le)}]")
 
 
-NsqdAddresses = Annotated[list[Annotated[str, AfterValidator(_nsqd_address)]], NoDecode]
-LookupdAddresses = Annotated[list[Annotated[str, AfterValidator(_lookupd_address)]], NoDecode]
+NsqdAddresses = Annotated[list[Annotated[str, AfterValidator(nsqd_address)]], NoDecode]
+LookupdAddresses = Annotated[list[Annotated[str, AfterValidator(lookupd_address)]], NoDecode]
+ReplyPatterns = Annotated[list[Annotated[str, AfterValidator(reply_pattern)]], NoDecode]
+ReplyAddresses = Annotated[list[Annotated[str, AfterValidator(reply_address_pattern)]], NoDecode]
 
 
 class _FileSource(PydanticBaseSettingsSource):
@@ -327,6 +272,12 @@ class Settings(BaseSettings):
     tls_server_name: str | None = Field(None, description="Name in nsqd's cert; host if unset.")
     tls_verify: bool = Field(True, description="Verify nsqd's certificate; off only in tests.")
     auth_secret: SecretStr | None = Field(None, description="AUTH secret; never printed.")
+    lookupd_allowed_nsqd: ReplyAddresses = Field(
+        default_factory=list, description="host:port patterns of the nsqd taken from lookupd."
+    )
+    lookupd_auth_without_tls: bool = Field(
+        False, description="Send AUTH to nsqd found through lookupd over plain TCP, not only TLS."
+    )
     # -- stopping, health, logs, tracing
     uvloop: bool = Field(
         True, description="Run workers on uvloop when it is installed (the uvloop extra)."
@@ -370,7 +321,9 @@ class Settings(BaseSettings):
         30.0, 0, 86400, "Seconds a stop waits for running handlers before REQing them."
     )
     health_port: int = _bounded(8080, 0, 65535, "Port of /livez /readyz /metrics; 0 = off.")
-    health_host: str = Field("0.0.0.0", min_length=1, description="Address health binds.")
+    health_host: str = Field(
+        "127.0.0.1", min_length=1, description="Address health binds; 0.0.0.0: every address."
+    )
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
         "info", description="Lowest level logged: debug, info, warning, error or critical."
     )
@@ -386,9 +339,23 @@ class Settings(BaseSettings):
     trace_parent_mode: Literal["link", "parent"] = Field(
         "link", description="Consumer span links to the producer's, or is its child (parent)."
     )
+    trace_trust_remote: bool = Field(False, description="Trust envelopes' sampled flag, baggage.")
+    # -- RPC endpoints (nsqworker.rpc, docs/rpc.md, docs/security.md)
+    rpc_reply_addresses: ReplyAddresses = Field(
+        default_factory=list, description="More nsqd (host:port patterns) @rpc may reply to."
+    )
+    rpc_reply_topics: ReplyPatterns = Field(
+        default_factory=lambda: ["rpc_*"], description="Topics (patterns) @rpc may reply to."
+    )
+    rpc_error_details: bool = Field(
+        False, description="RPC error replies carry any exception's type and text (not only ours)."
+    )
     # -- Spark jobs (nsqworker.spark, docs/spark.md)
     spark_runner: Literal["local", "kubernetes"] = Field(
         "local", description="Where @spark_task jobs run: local (spark-submit) or kubernetes."
+    )
+    spark_app_roots: list[str] = Field(
+        default_factory=list, description="Directories local Spark apps must be in; default: ."
     )
     spark_master: str = Field(
         "local[*]",
@@ -453,10 +420,17 @@ class Settings(BaseSettings):
                 raise ValueError(f"is not a transport; the transports are {names}")
         return value
 
-    @field_validator("nsqd_tcp_addresses", "lookupd_http_addresses", mode="before")
+    @field_validator(
+        "nsqd_tcp_addresses",
+        "lookupd_http_addresses",
+        "rpc_reply_addresses",
+        "rpc_reply_topics",
+        "lookupd_allowed_nsqd",
+        mode="before",
+    )
     @classmethod
     def _parse_list(cls, value: Any) -> Any:
-        return _split_list(value)
+        return split_list(value)
 
     @field_validator("nsqd_tcp_addresses", "lookupd_http_addresses")
     @classmethod

@@ -12,9 +12,7 @@ dead-letter chain (``dead_letter_topic``, ``on_dead_letter``, dead-letter hooks)
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextvars
-import json
 import logging
 from bisect import bisect_left
 from collections.abc import Callable, Coroutine
@@ -24,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from opentelemetry import context as otel_context
 
 from nsqworker.bodies import typed_handler
+from nsqworker.dead_letters import dead_letter_envelope, publish_dead_letter
 from nsqworker.dispatch import DEFERRED, Dispatcher
 from nsqworker.eager import resume
 from nsqworker.errors import ConfigurationError
@@ -346,8 +345,7 @@ class TaskRunner:
         self.log.error("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, exc_info=exc)
         if spec.dead_letter_topic is not None:
             producer = self.worker.transport.publisher(msg)
-            envelope = dead_letter_envelope(msg, reason, spec.name)
-            await producer.publish(spec.dead_letter_topic, envelope)
+            await publish_dead_letter(producer, spec.dead_letter_topic, msg, reason, spec.name)
         if spec.on_dead_letter is not None:
             await call(spec.on_dead_letter, msg, reason)
         for hook in self.dead_letter_hooks:
@@ -394,20 +392,3 @@ class TaskRunner:
             duration=DurationHistogram(list(self.bounds), counts, self.dur_sum, sum(counts)),
             **{key: getattr(ds, key) for key in FROM_DISPATCHER.split()},
         )  # fmt: skip
-
-
-def dead_letter_envelope(msg: Message, reason: str, task: str = "") -> bytes:
-    """The JSON published to a dead_letter_topic for ``msg``.
-
-    Keys: ``topic``, ``channel``, ``id``, ``attempts``, ``reason``, ``timestamp`` (ns,
-    when nsqd first accepted the message), ``task``, ``body`` (UTF-8 text, or base64
-    with ``"body_encoding": "base64"`` when the body is not valid UTF-8).
-    """
-    doc: dict[str, Any] = {"topic": msg.topic, "channel": msg.channel, "id": msg.id}
-    doc.update(attempts=msg.attempts, reason=reason, timestamp=msg.timestamp, task=task)
-    try:
-        doc["body"] = msg.body.decode("utf-8")
-    except UnicodeDecodeError:
-        doc["body"] = base64.b64encode(msg.body).decode("ascii")
-        doc["body_encoding"] = "base64"
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")

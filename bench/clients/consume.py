@@ -1,7 +1,7 @@
 """Consume: the measuring processes, one per client (``bench.child consume:<function>``).
 
 * :func:`worker` - the full ``@task`` path, a no-op async or sync handler;
-* :func:`consumer` - the raw :class:`~nsqworker.nsq.consumer.Consumer`, a callback
+* :func:`consumer` - the raw :class:`~nsqworker.consumer.Consumer`, a callback
   returning FINISH;
 * :func:`pynsq_reader` - pynsq's ``Reader`` on tornado, ``message_handler`` returning True.
 

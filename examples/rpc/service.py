@@ -9,10 +9,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from nsqworker.rpc import rpc
+from nsqworker.rpc import RpcUserError, rpc
 
 PRICES = {"A1": 12.5, "B2": 7.0, "C3": 99.99}
 STOCK = {"A1": 4, "B2": 0, "C3": 17}
+
+
+class UnknownSku(RpcUserError):
+    """The caller asked for a sku we do not sell (its text is meant for the caller)."""
 
 
 @rpc("pricing", max_in_flight=200)
@@ -20,7 +24,7 @@ async def quote(request: dict[str, Any]) -> dict[str, Any]:
     """``{"sku": "A1", "quantity": 2}`` -> ``{"sku", "quantity", "unit_price", "total"}``."""
     sku = request["sku"]
     if sku not in PRICES:
-        raise LookupError(f"unknown sku {sku!r}")  # comes back to the caller as RpcError
+        raise UnknownSku(f"unknown sku {sku!r}")  # comes back to the caller as RpcError
     quantity = int(request.get("quantity", 1))
     await asyncio.sleep(0)  # a stand-in for a lookup in a database
     unit = PRICES[sku]

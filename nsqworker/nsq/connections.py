@@ -96,6 +96,7 @@ class Connections:
                 self._on_producers,
                 interval=settings.lookupd_poll_interval,
                 jitter=settings.lookupd_poll_jitter,
+                allow=settings.lookupd_allowed_nsqd,  # only these nsqd of lookupd's answers
             )
             await self.poller.poll()
             self._background.append(asyncio.create_task(self.poller.run(poll_first=False)))
@@ -192,6 +193,8 @@ class Connections:
         session = Session(link)
         config = self._bulk_config if bulk else self._config
         assert config is not None
+        if not link.direct:  # security: found through lookupd (options.for_discovered)
+            config = config.for_discovered()
 
         def make(config: ConnectionConfig) -> Connection:
             session.conn = Connection(

@@ -232,6 +232,13 @@ class Handshake(asyncio.Protocol):
                 f"nsqd at {self.address} requires AUTH and no secret is set: "
                 "set NSQWORKER_AUTH_SECRET (Settings.auth_secret)"
             )
+        if self.config.auth_requires_tls:
+            raise AuthError(
+                f"nsqd at {self.address}, found through nsqlookupd, asks for AUTH over plain "
+                "TCP: the secret is not sent (lookupd is unauthenticated). Set tls_v1, list "
+                "the nsqd in nsqd_tcp_addresses, or set lookupd_auth_without_tls on a "
+                "trusted network"
+            )
         self._wbuf.append(protocol.auth(secret))
         self._flush()
         data = (await self._next_response()).data

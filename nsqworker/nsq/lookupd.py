@@ -13,6 +13,8 @@ the topic has no producers yet, so a newcomer's first message is not a minute aw
 from __future__ import annotations
 
 import asyncio
+import fnmatch
+import json
 import logging
 import random
 from collections.abc import Callable, Iterable
@@ -20,7 +22,14 @@ from typing import Any
 
 import httpx
 
-__all__ = ["LookupdPoller", "format_address", "parse_producers"]
+__all__ = [
+    "LookupdPoller",
+    "format_address",
+    "get_json",
+    "matches_address",
+    "parse_producers",
+    "split_address",
+]
 
 log = logging.getLogger("nsqworker.nsq.lookupd")
 
@@ -32,35 +41,100 @@ def format_address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
-def parse_producers(payload: Any) -> set[str]:
-    """The ``broadcast_address:tcp_port`` of each producer in a /lookup answer.
+#: Bytes of a lookupd answer read at most, and producers taken from one answer: a
+#: broken or hostile lookupd cannot make a worker hold more.
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+MAX_PRODUCERS = 10_000
 
-    Accepts nsqlookupd v1 answers (``{"producers": [...]}``) and the older wrapped form
-    (``{"status_code": 200, "data": {"producers": [...]}}``).
-    """
+
+async def get_json(
+    client: httpx.AsyncClient, url: str, params: dict[str, str] | None = None
+) -> Any:
+    """GET ``url`` and parse its JSON, reading at most :data:`MAX_ANSWER_BYTES`.
+
+    Raises httpx.HTTPStatusError for a non-2xx answer, ValueError for a body that is
+    too large or not JSON."""
+    async with client.stream("GET", url, params=params) as response:
+        response.raise_for_status()
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                raise ValueError(f"answer larger than {MAX_ANSWER_BYTES} bytes")
+            chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(f"answer is not JSON: {exc}") from None
+
+
+def split_address(address: str) -> tuple[str, str]:
+    """``(host, port)`` of ``host:port`` as compared: lower-case, no IPv6 brackets."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]").lower(), port
+
+
+def matches_address(address: str, patterns: Iterable[str]) -> bool:
+    """Whether ``host:port`` matches one of ``patterns`` (``*`` and ``?`` wildcards in
+    the host and the port, compared apart so IPv6 brackets are no character class)."""
+    host, port = split_address(address)
+    for pattern in patterns:
+        want_host, want_port = split_address(pattern)
+        if fnmatch.fnmatchcase(host, want_host) and fnmatch.fnmatchcase(port, want_port):
+            return True
+    return False
+
+
+def _producer_list(payload: Any) -> list[Any]:
     if not isinstance(payload, dict):
         raise ValueError(f"lookupd answer is not a JSON object: {payload!r:.200}")
     data = payload.get("data", payload)
     if not isinstance(data, dict):
         raise ValueError(f"lookupd answer has no producers: {payload!r:.200}")
+    producers = data.get("producers") or []
+    if not isinstance(producers, list):
+        raise ValueError(f"lookupd answer's producers is not a list: {producers!r:.200}")
+    if len(producers) > MAX_PRODUCERS:
+        raise ValueError(f"lookupd lists {len(producers)} producers, more than {MAX_PRODUCERS}")
+    return producers
+
+
+def _host_port(producer: Any, key: str) -> tuple[str, int] | None:
+    """``(host, port)`` of one producer entry, or None when it is malformed."""
+    if not isinstance(producer, dict):
+        return None
+    host = producer.get("broadcast_address") or producer.get("address")
+    port = producer.get(key)
+    if not isinstance(host, str) or not host or len(host) > 255 or any(c in host for c in " /@"):
+        return None
+    if type(port) is not int or not 0 < port < 65536:
+        return None
+    return host, port
+
+
+def parse_producers(payload: Any) -> set[str]:
+    """The ``broadcast_address:tcp_port`` of each producer in a /lookup or /nodes answer.
+
+    Accepts nsqlookupd v1 answers (``{"producers": [...]}``) and the older wrapped form
+    (``{"status_code": 200, "data": {"producers": [...]}}``). Entries that are not a
+    host and a port are skipped; an answer that is not this shape raises ValueError.
+    """
     found = set()
-    for producer in data.get("producers") or []:
-        host = producer.get("broadcast_address") or producer.get("address")
-        port = producer.get("tcp_port")
-        if host and isinstance(port, int):
-            found.add(format_address(host, port))
+    for producer in _producer_list(payload):
+        hp = _host_port(producer, "tcp_port")
+        if hp is not None:
+            found.add(format_address(*hp))
     return found
 
 
 def http_addresses(payload: Any) -> dict[str, str]:
     """``{tcp address: "http://host:http_port"}`` of the producers in a /lookup answer."""
-    data = payload.get("data", payload) if isinstance(payload, dict) else None
     found: dict[str, str] = {}
-    for producer in (data.get("producers") or []) if isinstance(data, dict) else []:
-        host = producer.get("broadcast_address") or producer.get("address")
-        tcp, http = producer.get("tcp_port"), producer.get("http_port")
-        if host and isinstance(tcp, int) and isinstance(http, int):
-            found[format_address(host, tcp)] = f"http://{format_address(host, http)}"
+    for producer in _producer_list(payload):
+        tcp, http = _host_port(producer, "tcp_port"), _host_port(producer, "http_port")
+        if tcp is not None and http is not None:
+            found[format_address(*tcp)] = f"http://{format_address(*http)}"
     return found
 
 
@@ -85,7 +159,11 @@ class LookupdPoller:
         timeout: float = 5.0,
         first_retry: float = 1.0,
         rand: Callable[[], float] = random.random,
+        allow: Iterable[str] = (),
     ) -> None:
+        self.allow = list(allow)
+        """host:port patterns; a listed nsqd matching none is ignored (none: take all)."""
+        self._refused: set[str] = set()
         self.addresses = [a if "://" in a else f"http://{a}" for a in addresses]
         self.topic = topic
         self.on_update = on_update
@@ -130,10 +208,20 @@ class LookupdPoller:
             return None
         self.answered += 1
         union: set[str] = set().union(*answered)
+        if self.allow:
+            union = self._allowed(union)
         self.last_producers = union
         self._note_empty(not union)
         self.on_update(union)
         return union
+
+    def _allowed(self, found: set[str]) -> set[str]:
+        kept = {a for a in found if matches_address(a, self.allow)}
+        for address in sorted(found - kept - self._refused)[:20]:
+            log.warning("lookupd lists nsqd %s, which lookupd_allowed_nsqd does not match; "
+                        "ignored", address)  # fmt: skip
+        self._refused |= found - kept
+        return kept
 
     def _note_empty(self, empty: bool) -> None:
         if empty and not self._told_empty:
@@ -153,17 +241,16 @@ class LookupdPoller:
         assert self._client is not None
         url = f"{base.rstrip('/')}/lookup"
         try:
-            response = await self._client.get(url, params={"topic": self.topic})
-            if response.status_code == 404:
-                return set()  # TOPIC_NOT_FOUND: nobody has published it yet
-            response.raise_for_status()
-            payload = response.json()
+            payload = await get_json(self._client, url, params={"topic": self.topic})
             producers = parse_producers(payload)
             self.http_addresses.update(http_addresses(payload))
-        except (httpx.HTTPError, ValueError) as exc:
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code == 404:
+                return set()  # TOPIC_NOT_FOUND: nobody has published it yet
+            self._failed(base, f"HTTP {exc.response.status_code}", str(exc).splitlines()[0])
+            return None
+        except Exception as exc:  # a broken answer must not end the poller
             kind = type(exc).__name__
-            if isinstance(exc, httpx.HTTPStatusError):
-                kind = f"HTTP {exc.response.status_code}"
             text = str(exc).splitlines()[0] if str(exc) else ""
             if isinstance(exc, httpx.TimeoutException):
                 text = f"no answer within {self.timeout:g} s"
@@ -191,7 +278,10 @@ class LookupdPoller:
         """Poll forever (cancel to stop); ``poll_first=False`` waits before the first."""
         while True:
             if poll_first:
-                await self.poll()
+                try:
+                    await self.poll()
+                except Exception:  # an on_update bug: keep polling, say it loudly
+                    log.exception("lookupd poll for topic %s failed; polling on", self.topic)
             poll_first = True
             try:
                 await asyncio.wait_for(self._wake.wait(), self.next_wait())

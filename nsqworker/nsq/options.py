@@ -93,6 +93,11 @@ class ConnectionConfig:
     compression: str = "none"
     deflate_level: int = 6
     auth_secret: str | None = dataclasses.field(default=None, repr=False)
+    # Security (issue 29): lookupd answers over plain HTTP, so an nsqd it lists may be
+    # anyone's. Such connections get auth_requires_tls, and AUTH is then only sent over
+    # TLS unless lookupd_auth_without_tls (docs/security.md).
+    auth_requires_tls: bool = False
+    lookupd_auth_without_tls: bool = False
     dial_timeout: float = 5.0
     max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE
     explicit: frozenset[str] = frozenset()
@@ -121,6 +126,7 @@ class ConnectionConfig:
         if secret is not None and hasattr(secret, "get_secret_value"):
             secret = secret.get_secret_value()
         kwargs["auth_secret"] = secret or None
+        kwargs["lookupd_auth_without_tls"] = bool(get(settings, "lookupd_auth_without_tls", False))
         source = getattr(settings, "source", None)
         if source is not None:
             kwargs["explicit"] = frozenset(
@@ -134,6 +140,13 @@ class ConnectionConfig:
                 bool(get(settings, "tls_verify", True)),
             )
         return cls(**kwargs)
+
+    def for_discovered(self) -> ConnectionConfig:
+        """This config for an nsqd found through nsqlookupd: AUTH only over TLS, unless
+        ``lookupd_auth_without_tls``."""
+        if self.tls_v1 or self.lookupd_auth_without_tls or not self.auth_secret:
+            return self
+        return dataclasses.replace(self, auth_requires_tls=True)
 
     def identify_body(self) -> dict[str, Any]:
         """The IDENTIFY body this config asks nsqd for."""

@@ -36,6 +36,7 @@ __all__ = [
     "BINARY",
     "ID_LENGTH",
     "JSON",
+    "MAX_DEPTH",
     "MSGPACK",
     "RESERVED",
     "UNSUPPORTED",
@@ -174,23 +175,48 @@ def encode_value(encoding: int, value: Any) -> bytes:
     raise LocalProtocolError(f"RPC {encoding_name(encoding)} is not available here")
 
 
-def decode_value(encoding: int, body: bytes) -> Any:
-    """Parse a body written in ``encoding``; :class:`RpcDecodeError` when it is not."""
+#: How deep a request's value may nest (lists and maps) by default: deeper is an error.
+MAX_DEPTH: Final = 64
+
+
+def decode_value(encoding: int, body: bytes, max_depth: int | None = MAX_DEPTH) -> Any:
+    """Parse a body written in ``encoding``; :class:`RpcDecodeError` when it is not, or
+    when it nests lists and maps deeper than ``max_depth`` (None: no limit)."""
     if encoding == JSON:
         try:
-            return json.loads(body)
+            value = json.loads(body)
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
             raise RpcDecodeError(f"RPC body is not JSON: {exc} ({body[:60]!r})") from exc
-    if encoding == BINARY:
+        except RecursionError:  # [[[[... deeper than the interpreter's stack
+            raise RpcDecodeError(f"RPC body is JSON nested too deeply ({body[:60]!r})") from None
+    elif encoding == BINARY:
         return body
-    if encoding == MSGPACK and msgpack is not None:
+    elif encoding == MSGPACK and msgpack is not None:
         try:
-            return msgpack.unpackb(body, raw=False, strict_map_key=False)
+            value = msgpack.unpackb(body, raw=False, strict_map_key=False)
         except Exception as exc:  # msgpack raises several unrelated types
             raise RpcDecodeError(
                 f"RPC body is not msgpack: {type(exc).__name__}: {exc} ({body[:60]!r})"
             ) from exc
-    raise RpcDecodeError(f"RPC {encoding_name(encoding)} cannot be decoded here")
+    else:
+        raise RpcDecodeError(f"RPC {encoding_name(encoding)} cannot be decoded here")
+    if max_depth is not None and _deeper_than(value, max_depth):
+        raise RpcDecodeError(f"RPC body nests lists and maps deeper than {max_depth} levels")
+    return value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests containers more than ``limit`` levels (no recursion)."""
+    if not isinstance(value, list | dict):
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, list | dict))
+    return False
 
 
 def _kind(value: object) -> str:

@@ -24,7 +24,8 @@ cannot be decoded (frame or body)           dead-lettered (a body error is answe
                                             first, as an error response)
 in an encoding the endpoint lacks           the 18-byte encoding-255 reply, FIN
 the worker drains before it is answered     REQ 0: another worker answers it
-the response cannot be published            REQ with backoff, like any failure
+names a reply nsqd or topic not trusted     dead-lettered, never dialled (replies.py)
+the response cannot be published in 2 s     dead-lettered, no backoff (replies.py)
 ==========================================  ==========================================
 """
 
@@ -33,18 +34,24 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import weakref
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, ClassVar, Final, TypeVar, cast
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
-from nsqworker.errors import LocalProtocolError, RpcDecodeError
+from nsqworker.errors import (
+    LocalProtocolError,
+    NoConnection,
+    PublishError,
+    RpcDecodeError,
+    RpcUserError,
+)
+from nsqworker.hooks import call, is_async_callable
 from nsqworker.logging import get_logger
 from nsqworker.message import Message
-from nsqworker.nsq.connection import ConnectionConfig
-from nsqworker.nsq.lookupd import format_address
-from nsqworker.nsq.producer import Producer
+from nsqworker.nsq.options import ConnectionConfig
+from nsqworker.outcomes import TIME_LIMIT
 from nsqworker.rpc import codec
 from nsqworker.rpc.codec import Request
+from nsqworker.rpc.replies import ReplyPolicy, ReplyPool, normalize_address
 from nsqworker.task import (
     DeadLetterHook,
     Registry,
@@ -54,90 +61,36 @@ from nsqworker.task import (
     default_registry,
 )
 
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+
 __all__ = ["ReplyPool", "error_value", "rpc"]
 
 log = get_logger("nsqworker.rpc")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Seconds a reply producer may sit unused before it is closed.
-REPLY_IDLE_TIMEOUT: Final = 60.0
+
+#: Bytes of a request's body an endpoint accepts by default (nsqd's default
+#: --max-msg-size); decoded msgpack may take ~70 times its size in memory.
+MAX_REQUEST_SIZE: Final = 1024 * 1024
+#: The error type a caller sees for an exception whose text is not sent.
+GENERIC_ERROR: Final = "EndpointError"
+# Errors whose text is meant for the caller: about its own request, or chosen by the
+# endpoint's author.
+_CALLER_ERRORS: Final = (RpcUserError, RpcDecodeError, Reject, LocalProtocolError)
 
 
-def error_value(exc: BaseException) -> dict[str, dict[str, str]]:
-    """The error response's value for ``exc``: ``{"error": {"type", "message"}}``."""
-    return {"error": {"type": type(exc).__name__, "message": str(exc)}}
+def error_value(exc: BaseException, details: bool = True, error_id: str = "") -> dict[str, Any]:
+    """The error response's value for ``exc``: ``{"error": {"type", "message"}}``.
 
-
-# --- producers to the reply nsqd ------------------------------------------------------
-
-
-class ReplyPool:
-    """One :class:`Producer` per reply nsqd, made on first use, closed when idle.
-
-    One pool per event loop (:meth:`for_loop`). A sweeper task closes, every
-    ``idle_timeout`` seconds, the producers unused since its last round; when the loop
-    shuts down (``asyncio.run`` cancels its tasks) the sweeper closes every producer
-    left.
-    """
-
-    def __init__(self, idle_timeout: float = REPLY_IDLE_TIMEOUT) -> None:
-        self.idle_timeout = idle_timeout
-        self._producers: dict[tuple[str, int], Producer] = {}
-        self._used: set[tuple[str, int]] = set()  # since the last sweep
-        self._sweeper: asyncio.Task[None] | None = None
-
-    _pools: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ReplyPool]] = (
-        weakref.WeakKeyDictionary()
-    )
-
-    @classmethod
-    def for_loop(cls) -> ReplyPool:
-        """The pool of the running event loop."""
-        loop = asyncio.get_running_loop()
-        pool = cls._pools.get(loop)
-        if pool is None:
-            pool = cls._pools[loop] = cls()
-        return pool
-
-    def __len__(self) -> int:
-        return len(self._producers)
-
-    def send(
-        self, host: str, port: int, topic: str, body: bytes, config: ConnectionConfig | None = None
-    ) -> Awaitable[None]:
-        """Publish ``body`` to ``topic`` on the nsqd at ``host:port``; await the result.
-
-        ``config`` (TLS, AUTH, timeouts) is used when a producer must be made; the
-        endpoint passes the one of the connection the request came on."""
-        key = (host, port)
-        producer = self._producers.get(key)
-        if producer is None:
-            producer = self._producers[key] = Producer(
-                format_address(host, port), connection_config=config, envelope=False
-            )
-            if self._sweeper is None or self._sweeper.done():
-                self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
-        self._used.add(key)
-        return producer.publish(topic, body)
-
-    async def close(self) -> None:
-        """Close every producer now."""
-        producers = list(self._producers.values())
-        self._producers.clear()
-        self._used.clear()
-        await asyncio.gather(*(p.close() for p in producers), return_exceptions=True)
-
-    async def _sweep(self) -> None:
-        try:
-            while self._producers:
-                await asyncio.sleep(self.idle_timeout)
-                for key in [k for k in self._producers if k not in self._used]:
-                    await self._producers.pop(key).close()
-                self._used.clear()
-        except asyncio.CancelledError:  # the loop is shutting down: leave nothing open
-            await self.close()
-            raise
+    Without ``details`` an exception other than RpcUserError, Reject or a decode error
+    is answered as ``EndpointError`` naming ``error_id`` (the request's message id, in
+    the endpoint's log line), not with its own text."""
+    if details or isinstance(exc, _CALLER_ERRORS):
+        return {"error": {"type": type(exc).__name__, "message": str(exc)}}
+    message = f"the endpoint failed (error id {error_id}); its log has the details"
+    return {"error": {"type": GENERIC_ERROR, "message": message}}
 
 
 # --- the decorator --------------------------------------------------------------------
@@ -154,6 +107,8 @@ def rpc(
     registry: Registry | None = None,
     on_dead_letter: DeadLetterHook | None = None,
     dead_letter_topic: str | None = None,
+    max_request_size: int = MAX_REQUEST_SIZE,
+    max_depth: int | None = codec.MAX_DEPTH,
 ) -> Callable[[F], F]:
     """Serve RPC requests published to ``topic`` with the decorated function.
 
@@ -171,6 +126,10 @@ def rpc(
         name: the task's name (default ``module.qualname``).
         registry: where to register the task (default: the one ``@task`` uses).
         on_dead_letter, dead_letter_topic: as for ``@task``.
+        max_request_size: bytes of a request's body accepted; larger ones are answered
+            with an error and dead-lettered (default 1 MiB).
+        max_depth: how deep lists and maps may nest in a request (default 64; None:
+            no limit); deeper ones are answered with an error and dead-lettered.
 
     Raises:
         TaskDefinitionError, LocalProtocolError: at import, naming what to change.
@@ -181,7 +140,7 @@ def rpc(
 
     def decorate(func: F) -> F:
         _check_function(topic, func)
-        endpoint = _Endpoint(func, topic, frozenset(accepted))
+        endpoint = _Endpoint(func, topic, frozenset(accepted), max_request_size, max_depth)
         registered = target.task(
             topic,
             channel=channel,
@@ -219,13 +178,24 @@ def _check_function(topic: str, func: object) -> None:
 
 def _bind(endpoint: _Endpoint) -> Callable[[Message], Any]:
     """``endpoint.handle`` named like the user's function, for @task (a partial, not a
-    wrapper coroutine: one coroutine less per request)."""
-    handler: Any = functools.partial(_Endpoint.handle, endpoint)
-    func = endpoint.func
-    handler.__module__ = getattr(func, "__module__", __name__)
-    handler.__name__ = getattr(func, "__name__", "handler")
-    handler.__qualname__ = getattr(func, "__qualname__", handler.__name__)
-    handler.__doc__ = getattr(func, "__doc__", None)
+    wrapper coroutine: one coroutine less per request). The Worker calls its
+    ``bind_settings(settings)`` for the handler it runs: the same, with the reply
+    policy of the worker's settings."""
+
+    def named(handler: Any) -> Callable[[Message], Any]:
+        func = endpoint.func
+        handler.__module__ = getattr(func, "__module__", __name__)
+        handler.__name__ = getattr(func, "__name__", "handler")
+        handler.__qualname__ = getattr(func, "__qualname__", handler.__name__)
+        handler.__doc__ = getattr(func, "__doc__", None)
+        return cast("Callable[[Message], Any]", handler)
+
+    def bind_settings(settings: Settings) -> Callable[[Message], Any]:
+        policy = ReplyPolicy.for_settings(settings)
+        return named(functools.partial(_Endpoint.serve, endpoint, policy))
+
+    handler: Any = named(functools.partial(_Endpoint.handle, endpoint))
+    handler.bind_settings = bind_settings
     # What the Worker checks against its transport's capabilities before it starts.
     handler.needs = {"reply_address": "a request names the broker its reply goes to"}
     handler.kind = "an @rpc endpoint"
@@ -235,15 +205,23 @@ def _bind(endpoint: _Endpoint) -> Callable[[Message], Any]:
 class _Endpoint:
     """The handler of one ``@rpc`` task."""
 
-    def __init__(self, func: Callable[[Any], Any], topic: str, encodings: frozenset[int]) -> None:
+    def __init__(
+        self,
+        func: Callable[[Any], Any],
+        topic: str,
+        encodings: frozenset[int],
+        max_request_size: int = MAX_REQUEST_SIZE,
+        max_depth: int | None = codec.MAX_DEPTH,
+    ) -> None:
         self.func = func
         self.topic = topic
         self.encodings = encodings
+        self.max_request_size = max_request_size
+        self.max_depth = max_depth
         self._loop: asyncio.AbstractEventLoop | None = None
         self._replies = ReplyPool()
-        self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
-            getattr(func, "__call__", None)  # noqa: B004 - async callable objects count too
-        )
+        self._policy: ReplyPolicy | None = None  # outside a Worker: from the environment
+        self.is_async = is_async_callable(func)
 
     def _pool(self) -> ReplyPool:
         loop = asyncio.get_running_loop()
@@ -251,60 +229,101 @@ class _Endpoint:
             self._loop, self._replies = loop, ReplyPool.for_loop()
         return self._replies
 
+    def _default_policy(self) -> ReplyPolicy:
+        if self._policy is None:
+            from nsqworker.settings import Settings
+
+            self._policy = ReplyPolicy(Settings.load())
+        return self._policy
+
     async def handle(self, msg: Message) -> None:
+        """:meth:`serve` outside a Worker: the reply policy of the environment's settings."""
+        await self.serve(self._default_policy(), msg)
+
+    async def serve(self, policy: ReplyPolicy, msg: Message) -> None:
         """Decode, call, reply; see the module's table for every outcome."""
         try:
             request = codec.decode_request(msg.body)
         except RpcDecodeError as exc:
             raise Reject(str(exc)) from None
-        pool = self._pool()
+        # Before anything runs: an address or topic the worker does not trust is
+        # never dialled, and the function is not called for a reply that cannot go.
+        config = await policy.check(request.host, request.port, request.topic, msg.nsqd_address)
+        reply = _Reply(self._pool(), policy, request, config, msg.id)
         if request.encoding not in self.encodings:
-            reply = codec.unsupported_reply(request.id)
-            await pool.send(request.host, request.port, request.topic, reply, _config(msg))
+            await reply.send(codec.unsupported_reply(request.id))
             return
         try:
-            value = codec.decode_value(request.encoding, request.body)
+            if len(request.body) > self.max_request_size:
+                raise RpcDecodeError(
+                    f"RPC body of {len(request.body)} bytes is over the endpoint's "
+                    f"max_request_size of {self.max_request_size}"
+                )
+            value = codec.decode_value(request.encoding, request.body, self.max_depth)
         except RpcDecodeError as exc:
-            await self._reply_error(pool, request, exc, msg)
+            await reply.error(exc)
             raise Reject(str(exc)) from None
         try:
-            if self.is_async:
-                result = await self.func(value)
-            else:
-                result = await asyncio.to_thread(self.func, value)
+            result = await call(self.func, value)  # async on the loop, else in a thread
+        except asyncio.CancelledError as exc:
+            if exc.args != (TIME_LIMIT,):  # a stop: REQ 0, another worker answers
+                raise
+            # The task's time limit: the caller hears so now, and the request is done.
+            await reply.error(RpcUserError("the endpoint ran past its time limit"))
+            return
         except Retry:
             raise
         except Reject as exc:
-            await self._reply_error(pool, request, exc, msg)
+            await reply.error(exc)
             raise
         except Exception as exc:
             log.warning(
                 "answered with an error", topic=self.topic, id=msg.id, error=type(exc).__name__,
                 message=str(exc), exc_info=exc,
             )  # fmt: skip
-            await self._reply_error(pool, request, exc, msg)
+            await reply.error(exc)
             return
         try:
             body = codec.encode_value(request.encoding, result)
         except LocalProtocolError as exc:
-            await self._reply_error(pool, request, exc, msg)
+            await reply.error(exc)
             return
-        reply = codec.encode_response(request.id, request.encoding, body)
-        await pool.send(request.host, request.port, request.topic, reply, _config(msg))
+        await reply.send(codec.encode_response(request.id, request.encoding, body))
 
-    @staticmethod
-    async def _reply_error(
-        pool: ReplyPool, request: Request, exc: BaseException, msg: Message
+
+class _Reply:
+    """The reply to one request: where it goes, and what a failed delivery becomes."""
+
+    __slots__ = ("config", "error_id", "policy", "pool", "request")
+
+    def __init__(
+        self,
+        pool: ReplyPool,
+        policy: ReplyPolicy,
+        request: Request,
+        config: ConnectionConfig,
+        error_id: str,
     ) -> None:
+        self.pool, self.policy, self.request, self.config = pool, policy, request, config
+        self.error_id = error_id
+
+    async def error(self, exc: BaseException) -> None:
+        request = self.request
         encoding = codec.JSON if request.encoding == codec.BINARY else request.encoding
-        body = codec.encode_value(encoding, error_value(exc))
-        reply = codec.encode_response(request.id, encoding, body)
-        await pool.send(request.host, request.port, request.topic, reply, _config(msg))
+        value = error_value(exc, self.policy.error_details, self.error_id)
+        body = codec.encode_value(encoding, value)
+        await self.send(codec.encode_response(request.id, encoding, body))
 
-
-def _config(msg: Message) -> ConnectionConfig | None:
-    """The options (TLS, AUTH...) of the connection ``msg`` came on: replies use them.
-
-    The consumer's session holds the Connection (tests/integration/test_rpc.py checks
-    this path through nsqd's view of the reply connection)."""
-    return getattr(getattr(msg.receipt, "conn", None), "config", None)
+    async def send(self, body: bytes) -> None:
+        """Publish the reply; Reject (dead letter, no backoff) when it cannot be."""
+        request = self.request
+        try:
+            await self.pool.send(request.host, request.port, request.topic, body, self.config)
+        except (NoConnection, ConnectionError, TimeoutError) as exc:
+            address = normalize_address(request.host, request.port)
+            self.policy.failed(address)
+            await self.pool.drop(request.host, request.port, self.config)
+            raise Reject(f"reply nsqd {address} unreachable: {exc}; not answered") from None
+        except (PublishError, LocalProtocolError) as exc:
+            address = normalize_address(request.host, request.port)
+            raise Reject(f"reply to {address} refused: {exc}; not answered") from None

@@ -16,7 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["JobContext", "JobResult", "JobState", "SparkJob", "SparkJobFailed", "job_problems"]
+from nsqworker.spark.policy import denied_conf, denied_env, outside_root
+
+__all__ = [
+    "JobContext",
+    "JobResult",
+    "JobState",
+    "SecretRef",
+    "SparkJob",
+    "SparkJobFailed",
+    "job_problems",
+]
 
 RunnerKind = Literal["local", "kubernetes"]
 
@@ -26,6 +36,20 @@ _CONF_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-\[\]]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _URI = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 _NAME_MAX = 200
+
+
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """An ``env`` value read from key ``key`` of the Kubernetes Secret ``name`` (in the
+    jobs' namespace), so it never appears in the SparkApplication in plain text.
+    Kubernetes runner only; build it from your code, never from the message."""
+
+    name: str
+    key: str
 
 
 @dataclass(frozen=True)
@@ -41,7 +65,8 @@ class SparkJob:
             booleans are written as Spark expects them (``8``, ``true``).
         name: the application's name in Spark (default: the task's name).
         py_files: extra ``.py``/``.zip``/``.egg`` files for ``--py-files``.
-        env: environment variables for the driver (and, on Kubernetes, the executors).
+        env: environment variables for the driver (and, on Kubernetes, the executors);
+            on Kubernetes a value may be a :class:`SecretRef` (a ``secretKeyRef``).
         timeout: the longest the job is expected to run, in seconds. When it exceeds
             nsqd's ``--max-msg-timeout`` the job is refused before it is submitted
             (nsqd would redeliver the message while the job still runs).
@@ -52,7 +77,7 @@ class SparkJob:
     conf: Mapping[str, str | int | float | bool] = field(default_factory=dict)
     name: str | None = None
     py_files: Sequence[str] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str | SecretRef] = field(default_factory=dict)
     timeout: float | None = None
 
     def conf_strings(self) -> dict[str, str]:
@@ -66,21 +91,29 @@ def _conf_text(value: object) -> str:
     return str(value)
 
 
-def job_problems(job: object, runner: RunnerKind, cwd: str | os.PathLike[str] = ".") -> list[str]:
+def job_problems(
+    job: object,
+    runner: RunnerKind,
+    cwd: str | os.PathLike[str] = ".",
+    roots: Sequence[str | os.PathLike[str]] = (),
+) -> list[str]:
     """Everything wrong with ``job`` for ``runner``; empty when it can be submitted.
 
     Each problem names the field and what to change. The local runner also checks that
-    ``app`` and ``py_files`` exist (relative to ``cwd``); the Kubernetes runner that
-    they are URIs the driver can fetch.
+    ``app`` and ``py_files`` are files under ``roots`` (default: ``cwd``; relative paths
+    are read from ``cwd``); the Kubernetes runner that they
+    are URIs the driver can fetch. Conf keys and env names that would let a message
+    run code are refused (:mod:`nsqworker.spark.policy`).
     """
     if not isinstance(job, SparkJob):
         return [f"the handler returned {type(job).__name__}, not a SparkJob"]
     problems: list[str] = []
-    problems += _file_problems("app", [job.app], runner, cwd, single=True)
+    where = [Path(r) for r in roots] or [Path(cwd)]
+    problems += _file_problems("app", [job.app], runner, cwd, where, single=True)
     if isinstance(job.py_files, str) or not isinstance(job.py_files, Sequence):
         problems.append(f"py_files must be a list of paths, got {job.py_files!r}")
     else:
-        problems += _file_problems("py_files", list(job.py_files), runner, cwd, single=False)
+        problems += _file_problems("py_files", list(job.py_files), runner, cwd, where, False)
     if isinstance(job.args, str) or not isinstance(job.args, Sequence):
         problems.append(f"args must be a list of strings, got {job.args!r}")
     else:
@@ -92,6 +125,12 @@ def job_problems(job: object, runner: RunnerKind, cwd: str | os.PathLike[str] = 
                 problems.append(f"args[{i}] contains a NUL byte")
     problems += _conf_problems(job.conf)
     problems += _env_problems(job.env)
+    if runner == "local" and isinstance(job.env, Mapping):
+        problems += [
+            f"env[{k!r}] is a SecretRef: the local runner has no Kubernetes Secrets"
+            for k, v in job.env.items()
+            if isinstance(v, SecretRef)
+        ]
     if job.name is not None and (
         not isinstance(job.name, str) or not job.name.strip() or len(job.name) > _NAME_MAX
     ):
@@ -108,7 +147,12 @@ def job_problems(job: object, runner: RunnerKind, cwd: str | os.PathLike[str] = 
 
 
 def _file_problems(
-    what: str, values: list[object], runner: RunnerKind, cwd: str | os.PathLike[str], single: bool
+    what: str,
+    values: list[object],
+    runner: RunnerKind,
+    cwd: str | os.PathLike[str],
+    roots: list[Path],
+    single: bool,
 ) -> list[str]:
     problems = []
     for i, value in enumerate(values):
@@ -128,10 +172,17 @@ def _file_problems(
         path_text = value
         if scheme is not None:
             if scheme.group(1) not in ("file", "local"):
-                continue  # a remote URI: spark-submit fetches it, we cannot check it here
+                problems.append(
+                    f"{label} {value!r} is remote; the local runner runs files under the "
+                    "spark_app_roots only (ship the app in the image)"
+                )
+                continue
             path_text = value[len(scheme.group(0)) :]
         path = Path(cwd, path_text)
-        if not path.is_file():
+        if all(outside_root(path, root) for root in roots):
+            places = ", ".join(str(r) for r in roots)
+            problems.append(f"{label} {value!r} is outside spark_app_roots ({places})")
+        elif not path.is_file():
             problems.append(f"{label} {value!r}: no such file ({path.resolve()})")
     return problems
 
@@ -143,6 +194,12 @@ def _conf_problems(conf: object) -> list[str]:
     for key, value in conf.items():
         if not isinstance(key, str) or not _CONF_KEY.match(key):
             problems.append(f"conf key {key!r} is not a Spark property name (like spark.x.y)")
+            continue
+        if denied_conf(key):  # security: code, jars, volumes... are the operator's
+            problems.append(
+                f"conf key {key!r} may not be set by a job (it runs or fetches code, or "
+                "changes the pod); set it in spark-defaults.conf or the operator's defaults"
+            )
             continue
         if isinstance(value, float) and not math.isfinite(value):
             problems.append(f"conf[{key!r}] = {value!r} is not a finite number")
@@ -163,6 +220,11 @@ def _env_problems(env: object) -> list[str]:
     for key, value in env.items():
         if not isinstance(key, str) or not _ENV_NAME.match(key):
             problems.append(f"env name {key!r} is not a valid variable name")
+        elif denied_env(key):
+            problems.append(f"env name {key!r} may not be set by a job (it changes what runs)")
+        elif isinstance(value, SecretRef):
+            if not _K8S_NAME.match(str(value.name)) or not _SECRET_KEY.match(str(value.key)):
+                problems.append(f"env[{key!r}] = {value!r}: not a Secret name and key")
         elif not isinstance(value, str) or "\x00" in value:
             problems.append(f"env[{key!r}] must be a string without NUL, got {value!r}")
     return problems

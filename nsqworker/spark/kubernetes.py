@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import get_logger
-from nsqworker.spark.job import JobContext, JobResult, JobState, RunnerKind, SparkJob
+from nsqworker.spark.job import JobContext, JobResult, JobState, RunnerKind, SecretRef, SparkJob
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -92,6 +92,12 @@ def _label_value(text: str) -> str:
     return _LABEL_BAD.sub("_", text)[:63].strip("_.-")
 
 
+def _env_var(name: str, value: str | SecretRef) -> dict[str, Any]:
+    if isinstance(value, SecretRef):  # the value stays in the Secret, out of the body
+        return {"name": name, "valueFrom": {"secretKeyRef": {"name": value.name, "key": value.key}}}
+    return {"name": name, "value": value}
+
+
 def application_body(
     job: SparkJob, ctx: JobContext, *, name: str, namespace: str, image: str,
     service_account: str, ttl: float, spark_version: str,
@@ -112,7 +118,7 @@ def application_body(
         LABEL_PREFIX + "message-id": ctx.message_id,
         LABEL_PREFIX + "task": ctx.task,
     }
-    env = [{"name": key, "value": value} for key, value in sorted(job.env.items())]
+    env = [_env_var(key, value) for key, value in sorted(job.env.items())]
     pod = {"labels": dict(labels), "env": env}
     spec: dict[str, Any] = {
         "type": "Java" if job.app.endswith(".jar") else "Python",

@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -30,6 +30,7 @@ from structlog.typing import FilteringBoundLogger
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import get_logger
 from nsqworker.spark.job import JobContext, JobResult, JobState, RunnerKind, SparkJob
+from nsqworker.spark.policy import child_environment, masked_command
 
 __all__ = ["JavaRuntime", "LocalJob", "LocalRunner", "find_java", "spark_submit_command"]
 
@@ -122,7 +123,14 @@ class LocalRunner:
     kind: RunnerKind = "local"
     detached = False
 
-    def __init__(self, master: str = "local[*]", env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        master: str = "local[*]",
+        env: Mapping[str, str] | None = None,
+        app_roots: Sequence[str | os.PathLike[str]] = (),
+    ) -> None:
+        self.app_roots = list(app_roots)
+        """Directories apps must be in (default: the current one); see policy.py."""
         self.master = master
         self._env = env
         #: The Java runtime of the last job, the jobs running now by job id, and how
@@ -133,9 +141,11 @@ class LocalRunner:
         self._home: Path | None = None
 
     def environment(self, job: SparkJob) -> dict[str, str]:
-        """The child's environment: the worker's, the job's ``env``, and the Java and
-        Spark locations the runner found (the driver runs on this Python)."""
-        base = dict(os.environ if self._env is None else self._env)
+        """The child's environment: the allowlisted part of the worker's (CHILD_ENV in
+        policy.py), the job's ``env``, and the Java and Spark locations the runner
+        found (the driver runs on this Python)."""
+        # Security: not the worker's whole environment (AUTH secret, cloud keys).
+        base = child_environment(os.environ if self._env is None else self._env)
         java = find_java(base)  # each time: a few stat calls, and JAVA_HOME may change
         if java is None:
             raise ConfigurationError(
@@ -147,7 +157,7 @@ class LocalRunner:
             self.java = java
         if self._home is None:
             self._home = spark_home()
-        env = base | dict(job.env)
+        env = base | {k: v for k, v in job.env.items() if isinstance(v, str)}  # no SecretRef here
         env["JAVA_HOME"] = java.home
         env["SPARK_HOME"] = str(self._home)
         env.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -183,7 +193,7 @@ class LocalRunner:
             asyncio.create_task(_stream(process.stdout, "stdout", lines, handle.tail)),
             asyncio.create_task(_stream(process.stderr, "stderr", lines, handle.tail)),
         ]
-        lines.debug("spark-submit started", command=command, pid=process.pid)
+        lines.debug("spark-submit started", command=masked_command(command), pid=process.pid)
         return handle
 
     async def wait(self, handle: LocalJob) -> JobResult:

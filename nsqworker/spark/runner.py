@@ -52,7 +52,7 @@ def runner_for(settings: Settings) -> Runner:
             settings.spark_service_account, settings.spark_ttl,
         )  # fmt: skip
     else:
-        key = ("local", settings.spark_master)
+        key = ("local", settings.spark_master, tuple(settings.spark_app_roots))
     with _lock:
         runner = _runners.get(key)
         if runner is None:
@@ -67,4 +67,4 @@ def _build(settings: Settings) -> Runner:
         return KubernetesRunner.from_settings(settings)
     from nsqworker.spark.local import LocalRunner
 
-    return LocalRunner(master=settings.spark_master)
+    return LocalRunner(master=settings.spark_master, app_roots=settings.spark_app_roots)

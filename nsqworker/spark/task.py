@@ -115,7 +115,7 @@ async def run_spark_job(
 ) -> None:
     """Describe, check, submit and wait for the job of ``msg``; see the module doc."""
     job: Any = await call(func, msg)  # async (callable objects too) on the loop, else a thread
-    problems = job_problems(job, runner.kind)
+    problems = job_problems(job, runner.kind, roots=getattr(runner, "app_roots", ()))
     if problems:
         raise Reject("invalid SparkJob: " + "; ".join(problems))
     assert isinstance(job, SparkJob)

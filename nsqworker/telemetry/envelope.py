@@ -27,12 +27,16 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping
 
+from opentelemetry import trace
+from opentelemetry.context import Context
+
 __all__ = [
     "ENVELOPE_MAGIC",
     "ENVELOPE_VERSION",
     "MAX_HEADER_SIZE",
     "is_envelope",
     "unwrap_envelope",
+    "with_sampled_flag",
     "wrap_envelope",
 ]
 
@@ -118,3 +122,18 @@ def _parse(header: bytes) -> dict[str, str] | None:
             return None
         headers[key] = value
     return headers
+
+
+def with_sampled_flag(remote: Context, sampled: bool) -> Context:
+    """``remote``'s span context with ``sampled`` in place of its sampled flag.
+
+    Any publisher can set the flag in an envelope; the consumer puts its own sampler's
+    decision there instead (a random draw at its ratio: not one made from the trace
+    id, which the publisher chooses too), so a parent-based sampler follows ours.
+    """
+    span_ctx = trace.get_current_span(remote).get_span_context()
+    if not span_ctx.is_valid:
+        return remote
+    flags = trace.TraceFlags(trace.TraceFlags.SAMPLED if sampled else trace.TraceFlags.DEFAULT)
+    ours = trace.SpanContext(span_ctx.trace_id, span_ctx.span_id, True, flags, span_ctx.trace_state)
+    return trace.set_span_in_context(trace.NonRecordingSpan(ours))

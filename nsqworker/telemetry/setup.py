@@ -14,7 +14,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
-from nsqworker.telemetry.tracing import is_proxy
+from nsqworker.telemetry.sampling import is_proxy
 
 __all__ = ["configure_from_env"]
 

@@ -28,8 +28,6 @@ loads (see :class:`ProducerInstrumentation`). Metrics: :mod:`nsqworker.telemetry
 
 from __future__ import annotations
 
-import re
-import threading
 from collections.abc import Awaitable, Callable
 from random import getrandbits
 from types import TracebackType
@@ -39,14 +37,14 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.trace import Tracer as SdkTracer
-from opentelemetry.sdk.trace import sampling
-from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from nsqworker._version import __version__
 from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.telemetry import envelope as _envelope
 from nsqworker.telemetry.envelope import ENVELOPE_MAGIC, unwrap_envelope, wrap_envelope
 from nsqworker.telemetry.metrics import SCOPE, SYSTEM_ATTRS, hub
+from nsqworker.telemetry.sampling import _no_sdk, _PresetIds, _sampling_plan, is_proxy
 from nsqworker.telemetry.shortcuts import context_with
 
 if TYPE_CHECKING:
@@ -118,96 +116,6 @@ async def run_async(
         otel_context.detach(attached)
 
 
-class _PresetIds(IdGenerator):
-    """Gives out, once, a trace id we drew and sampled ourselves; else asks ``inner``.
-
-    So a ratio sampler can be decided before anything is built, and the SDK, sampling
-    the same trace id again, agrees (deciding twice on two ids would sample p**2).
-    """
-
-    def __init__(self, inner: IdGenerator) -> None:
-        self.inner = inner
-        self.local = threading.local()
-
-    def generate_trace_id(self) -> int:
-        preset: int = getattr(self.local, "trace_id", 0)
-        if preset:
-            self.local.trace_id = 0
-            return preset
-        return self.inner.generate_trace_id()
-
-    def generate_span_id(self) -> int:
-        return self.inner.generate_span_id()
-
-    def is_trace_id_random(self) -> bool:
-        return self.inner.is_trace_id_random()
-
-
-def _no_sdk(provider: trace.TracerProvider) -> bool:
-    return isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
-
-
-def is_proxy(provider: object) -> bool:
-    """A global provider nobody installed yet (tracing or metrics)."""
-    name = type(provider).__name__
-    return isinstance(provider, trace.ProxyTracerProvider) or name == "_ProxyMeterProvider"
-
-
-def _sampling_plan(
-    provider: trace.TracerProvider, tracer: trace.Tracer
-) -> tuple[int, int, bool, _PresetIds | None]:
-    """``(mode, bound, parent_based, preset ids)`` for the tracer's sampler.
-
-    RATIO: AlwaysOff or TraceIdRatioBased, bare or as the root of a default
-    ParentBased, decided by us first; GENERIC: the SDK decides (AlwaysOn, others).
-    """
-    if _no_sdk(provider) or isinstance(tracer, trace.NoOpTracer):
-        return _DISABLED, 0, False, None
-    if not isinstance(tracer, SdkTracer):
-        return _GENERIC, 0, False, None
-    root: sampling.Sampler | None = tracer.sampler
-    parent_based = isinstance(root, sampling.ParentBased)
-    if parent_based:
-        root = _default_parent_based_root(tracer.sampler)
-    if root is sampling.ALWAYS_OFF:
-        return _RATIO, 0, parent_based, None
-    if type(root) is not sampling.TraceIdRatioBased or root.bound > _LIMIT:
-        return _GENERIC, 0, False, None
-    ids = tracer.id_generator
-    if type(ids) is RandomIdGenerator:
-        ids = tracer.id_generator = _PresetIds(ids)
-    if not isinstance(ids, _PresetIds):
-        return _GENERIC, 0, False, None  # custom ids (X-Ray...): let the SDK draw them
-    return _RATIO, root.bound, parent_based, ids
-
-
-_ROOT_DESCRIPTION = re.compile(
-    r"ParentBased\{root:(AlwaysOffSampler|TraceIdRatioBased\{([^{}]+)\}),"
-)
-
-
-def _default_parent_based_root(sampler: sampling.Sampler) -> sampling.Sampler | None:
-    """The root of a ParentBased sampler whose parent rules are the defaults (follow a
-    sampled parent, drop an unsampled one) and whose root is AlwaysOff or a ratio; else
-    None. Read through the public ``get_description`` only: the sampler is rebuilt from
-    it and must describe itself the same way."""
-    description: str = sampler.get_description()
-    match = _ROOT_DESCRIPTION.match(description)
-    if match is None:
-        return None
-    root: sampling.Sampler
-    if match[2] is None:
-        root = sampling.ALWAYS_OFF
-    else:
-        try:
-            root = sampling.TraceIdRatioBased(float(match[2]))
-        except ValueError:
-            return None
-    rebuilt: str = sampling.ParentBased(root).get_description()  # type: ignore[no-untyped-call]
-    same = rebuilt == description
-    return root if same else None
-
-
 def _server(attrs: dict[str, Any], address: str) -> dict[str, Any]:
     """``attrs`` plus ``server.address`` and ``server.port`` of a ``host:port``."""
     host, sep, port = address.rpartition(":")
@@ -254,7 +162,12 @@ class TaskInstrumentation:
         self.timed = False
         """True when ``end`` records the duration histogram (an SDK MeterProvider is
         installed), so it must be called for messages ``start`` did not trace too."""
-        self._unwrap = getattr(spec, "envelope", None) is not False
+        # Security (issue 29): strip only when opted in; trust sampled flag and baggage
+        opted = getattr(spec, "envelope", None)
+        self._unwrap = bool(
+            getattr(settings, "tracing_envelope", False) if opted is None else opted
+        )
+        self._trust_remote = bool(getattr(settings, "trace_trust_remote", False))
         mode = parent_mode or getattr(settings, "trace_parent_mode", "link")
         if mode not in ("link", "parent"):
             raise ValueError(f"parent_mode must be 'link' or 'parent', got {mode!r}")
@@ -351,9 +264,14 @@ class TaskInstrumentation:
 
     def _remote(self, carrier: dict[str, str]) -> tuple[otel_context.Context, Any]:
         """``(parent, links)`` for an envelope's trace headers, as ``parent_mode`` says."""
+        if not self._trust_remote:  # security: a publisher's baggage is not ours to carry
+            carrier = {k: v for k, v in carrier.items() if k.lower() != "baggage"}
         remote = propagate.extract(carrier)
         if self._parent_mode:
-            return remote, ()
+            if self._trust_remote:
+                return remote, ()
+            ours = self._mode != _RATIO or getrandbits(64) < self._bound  # not their flag
+            return _envelope.with_sampled_flag(remote, ours), ()
         span_context = trace.get_current_span(remote).get_span_context()
         return _ROOT, (Link(span_context),) if span_context.is_valid else ()
 

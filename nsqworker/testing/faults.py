@@ -14,8 +14,10 @@ event loop, so it serves asyncio code under test from the same process::
         ...                                         # times out
     with MagicCloser() as closer:                   # closes right after the magic
         ...
+    with AuthAskingServer() as impostor:            # asks for AUTH, records the bytes
+        ...
     with HttpFaultServer(upstream=lookupd.http_address) as lookupd_proxy:
-        lookupd_proxy.mode = "500"                  # "ok", "500", "garbage", "slow"
+        lookupd_proxy.mode = "500"                  # "ok", "500", "garbage", "slow", "fixed"
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal, Self
 
-__all__ = ["HttpFaultServer", "MagicCloser", "SilentServer", "TcpProxy"]
+__all__ = ["AuthAskingServer", "HttpFaultServer", "MagicCloser", "SilentServer", "TcpProxy"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -104,6 +106,25 @@ class SilentServer(_TcpServer):
         with contextlib.suppress(OSError):
             while client.recv(65536):
                 pass
+
+
+class AuthAskingServer(_TcpServer):
+    """An nsqd impostor: answers IDENTIFY with ``auth_required: true`` and keeps every
+    byte a client sends in ``received`` (where an AUTH secret would show)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.received = bytearray()
+
+    def _serve(self, client: socket.socket) -> None:
+        answer = b'{"auth_required":true,"max_rdy_count":2500,"version":"1.3.0"}'
+        frame = (len(answer) + 4).to_bytes(4, "big") + b"\0\0\0\0" + answer
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                with self._lock:
+                    self.received += data
+                if b"IDENTIFY" in data:
+                    client.sendall(frame)
 
 
 class MagicCloser(_TcpServer):
@@ -187,7 +208,7 @@ class TcpProxy(_TcpServer):
                     sock.shutdown(socket.SHUT_RDWR)
 
 
-Mode = Literal["ok", "500", "garbage", "slow"]
+Mode = Literal["ok", "500", "garbage", "slow", "fixed"]
 
 
 class HttpFaultServer:
@@ -196,7 +217,8 @@ class HttpFaultServer:
     ``mode`` decides every answer and may be changed at any time: ``"ok"`` forwards the
     request to ``upstream`` (``http://host:port``) and returns its answer (404 without
     an upstream), ``"500"`` answers 500, ``"garbage"`` answers 200 with a body that is
-    not JSON, ``"slow"`` waits ``delay`` seconds before answering like ``"ok"``.
+    not JSON, ``"slow"`` waits ``delay`` seconds before answering like ``"ok"``,
+    ``"fixed"`` answers 200 with ``body`` (a hostile lookupd's answer, say).
     ``requests`` counts what it was asked.
     """
 
@@ -204,6 +226,7 @@ class HttpFaultServer:
         self.upstream = upstream.rstrip("/") if upstream else None
         self.mode: Mode = mode
         self.delay = delay
+        self.body = b""
         self.requests = 0
         owner = self
 
@@ -231,6 +254,8 @@ class HttpFaultServer:
             self._send(handler, 500, b'{"message":"INTERNAL_ERROR"}')
         elif mode == "garbage":
             self._send(handler, 200, b"<html>this is not JSON</html>")
+        elif mode == "fixed":
+            self._send(handler, 200, self.body)
         else:
             if mode == "slow":
                 time.sleep(self.delay)

@@ -263,7 +263,7 @@ def test_the_pod_spec_runs_against_nsqd(
         "drainTimeout": 3,
         "nsq": {"lookupdHttpAddresses": [], "nsqdTcpAddresses": [nsqd.tcp_address]},
         # a pod binds 0.0.0.0 and is probed on its IP; tests stay on loopback
-        "settings": {"health_host": "127.0.0.1"},
+        "healthHost": "127.0.0.1",
         "auth": {"existingSecret": "nsq-auth", "key": "secret"},
         "extraEnv": [{"name": "DEPLOY_TEST_OUT", "value": str(out)}],
     }

@@ -362,6 +362,15 @@ def test_tls_and_auth_from_existing_secrets(helm: Any) -> None:
     assert secret_env["MYSERVICE_MODE"] == {"name": "MYSERVICE_MODE", "value": "strict"}
 
 
+def test_otlp_headers_come_from_a_secret(helm: Any) -> None:
+    manifests = helm.template(values={"otel": {"headersSecret": "otlp", "headersKey": "h"}})
+    env = {e["name"]: e for e in manifests.container()["env"]}
+    assert env["OTEL_EXPORTER_OTLP_HEADERS"]["valueFrom"] == {
+        "secretKeyRef": {"name": "otlp", "key": "h"}
+    }
+    assert "OTEL_EXPORTER_OTLP_HEADERS" not in manifests.configmap_env()
+
+
 def test_config_change_rolls_the_pods(helm: Any) -> None:
     def checksum(values: dict[str, Any] | None) -> str:
         deployment = helm.template(values=values).find("Deployment")
@@ -493,6 +502,11 @@ BAD_VALUES = [
         {"tls": {"enabled": True, "existingSecret": "s", "certKey": "tls.crt"}},
         "tls.certKey and tls.keyKey go together",
         id="tls-cert-without-key",
+    ),
+    pytest.param(
+        {"otel": {"env": {"OTEL_EXPORTER_OTLP_HEADERS": "api-key=abc"}}},
+        "otel.env.OTEL_EXPORTER_OTLP_HEADERS would put the collector's API keys in a ConfigMap",
+        id="otel-headers-in-configmap",
     ),
     pytest.param(
         {"spark": {"kubernetes": {"enabled": True}}},

@@ -72,7 +72,7 @@ def test_health_port_set_and_taken_is_one_line_and_exit_2(
         run = supervise(write_module("busy_port_tasks", TASKS), env=env, health_port=port)
         assert run.wait(20) == 2
     (line,) = [s for s in lines(run) if not s.startswith("{")]
-    assert line.startswith(f"error: the health server cannot listen on 0.0.0.0:{port} (")
+    assert line.startswith(f"error: the health server cannot listen on 127.0.0.1:{port} (")
     assert line.endswith("change --health-port (0 turns the server off)")
 
 

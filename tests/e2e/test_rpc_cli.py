@@ -56,7 +56,7 @@ def test_rpc_call_answers_from_the_example_service(
 
     done = rpc_call(env, "pricing", '{"sku": "Z9"}', "--timeout", "5")
     assert done.returncode == 1
-    assert "pricing raised LookupError: unknown sku 'Z9'" in done.stderr
+    assert "pricing raised UnknownSku: unknown sku 'Z9'" in done.stderr
     assert done.stdout == ""
 
     done = rpc_call(env, "nobody", "{}", "--timeout", "0.3")

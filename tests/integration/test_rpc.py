@@ -149,7 +149,7 @@ async def test_an_endpoint_exception_is_raised_as_rpc_error(
     registry = Registry()
     pricing(registry)
     async with (
-        Worker(registry, settings_for(nsqd)),
+        Worker(registry, settings_for(nsqd, rpc_error_details=True)),
         RpcClient([nsqd.tcp_address], settings=settings_for(nsqd), encoding=encoding) as client,
     ):
         with pytest.raises(RpcError) as info:
@@ -171,7 +171,7 @@ async def test_binary_request_gets_its_error_as_json(nsqd: NsqdProcess) -> None:
         return request.decode("ascii").upper().encode()
 
     async with (
-        Worker(registry, settings_for(nsqd)),
+        Worker(registry, settings_for(nsqd, rpc_error_details=True)),
         RpcClient([nsqd.tcp_address], settings=settings_for(nsqd), encoding="binary") as client,
     ):
         assert await client.call("upper", b"abc", timeout=10) == b"ABC"
@@ -229,13 +229,13 @@ async def test_the_255_reply_on_the_wire(nsqd: NsqdProcess, encoding: int) -> No
     registry = Registry()
     pricing(registry, encodings=["json"])
     request = (
-        codec.ReplyAddress("127.0.0.1", nsqd.tcp_port, "raw_replies").request(
+        codec.ReplyAddress("127.0.0.1", nsqd.tcp_port, "rpc_raw_replies").request(
             b"I" * 16, encoding, b"\x80"
         )
         if encoding < codec.RESERVED
         else (
             codec.encode_request(
-                b"I" * 16, codec.JSON, "127.0.0.1", nsqd.tcp_port, "raw_replies", b"{}"
+                b"I" * 16, codec.JSON, "127.0.0.1", nsqd.tcp_port, "rpc_raw_replies", b"{}"
             )
         )
     )
@@ -243,7 +243,7 @@ async def test_the_255_reply_on_the_wire(nsqd: NsqdProcess, encoding: int) -> No
         request = request[:17] + bytes([encoding]) + request[18:]
     async with Worker(registry, settings_for(nsqd)):
         nsqd.publish(TOPIC, request)
-        got = await read_messages(nsqd, "raw_replies", 1)
+        got = await read_messages(nsqd, "rpc_raw_replies", 1)
     assert got == [b"\x00" + b"I" * 16 + b"\xff"]
 
 
@@ -255,7 +255,9 @@ async def test_undecodable_requests_are_dead_lettered(nsqd: NsqdProcess) -> None
         letters.append((msg.body, reason))
 
     pricing(registry, on_dead_letter=on_dead_letter)
-    bad_json = codec.encode_request(b"J" * 16, codec.JSON, "127.0.0.1", nsqd.tcp_port, "r", b"{")
+    bad_json = codec.encode_request(
+        b"J" * 16, codec.JSON, "127.0.0.1", nsqd.tcp_port, "rpc_r", b"{"
+    )
     async with Worker(registry, settings_for(nsqd)):
         nsqd.publish(TOPIC, b"\x00 not a request")
         nsqd.publish(TOPIC, b"\x01" + b"x" * 40)
@@ -267,7 +269,7 @@ async def test_undecodable_requests_are_dead_lettered(nsqd: NsqdProcess) -> None
     assert "version 1; this side speaks version 0" in reasons[b"\x01" + b"x" * 40]
     assert reasons[bad_json].startswith("RPC body is not JSON")
     # The request with a good frame but a bad body was also answered with an error.
-    answers = await read_messages(nsqd, "r", 1)
+    answers = await read_messages(nsqd, "rpc_r", 1)
     error = json.loads(codec.decode_response(answers[0]).body)["error"]
     assert error["type"] == "RpcDecodeError"
 
@@ -299,13 +301,16 @@ async def test_reply_to_a_different_nsqd_than_the_request(nsqd_factory: NsqdFact
         reply_nsqd=replies_nsqd.tcp_address,
         settings=settings_for(requests_nsqd),
     )
-    endpoint_settings = settings_for(requests_nsqd, client_id="pricing-endpoint")
+    # The reply nsqd is none of the endpoint's: a pattern allows it (no credentials).
+    endpoint_settings = settings_for(
+        requests_nsqd, client_id="pricing-endpoint", rpc_reply_addresses=["127.0.0.1:*"]
+    )
     async with Worker(registry, endpoint_settings), client:
         assert (await client.call(TOPIC, {"sku": "A1"}, timeout=10))["price"] == 42
         assert client.reply_topic in topic_names(replies_nsqd)
         assert client.reply_topic not in topic_names(requests_nsqd)
         assert TOPIC not in topic_names(replies_nsqd)
-        # The reply connection took the options of the connection the request came on.
+        # The reply connection took the options of the worker's settings.
         producers = replies_nsqd.stats()["producers"]
         assert [p["client_id"] for p in producers] == ["pricing-endpoint"]
 

@@ -84,7 +84,7 @@ async def test_envelope_links_the_process_span_and_raw_bodies_stay_raw(
     reg = Registry()
     seen: list[tuple[bytes, trace.SpanContext]] = []
     recording_task(reg, topic, seen)
-    async with Worker(reg, settings(nsqd)):
+    async with Worker(reg, settings(nsqd, tracing_envelope=True)):
         await wait_until(lambda: len(seen) == 3)
 
     bodies = dict(seen)
@@ -120,7 +120,7 @@ async def test_parent_mode_through_the_producer(
     reg = Registry()
     seen: list[tuple[bytes, trace.SpanContext]] = []
     recording_task(reg, topic, seen)
-    async with Worker(reg, settings(nsqd, trace_parent_mode="parent")):
+    async with Worker(reg, settings(nsqd, trace_parent_mode="parent", tracing_envelope=True)):
         await wait_until(lambda: seen)
 
     [(body, current)] = seen

@@ -18,7 +18,8 @@ DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 @pytest.fixture
-def app(tmp_path: Path) -> str:
+def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.chdir(tmp_path)  # apps must be under the worker's directory
     path = tmp_path / "job.py"
     path.write_text("print('hi')\n")
     return str(path)
@@ -34,7 +35,7 @@ def test_a_good_job_has_no_problems(app: str) -> None:
 
 
 def test_missing_app_file_names_the_path(tmp_path: Path) -> None:
-    (problem,) = job_problems(SparkJob(str(tmp_path / "nope.py")), "local")
+    (problem,) = job_problems(SparkJob(str(tmp_path / "nope.py")), "local", roots=[tmp_path])
     assert problem.startswith("app ") and "nope.py" in problem and "no such file" in problem
 
 
@@ -42,7 +43,8 @@ def test_relative_paths_resolve_from_cwd(app: str) -> None:
     folder, name = os.path.split(app)
     assert job_problems(SparkJob(name), "local", cwd=folder) == []
     assert job_problems(SparkJob("file://" + app), "local") == []
-    assert job_problems(SparkJob("s3a://bucket/job.py"), "local") == []  # spark fetches it
+    (remote,) = job_problems(SparkJob("s3a://bucket/job.py"), "local")
+    assert "is remote; the local runner runs files under the spark_app_roots only" in remote
 
 
 @pytest.mark.parametrize(

@@ -17,14 +17,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import nsqworker.telemetry as telemetry_package
 from nsqworker.message import FINISH, Message
 from nsqworker.task import TaskSpec
+from nsqworker.telemetry.sampling import _DISABLED, _GENERIC, _RATIO, _sampling_plan
 from nsqworker.telemetry.shortcuts import context_with
-from nsqworker.telemetry.tracing import (
-    _DISABLED,
-    _GENERIC,
-    _RATIO,
-    TaskInstrumentation,
-    _sampling_plan,
-)
+from nsqworker.telemetry.tracing import TaskInstrumentation
 
 
 def provider(exporter: InMemorySpanExporter, **kw: Any) -> TracerProvider:

@@ -41,7 +41,7 @@ from nsqworker.telemetry.tracing import (
 NSQD = "10.0.0.7:4150"
 
 
-def make_spec(envelope: bool | None = None) -> TaskSpec:
+def make_spec(envelope: bool | None = True) -> TaskSpec:
     return TaskSpec("archive", "clicks", "archiver", lambda m: None, False, envelope=envelope)
 
 

@@ -106,6 +106,11 @@ number as a float, which would print 1000000 as 1e+06), lists comma-joined.
 {{- if and .Values.tls.enabled (ne (empty .Values.tls.certKey) (empty .Values.tls.keyKey)) }}
 {{- fail "tls.certKey and tls.keyKey go together: set both (a client certificate) or neither" }}
 {{- end }}
+{{- range $name, $value := .Values.otel.env }}
+{{- if contains "HEADERS" $name }}
+{{- fail (printf "otel.env.%s would put the collector's API keys in a ConfigMap: store them in a Secret and set otel.headersSecret" $name) }}
+{{- end }}
+{{- end }}
 {{- if and .Values.spark.kubernetes.enabled (not .Values.spark.kubernetes.image) }}
 {{- fail "spark.kubernetes.enabled needs spark.kubernetes.image: the image of the Spark driver and executors" }}
 {{- end }}
@@ -117,6 +122,7 @@ NSQWORKER_TRANSPORT: {{ .Values.transport | quote }}
 NSQWORKER_WORKERS: {{ include "nsqworker.envValue" .Values.workers | quote }}
 NSQWORKER_DRAIN_TIMEOUT: {{ include "nsqworker.envValue" .Values.drainTimeout | quote }}
 NSQWORKER_HEALTH_PORT: {{ include "nsqworker.envValue" .Values.healthPort | quote }}
+NSQWORKER_HEALTH_HOST: {{ .Values.healthHost | quote }}
 NSQWORKER_LOG_LEVEL: {{ .Values.logLevel | quote }}
 NSQWORKER_LOG_FORMAT: {{ .Values.logFormat | quote }}
 {{- with .Values.nsq.lookupdHttpAddresses }}

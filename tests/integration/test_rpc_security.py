@@ -1,0 +1,210 @@
+"""RPC endpoints against hostile requests, with real nsqd (docs/security.md).
+
+The "fake nsqd" here (nsqworker.testing.faults) is an attacker's server, not a broker
+under test: it records who connects and what they send, and asks for AUTH the way a
+real nsqd would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+import structlog
+
+from nsqworker.message import Message
+from nsqworker.rpc import RpcClient, codec, rpc
+from nsqworker.settings import Settings
+from nsqworker.task import Registry
+from nsqworker.testing import NsqdFactory, NsqdProcess, NsqlookupdProcess, wait_until
+from nsqworker.testing.faults import AuthAskingServer, SilentServer
+from nsqworker.worker import Worker
+
+SECRET = "top-secret-token"
+
+
+@pytest.fixture(autouse=True)
+def quiet_logs() -> Any:
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(50))
+    yield
+    structlog.configure(**saved)
+
+
+def settings_for(*nsqds: NsqdProcess, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "nsqd_tcp_addresses": [n.tcp_address for n in nsqds],
+        "requeue_delay": 0.05,
+        "backoff_multiplier": 0.0,
+        "reconnect_delay": 0.05,
+        "drain_timeout": 5.0,
+        "auth_secret": SECRET,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def endpoint(registry: Registry, letters: list[str], **options: Any) -> None:
+    def on_dead_letter(msg: Message, reason: str) -> None:
+        letters.append(reason)
+
+    @rpc("sec_rpc", registry=registry, on_dead_letter=on_dead_letter, **options)
+    async def answer(request: Any) -> Any:
+        return {"ok": request}
+
+
+def request_to(port: int, topic: str = "rpc_attacker", host: str = "127.0.0.1") -> bytes:
+    return codec.encode_request(b"A" * 16, codec.JSON, host, port, topic, b'{"x": 1}')
+
+
+async def test_a_request_naming_an_unknown_nsqd_gets_no_connection_and_no_secret(
+    nsqd: NsqdProcess,
+) -> None:
+    registry, letters = Registry(), list[str]()
+    endpoint(registry, letters)
+    with AuthAskingServer() as fake:
+        async with Worker(registry, settings_for(nsqd)):
+            nsqd.publish("sec_rpc", request_to(fake.port))
+            await wait_until(lambda: letters, message="the request dead-lettered")
+            # A known reply nsqd still works: the caller's nsqd is the request's nsqd.
+            async with RpcClient([nsqd.tcp_address], settings=settings_for(nsqd)) as client:
+                assert await client.call("sec_rpc", 7, timeout=10) == {"ok": 7}
+            await asyncio.sleep(0.2)
+            assert fake.accepted == 0
+            assert SECRET.encode() not in fake.received
+    assert f"reply nsqd 127.0.0.1:{fake.port} is not trusted" in letters[0]
+
+
+async def test_an_allowed_pattern_gets_a_connection_without_credentials(
+    nsqd: NsqdProcess,
+) -> None:
+    registry, letters = Registry(), list[str]()
+    endpoint(registry, letters)
+    settings = settings_for(nsqd, rpc_reply_addresses=["127.0.0.*:*"])
+    with AuthAskingServer() as fake:
+        async with Worker(registry, settings):
+            nsqd.publish("sec_rpc", request_to(fake.port))
+            await wait_until(lambda: letters, timeout=10, message="the request dead-lettered")
+            assert fake.accepted >= 1  # allowed: dialled
+            assert b"IDENTIFY" in fake.received
+            assert SECRET.encode() not in fake.received
+            assert b"AUTH" not in fake.received
+    assert f"reply nsqd 127.0.0.1:{fake.port} unreachable" in letters[0]
+
+
+async def test_a_reply_topic_outside_rpc_reply_topics_is_refused(nsqd: NsqdProcess) -> None:
+    registry, letters = Registry(), list[str]()
+    endpoint(registry, letters)
+    async with Worker(registry, settings_for(nsqd)):
+        nsqd.publish("sec_rpc", request_to(nsqd.tcp_port, topic="orders"))
+        await wait_until(lambda: letters, message="the request dead-lettered")
+    assert "reply topic 'orders' is not allowed" in letters[0]
+    assert "orders" not in [t["topic_name"] for t in nsqd.stats()["topics"]]
+
+
+async def test_a_flood_naming_a_hanging_reply_nsqd_does_not_starve_the_endpoint(
+    nsqd: NsqdProcess,
+) -> None:
+    registry, letters = Registry(), list[str]()
+    endpoint(registry, letters)
+    # The worst case: an allowed address that accepts and never answers.
+    with SilentServer() as fake:
+        settings = settings_for(nsqd, rpc_reply_addresses=[f"127.0.0.1:{fake.port}"])
+        async with Worker(registry, settings):
+            nsqd.mpublish("sec_rpc", [request_to(fake.port)] * 300, binary=True)
+            await asyncio.sleep(0.5)
+            started = time.monotonic()
+            async with RpcClient([nsqd.tcp_address], settings=settings_for(nsqd)) as client:
+                answers = await asyncio.gather(
+                    *(client.call("sec_rpc", n, timeout=20) for n in range(5))
+                )
+            took = time.monotonic() - started
+            assert answers == [{"ok": n} for n in range(5)]
+            assert took < 5.0, f"good calls waited {took:.1f} s behind the flood"
+            await wait_until(lambda: len(letters) == 300, timeout=20, message="300 dead letters")
+        assert fake.accepted <= 3  # dialled once (and its retry), not once per request
+    assert all("unreachable" in r or "failed less than" in r for r in letters)
+
+
+async def test_a_reply_nsqd_listed_by_lookupd_is_trusted(
+    nsqlookupd: NsqlookupdProcess, nsqd_factory: NsqdFactory
+) -> None:
+    requests_nsqd, replies_nsqd = nsqd_factory(nsqlookupd), nsqd_factory(nsqlookupd)
+    registry, letters = Registry(), list[str]()
+    endpoint(registry, letters)
+    settings = settings_for(lookupd_http_addresses=[nsqlookupd.http_address])
+    replies_nsqd.publish("warmup", b"x")  # both registered with lookupd
+    requests_nsqd.publish("sec_rpc_warm", b"x")
+    await wait_until(lambda: len(nsqlookupd.nodes()) == 2, message="both nsqd registered")
+    client = RpcClient(
+        [requests_nsqd.tcp_address],
+        reply_nsqd=f"127.0.0.1:{replies_nsqd.tcp_port}",
+        settings=settings_for(requests_nsqd),
+    )
+    async with Worker(registry, settings), client:
+        assert await client.call("sec_rpc", 1, timeout=15) == {"ok": 1}
+    assert not letters
+
+
+async def test_nested_json_is_rejected_without_backoff(nsqd: NsqdProcess) -> None:
+    registry, letters = Registry(), list[str]()
+    endpoint(registry, letters)
+    settings = settings_for(nsqd, backoff_multiplier=1.0)  # a failure would pause 1 s, 2, 4...
+    deep = b"[" * 100_000
+    async with Worker(registry, settings):
+        for n in range(4):
+            body = codec.encode_request(bytes([n]) * 16, codec.JSON, "127.0.0.1",
+                                        nsqd.tcp_port, "rpc_bomb", deep)  # fmt: skip
+            nsqd.publish("sec_rpc", body)
+        nested = b'{"a":' * 70 + b"1" + b"}" * 70  # parses, but deeper than max_depth 64
+        nsqd.publish("sec_rpc", request_to(nsqd.tcp_port, topic="rpc_bomb")[:-8] + nested)
+        await wait_until(lambda: len(letters) == 5, message="5 dead letters")
+        started = time.monotonic()
+        async with RpcClient([nsqd.tcp_address], settings=settings_for(nsqd)) as client:
+            assert await client.call("sec_rpc", 1, timeout=10) == {"ok": 1}
+        assert time.monotonic() - started < 3.0  # no backoff level to wait out
+    assert sum("nested too deeply" in r for r in letters) == 4
+    assert any("deeper than 64 levels" in r for r in letters)
+
+
+async def test_a_request_over_max_request_size_is_rejected(nsqd: NsqdProcess) -> None:
+    registry, letters = Registry(), list[str]()
+    endpoint(registry, letters, max_request_size=1000)
+    async with Worker(registry, settings_for(nsqd)):
+        body = codec.encode_request(b"B" * 16, codec.JSON, "127.0.0.1", nsqd.tcp_port,
+                                    "rpc_big", b"[" + b"0," * 1000 + b"0]")  # fmt: skip
+        nsqd.publish("sec_rpc", body)
+        await wait_until(lambda: letters, message="dead-lettered")
+    assert "2003 bytes is over the endpoint's max_request_size of 1000" in letters[0]
+
+
+async def test_error_replies_are_generic_unless_the_author_chose_the_text(
+    nsqd: NsqdProcess,
+) -> None:
+    from nsqworker.rpc import RpcError, RpcUserError
+
+    class OutOfStock(RpcUserError):
+        pass
+
+    registry = Registry()
+
+    @rpc("fails", registry=registry)
+    async def fails(request: str) -> None:
+        if request == "user":
+            raise OutOfStock("sku A1 is out of stock")
+        raise RuntimeError("cannot reach postgres://admin:hunter2@db:5432/orders")
+
+    async with (
+        Worker(registry, settings_for(nsqd)),
+        RpcClient([nsqd.tcp_address], settings=settings_for(nsqd)) as client,
+    ):
+        with pytest.raises(RpcError) as info:
+            await client.call("fails", "internal", timeout=10)
+        assert info.value.type == "EndpointError"
+        assert "hunter2" not in str(info.value)
+        assert "error id " in info.value.message  # the message id, in the endpoint's log
+        with pytest.raises(RpcError) as info:
+            await client.call("fails", "user", timeout=10)
+        assert (info.value.type, info.value.message) == ("OutOfStock", "sku A1 is out of stock")
