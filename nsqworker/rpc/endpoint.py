@@ -109,6 +109,7 @@ def rpc(
     dead_letter_topic: str | None = None,
     max_request_size: int = MAX_REQUEST_SIZE,
     max_depth: int | None = codec.MAX_DEPTH,
+    timeout: float | None = None,
 ) -> Callable[[F], F]:
     """Serve RPC requests published to ``topic`` with the decorated function.
 
@@ -125,6 +126,8 @@ def rpc(
             process supports; JSON is always added). Others get the 255 reply.
         name: the task's name (default ``module.qualname``).
         registry: where to register the task (default: the one ``@task`` uses).
+        timeout: seconds the function may run (default: the ``task_timeout`` setting);
+            past it the caller gets an error reply at once and the request is done.
         on_dead_letter, dead_letter_topic: as for ``@task``.
         max_request_size: bytes of a request's body accepted; larger ones are answered
             with an error and dead-lettered (default 1 MiB).
@@ -150,6 +153,7 @@ def rpc(
             envelope=False,  # request bodies are the RPC frame, never a trace envelope
             on_dead_letter=on_dead_letter,
             dead_letter_topic=dead_letter_topic,
+            timeout=timeout,
         )(_bind(endpoint))
         func.spec = registered.spec  # type: ignore[attr-defined]
         func.endpoint = endpoint  # type: ignore[attr-defined]

@@ -453,3 +453,31 @@ async def test_reply_producers_are_pooled_and_closed_when_idle(nsqd_factory: Nsq
     await pool.send("127.0.0.1", two.tcp_port, "replies", b"d")  # reopened on demand
     assert (two.topic_stats("replies") or {}).get("message_count") == 2
     await pool.close()
+
+
+async def test_an_endpoint_past_its_time_limit_answers_the_caller_with_an_error(
+    nsqd: NsqdProcess,
+) -> None:
+    """The caller hears at once (not at its own timeout) and the request is done."""
+    registry = Registry()
+    calls = 0
+
+    @rpc("rpc_slow", registry=registry, timeout=0.3)
+    async def slow(request: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(30)
+
+    async with (
+        Worker(registry, settings_for(nsqd)),
+        RpcClient([nsqd.tcp_address], settings=settings_for(nsqd)) as client,
+    ):
+        started = time.monotonic()
+        with pytest.raises(RpcError) as info:
+            await client.call("rpc_slow", {"sku": "A1"}, timeout=10)
+        assert time.monotonic() - started < 5
+        assert info.value.type == "RpcUserError"
+        assert "ran past its time limit" in info.value.message
+        await wait_until(lambda: nsqd.depth("rpc_slow", "rpc") == 0, message="depth 0")
+        await asyncio.sleep(0.5)
+    assert calls == 1  # answered, so finished: not retried
