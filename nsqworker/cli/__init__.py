@@ -45,6 +45,7 @@ def _root(
         bool,
         typer.Option(
             "--version",
+            metavar="",
             callback=_show_version,
             is_eager=True,
             help="Print the version and exit.",

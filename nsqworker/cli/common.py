@@ -51,7 +51,7 @@ ConfigFile = Annotated[
         show_default=False,
     ),
 ]
-AsJson = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
+AsJson = Annotated[bool, typer.Option("--json", metavar="", help="Print JSON for machines.")]
 TransportOption = Annotated[
     str | None,
     typer.Option(
@@ -104,8 +104,8 @@ def load_settings(config: Path | None, **overrides: Any) -> Settings:
 
         err = Console(stderr=True, highlight=False)
         err.print("[red]error:[/red] invalid settings", markup=True)
-        for problem in exc.problems:
-            err.print(f"  {problem}", markup=False)
+        for problem in exc.problems:  # one line each, never wrapped mid-sentence
+            err.print(f"  {problem}", markup=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE) from None
 
 

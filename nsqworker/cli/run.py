@@ -60,6 +60,7 @@ def run(
         bool,
         typer.Option(
             "--reload",
+            metavar="",  # a plain flag: no <bool> placeholder in --help
             help="Restart the workers (draining first) when a source file of the task "
             "package changes; for development.",
         ),

@@ -277,3 +277,19 @@ def test_rpc_call_without_an_address_names_the_flag(runner: CliRunner) -> None:
     result = runner.invoke(app, ["rpc", "call", "pricing", "{}"])
     assert result.exit_code == 2
     assert "no nsqd to call through: pass --nsqd HOST:PORT" in " ".join(result.stderr.split())
+
+
+def test_a_settings_problem_stays_on_one_line_when_not_on_a_terminal(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["run", "x.tasks", "--transport", "a-transport-nobody-has-" * 3])
+    assert result.exit_code == 2
+    (line,) = [line for line in result.stderr.splitlines() if "--transport" in line]
+    assert "is not a transport" in line and "got 'a-transport-nobody-has-" in line
+
+
+def test_plain_flags_show_no_placeholder_in_help(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["tasks", "--help"], terminal_width=100)
+    (line,) = [line for line in result.stdout.splitlines() if "--json" in line]
+    assert "<bool>" not in line
+    result = runner.invoke(app, ["run", "--help"], terminal_width=100)
+    (line,) = [line for line in result.stdout.splitlines() if "--reload" in line]
+    assert "<bool>" not in line
