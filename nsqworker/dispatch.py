@@ -183,11 +183,11 @@ class Dispatcher:
         # 4. Retry what did not finish; cancel what can be cancelled and let the
         # cancellations (and give-up hooks turned into retries) settle before closing.
         for msg in list(self._deferred):  # in a thread: cannot be cancelled, only answered
-            if not msg._responded:
+            if not msg.answered:
                 self._settle_now(msg, _DRAIN_REQUEUE)
         unfinished = list(self._tasks.items())
         for msg, future in unfinished:
-            if not msg._responded:
+            if not msg.answered:
                 self._settle_now(msg, _DRAIN_REQUEUE)
             future.cancel()
         if unfinished:
@@ -276,7 +276,7 @@ class Dispatcher:
             return
         sub = self.subscription
         for msg in [*self._tasks, *self._deferred, *self._backlog]:
-            if msg._responded:
+            if msg.answered:
                 continue
             interval = sub.keep_alive_interval(msg)
             if interval is None:
@@ -296,7 +296,7 @@ class Dispatcher:
         after = self.slow_after()
         for msg in running:
             age = now - msg.received_at
-            if age > after and msg not in self._slow and not msg._responded:
+            if age > after and msg not in self._slow and not msg.answered:
                 self._slow.add(msg)
                 assert self.on_slow is not None
                 self.on_slow(msg, age)
@@ -337,9 +337,9 @@ class Dispatcher:
                 result = self._follow(msg, result)
         if result is _PENDING:
             return False
-        if result is FINISH and self._plain and not msg._responded:
+        if result is FINISH and self._plain and not msg.answered:
             # _apply + _release for the common case, when nothing else needs to know.
-            msg._responded = True
+            msg.answered = True
             self.finished += 1
             self._in_flight -= 1
             self._running -= 1
@@ -354,7 +354,7 @@ class Dispatcher:
         if self._stopping:
             self._settle_now(msg, _DRAIN_REQUEUE)
         elif msg.attempts > self.max_attempts:
-            msg._responded = True
+            msg.answered = True
             self._give_up(msg, MAX_ATTEMPTS_REASON)
         elif self._running >= self.max_in_flight:
             self._backlog.append(msg)
@@ -427,7 +427,7 @@ class Dispatcher:
 
     def _ran(self, msg: Message, result: Any) -> None:
         self._running -= 1
-        if not msg._responded:
+        if not msg.answered:
             if result is None:
                 log.warning(
                     "%s: callback returned None without answering message %s; requeueing",
@@ -435,7 +435,7 @@ class Dispatcher:
                     msg.id,
                 )
                 result = _FAILED
-            msg._responded = True
+            msg.answered = True
             self._apply(msg, result)
         if self._backlog:
             self._ran_backlog()
@@ -446,7 +446,7 @@ class Dispatcher:
             self._run(backlog.popleft())
 
     def _settle_now(self, msg: Message, outcome: Outcome) -> None:
-        msg._responded = True
+        msg.answered = True
         self._apply(msg, outcome)
 
     # --- settling ----------------------------------------------------------------

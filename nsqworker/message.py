@@ -91,8 +91,8 @@ class Message:
 
     __slots__ = (
         "_owner",
-        "_responded",
         "address",
+        "answered",
         "attempts",
         "body",
         "channel",
@@ -129,7 +129,9 @@ class Message:
         self._owner = owner
         #: The transport's own handle for settling this delivery; only it reads this.
         self.receipt = receipt
-        self._responded = False
+        #: True once the message is settled; set by the handler's own ``finish()``...
+        #: or by the task layer (its owner) when it settles it. Read it as ``responded``.
+        self.answered = False
         #: When the transport received it, on the subscription's clock.
         self.received_at = received_at
         #: Keep-alives sent for it (TOUCH on NSQ).
@@ -149,7 +151,7 @@ class Message:
     @property
     def responded(self) -> bool:
         """True once the message was finished or requeued."""
-        return self._responded
+        return self.answered
 
     @property
     def nsqd_address(self) -> str:
@@ -199,17 +201,17 @@ class Message:
     def touch(self) -> None:
         """Extend the broker's deadline for this message (TOUCH on NSQ). The worker
         does this itself for handlers that run long; call it only when answering yourself."""
-        if self._responded:
+        if self.answered:
             raise AlreadyResponded(f"message {self.id} was already answered; cannot TOUCH")
         if self._owner is not None:
             self._owner.touch(self)
 
     def _settle(self, outcome: Outcome) -> None:
-        if self._responded:
+        if self.answered:
             raise AlreadyResponded(
                 f"message {self.id} was already answered; not sending {outcome!r}"
             )
-        self._responded = True
+        self.answered = True
         if self._owner is not None:
             self._owner.settle(self, outcome)
 

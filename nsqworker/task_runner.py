@@ -217,7 +217,7 @@ class TaskRunner:
         else:
             self.counts[bisect_left(self.bounds, duration)] += 1
         self.dur_sum += duration
-        outcome = None if msg._responded else FINISH
+        outcome = None if msg.answered else FINISH
         if self.log_debug:
             if token is not None and context is not None:
                 context.run(self.log_done, msg, outcome, duration)
@@ -276,7 +276,7 @@ class TaskRunner:
         else:
             self.counts[bisect_left(self.bounds, duration)] += 1
             self.dur_sum += duration
-            outcome = None if msg._responded else FINISH
+            outcome = None if msg.answered else FINISH
             if self.log_debug:
                 ctx.run(run_traced, token, self.log_done, msg, outcome, duration)
             if self.after_hooks:
