@@ -9,6 +9,9 @@ the sum of commitments never exceeds max_in_flight. ``held`` covers the trap of
 lowering RDY: nsqd may already have put up to the old RDY on the wire, so after a
 decrease the old value stays committed for a short settle time, unless every message
 the old window allowed is already in our hands (then nothing can be on the wire).
+Likewise a FIN that brings an over-committed connection (in flight above its RDY) down
+frees its capacity only after the settle time: nsqd counts the message in flight until
+it has read the FIN, and an RDY sent to another nsqd at once may be served first.
 
 A connection on ``standby`` (the idle lane of an nsqd read on two connections, see
 :mod:`nsqworker.nsq.lanes`) is planned no RDY, and when one goes to standby its old
@@ -28,7 +31,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["Mode", "Slot", "plan"]
+__all__ = ["Mode", "Slot", "plan", "released"]
 
 # Seconds a decreased window stays committed when messages may still be on the wire.
 RDY_SETTLE = 0.1
@@ -113,6 +116,18 @@ def plan(
         if slot.rdy > 0:
             slot.last_served = now
     return changes
+
+
+def released(slot: Slot, now: float, settle: float = RDY_SETTLE) -> None:
+    """A message of ``slot`` was settled (``in_flight`` already lowered).
+
+    If the connection was over its RDY, what it held stays committed for ``settle``
+    seconds, until nsqd has surely read the FIN (see the module docstring).
+    """
+    if slot.in_flight >= slot.rdy:
+        before = slot.in_flight + 1
+        slot.held = max(before, slot.held if now < slot.held_until else 0)
+        slot.held_until = now + settle
 
 
 def _decrease(slot: Slot, target: int, now: float, settle: float) -> None:

@@ -25,7 +25,7 @@ from nsqworker.nsq.connection import ConnectionConfig
 from nsqworker.nsq.connections import Connections
 from nsqworker.nsq.lanes import BULK_BUFFER, BULK_TIMEOUT
 from nsqworker.nsq.links import ConnectionStats, Session
-from nsqworker.nsq.rdy import Mode, plan
+from nsqworker.nsq.rdy import Mode, plan, released
 from nsqworker.transport import Flow, Receiver, SubscriptionStats, Timer
 
 if TYPE_CHECKING:
@@ -246,9 +246,10 @@ class NsqSubscription:
         return None if session is None else float(session.max_msg_timeout)
 
     def _released(self, session: Session) -> None:
-        if self._unsatisfied:
-            self._schedule_plan()
         slot = session.slot
+        if self._unsatisfied:
+            released(slot, self._time())
+            self._schedule_plan()
         if slot.retiring and slot.in_flight == 0:
             self.connections.retired_idle(session)
 

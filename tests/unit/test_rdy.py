@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nsqworker.nsq.rdy import IDLE_AFTER, RDY_SETTLE, ROTATE_AFTER, Mode, Slot, plan
+from nsqworker.nsq.rdy import IDLE_AFTER, RDY_SETTLE, ROTATE_AFTER, Mode, Slot, plan, released
 
 
 def slots(n: int, max_rdy: int = 2500) -> list[Slot]:
@@ -62,6 +62,28 @@ def test_lowering_a_full_window_needs_no_settle_time() -> None:
     s[0].in_flight = 2
     plan(s, 4, now=1.0)
     assert s[1].rdy == 2
+
+
+def test_a_fin_above_the_window_frees_capacity_only_after_nsqd_has_read_it() -> None:
+    # nsqd counts a message in flight until it reads the FIN; an RDY sent to another
+    # nsqd at once could be served first and put max_in_flight + 1 in flight.
+    s = slots(1)
+    plan(s, 4, now=0.0)
+    s[0].in_flight = 4
+    s.append(Slot(key="new"))
+    plan(s, 4, now=1.0)
+    for k in range(2):
+        s[0].in_flight -= 1
+        released(s[0], now=1.0 + k * 0.01)
+        plan(s, 4, now=1.0 + k * 0.01)
+        assert s[1].rdy == 0
+    assert committed(s, 1.01) == 4
+    plan(s, 4, now=1.01 + RDY_SETTLE)
+    assert s[1].rdy == 2
+    # Within its window a FIN holds nothing back.
+    s[0].in_flight -= 1
+    released(s[0], now=2.0)
+    assert s[0].committed(2.0) == 2
 
 
 def test_paused_sets_every_window_to_zero() -> None:
