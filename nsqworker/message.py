@@ -16,7 +16,16 @@ from typing import Any, Protocol
 
 from nsqworker.errors import AlreadyResponded, UndecodableBody
 
-__all__ = ["FINISH", "Finish", "GiveUp", "Message", "MessageOwner", "Outcome", "Requeue"]
+__all__ = [
+    "FINISH",
+    "Finish",
+    "GiveUp",
+    "Message",
+    "MessageOwner",
+    "Outcome",
+    "Requeue",
+    "to_bytes",
+]
 
 
 class Finish:
@@ -220,3 +229,25 @@ class Message:
             f"<Message {self.id} topic={self.topic!r} channel={self.channel!r} "
             f"attempts={self.attempts} size={len(self.body)}>"
         )
+
+
+def to_bytes(body: object) -> bytes:
+    """A message body as bytes: bytes-like as is, str encoded as UTF-8, a pydantic model
+    as its JSON (what a handler typed with that model reads back).
+
+    Raises:
+        TypeError: anything else (name the type; encode it, or use ``publish_json``).
+    """
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, bytearray | memoryview):
+        return bytes(body)
+    dump = getattr(body, "model_dump_json", None)
+    if callable(dump):
+        return str(dump()).encode("utf-8")
+    raise TypeError(
+        f"message body must be bytes, str or a pydantic model, got {type(body).__name__}; "
+        "encode it first or use publish_json()"
+    )

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 import annotated_types
 from pydantic import (
@@ -35,6 +35,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from nsqworker.broker_settings import BROKER_SECRETS, NatsSettings
 from nsqworker.config_files import (
     ENV_PREFIX,
     RESERVED_ENV_VARS,
@@ -55,7 +56,7 @@ from nsqworker.setting_values import (
 __all__ = ["ENV_PREFIX", "RESERVED_ENV_VARS", "Settings", "SettingsError"]
 
 MASK = "********"
-_SECRET_FIELDS = frozenset({"auth_secret"})
+_SECRET_FIELDS = frozenset({"auth_secret"}) | BROKER_SECRETS
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 # Field names found in the config file being loaded; read by _FileSource.
 _FILE_VALUES: ContextVar[Mapping[str, Any] | None] = ContextVar("nsqw_file", default=None)
@@ -182,8 +183,8 @@ class _FileSource(PydanticBaseSettingsSource):
         return dict(_FILE_VALUES.get() or {})
 
 
-class Settings(BaseSettings):
-    """nsqworker's settings; see the module docstring for where values come from."""
+class _CoreSettings(BaseSettings):
+    """The settings of the task layer and of NSQ; :class:`Settings` adds other brokers'."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True
@@ -194,7 +195,7 @@ class Settings(BaseSettings):
     transport: str = Field(
         "nsq",
         min_length=1,
-        description="The broker: nsq (default) or memory (tests); see docs/transports.md.",
+        description="The broker: nsq (default), nats, or memory (tests); see docs/transports.md.",
     )
     # -- where the brokers are: NSQ
     nsqd_tcp_addresses: NsqdAddresses = Field(
@@ -458,7 +459,7 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _check_together(self) -> Settings:
+    def _check_together(self) -> Self:
         problems = tuple(self._conflicts())
         if problems:
             summary = "; ".join(f"{field} {message}" for field, message, _ in problems)
@@ -483,7 +484,7 @@ class Settings(BaseSettings):
                     f"needs {needed} too; set {self.env_name(needed)}",
                     str(getattr(self, given)),
                 )
-        for name in _TLS_ONLY if not self.tls_v1 else ():
+        for name in _TLS_ONLY if not self.tls_v1 and self.transport == "nsq" else ():
             if (value := getattr(self, name)) is not None:
                 yield name, "needs tls_v1; set NSQWORKER_TLS_V1=true or unset this one", str(value)
 
@@ -501,7 +502,7 @@ class Settings(BaseSettings):
         *,
         override_names: Mapping[str, str] | None = None,
         **overrides: Any,
-    ) -> Settings:
+    ) -> Self:
         """Read settings: ``overrides`` > ``NSQWORKER_*`` environment > ``config_file`` > defaults.
 
         ``config_file`` is a ``.toml`` file (top-level keys, or a ``[nsqworker]`` or
@@ -562,3 +563,13 @@ class Settings(BaseSettings):
         if isinstance(value, list):
             return ",".join(value)
         return str(value)
+
+
+class Settings(NatsSettings, _CoreSettings):
+    """nsqworker's settings; see the module docstring for where values come from.
+
+    The other brokers' fields (:mod:`nsqworker.broker_settings`) come after NSQ's."""
+
+    if TYPE_CHECKING:  # every field has a default; type checkers see two bases' fields
+
+        def __init__(self, **values: Any) -> None: ...

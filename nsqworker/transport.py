@@ -225,6 +225,7 @@ the settings, which check the name against this registry, need not import it bac
 _REGISTRY: dict[str, str | TransportFactory] = {
     "nsq": "nsqworker.nsq.transport:NsqTransport",
     "memory": "nsqworker.memory:MemoryTransport",
+    "nats": "nsqworker.nats.transport:NatsTransport",
 }
 
 

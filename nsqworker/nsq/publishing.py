@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 from nsqworker.errors import ConfigurationError, LocalProtocolError
+from nsqworker.message import to_bytes
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -48,28 +49,6 @@ TOPIC_CACHE_SIZE: Final = 1024
 
 
 # --- pure helpers -------------------------------------------------------------------
-
-
-def to_bytes(body: object) -> bytes:
-    """A message body as bytes: bytes-like as is, str encoded as UTF-8, a pydantic model
-    as its JSON (what a handler typed with that model reads back).
-
-    Raises:
-        TypeError: anything else (name the type; encode it, or use ``publish_json``).
-    """
-    if isinstance(body, bytes):
-        return body
-    if isinstance(body, str):
-        return body.encode("utf-8")
-    if isinstance(body, bytearray | memoryview):
-        return bytes(body)
-    dump = getattr(body, "model_dump_json", None)
-    if callable(dump):
-        return str(dump()).encode("utf-8")
-    raise TypeError(
-        f"message body must be bytes, str or a pydantic model, got {type(body).__name__}; "
-        "encode it first or use publish_json()"
-    )
 
 
 def delay_to_ms(delay: float) -> int:

@@ -20,6 +20,10 @@ the test fails):
     ``nsqlookupd_factory(extra_args=())`` starts another :class:`NsqlookupdProcess`.
 ``nsq_cluster``
     an :class:`NsqCluster`: one nsqlookupd and two nsqd registered with it.
+``nats_server``
+    one running :class:`~nsqworker.testing.nats.NatsServerProcess` with JetStream.
+``nats_cluster``
+    a running :class:`~nsqworker.testing.nats.NatsCluster`: three routed servers.
 
 ``async def`` tests just work: the plugin runs each on a fresh asyncio event loop, with
 no other plugin and no configuration. Tests that pytest-asyncio (``asyncio_mode = "auto"``
@@ -327,6 +331,34 @@ if _HAVE_PYTEST:
             yield factory
         finally:
             _stop_all(started)
+
+    @pytest.fixture(scope="session")
+    def nats_server_binary(pytestconfig: pytest.Config) -> str:
+        """The nats-server executable; skips (fails under CI) when missing."""
+        from nsqworker.testing.nats import find_nats_server
+
+        try:
+            return find_nats_server(pytestconfig.getoption("nsqd_bin_dir"))
+        except FileNotFoundError as exc:
+            if _in_ci():
+                pytest.fail(f"CI=true and nats-server is missing: {exc}", pytrace=False)
+            _skip_missing(str(exc))
+
+    @pytest.fixture
+    def nats_server(nats_server_binary: str) -> Iterator[Any]:
+        """One nats-server with JetStream on free loopback ports, stopped at teardown."""
+        from nsqworker.testing.nats import NatsServerProcess
+
+        with NatsServerProcess(binary=nats_server_binary) as server:
+            yield server
+
+    @pytest.fixture
+    def nats_cluster(nats_server_binary: str) -> Iterator[Any]:
+        """Three nats-servers routed to each other (JetStream, replicas 3 possible)."""
+        from nsqworker.testing.nats import NatsCluster
+
+        with NatsCluster(3, binary=nats_server_binary) as cluster:
+            yield cluster
 
     @pytest.fixture
     def nsqlookupd(nsqlookupd_factory: NsqlookupdFactory) -> NsqlookupdProcess:

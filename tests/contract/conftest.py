@@ -19,12 +19,13 @@ import structlog
 from nsqworker.consumer import Consumer
 from nsqworker.memory import MemoryTransport
 from nsqworker.message import FINISH, Message, Outcome
+from nsqworker.nats import NatsProducer
 from nsqworker.nsq.producer import Producer
 from nsqworker.settings import Settings
 from nsqworker.testing import NsqdFactory, wait_until
 from nsqworker.transport import Publisher, Transport
 
-TRANSPORTS = ["nsq", "memory"]
+TRANSPORTS = ["nsq", "memory", "nats"]
 
 
 class Harness:
@@ -129,6 +130,59 @@ class NsqHarness(Harness):
             await producer.close()
 
 
+class NatsHarness(Harness):
+    """A real nats-server with JetStream, started for the test."""
+
+    name = "nats"
+
+    def __init__(self, server: Any) -> None:
+        super().__init__()
+        self.topic = f"contract.{uuid.uuid4().hex[:8]}"
+        self.server = server
+        self._watchers: list[Consumer] = []
+        self._producers: list[NatsProducer] = []
+
+    def broker_settings(self) -> dict[str, Any]:
+        return {
+            "transport": "nats",
+            "nats_servers": [self.server.url],
+            "reconnect_delay": 0.05,
+            "max_reconnect_delay": 0.5,
+            "dial_timeout": 2.0,
+        }
+
+    def deadline_settings(self) -> dict[str, Any]:
+        return {"msg_timeout": 1.0}
+
+    async def publish(self, topic: str, bodies: list[bytes]) -> None:
+        producer = self.publisher()
+        for body in bodies:
+            await producer.publish(topic, body)
+
+    async def watch(self, topic: str) -> Callable[[], list[bytes]]:
+        seen: list[bytes] = []
+
+        def record(msg: Message) -> Outcome:
+            seen.append(msg.body)
+            return FINISH
+
+        consumer = Consumer(topic, "watch", record, self.settings())
+        await consumer.start()
+        self._watchers.append(consumer)
+        return lambda: list(seen)
+
+    def publisher(self) -> NatsProducer:
+        if not self._producers:
+            self._producers.append(NatsProducer(settings=self.settings()))
+        return self._producers[0]
+
+    async def close(self) -> None:
+        for consumer in self._watchers:
+            await consumer.stop(0)
+        for producer in self._producers:
+            await producer.close()
+
+
 class MemoryHarness(Harness):
     """The in-memory transport, its clock jumping over delays."""
 
@@ -183,6 +237,8 @@ async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     harness: Harness
     if request.param == "nsq":
         harness = NsqHarness(request.getfixturevalue("nsqd_factory"))
+    elif request.param == "nats":
+        harness = NatsHarness(request.getfixturevalue("nats_server"))
     else:
         harness = MemoryHarness()
     try:

@@ -1,0 +1,169 @@
+"""Publishing to NATS JetStream: every call returns once the stream stored the message.
+
+``NatsProducer`` is what ``Producer(settings=...)`` gives when ``settings.transport`` is
+``nats``; it has the same methods. A subject that no stream holds yet gets the stream a
+worker would create (:func:`~nsqworker.nats.jetstream.ensure_stream`), so a message
+published before the first worker starts is kept. ``publish_many`` sends every message
+before awaiting the acknowledgements (pipelined), and fails if any was not stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Self
+
+from nsqworker.errors import (
+    ConfigurationError,
+    LocalProtocolError,
+    MessageTooLarge,
+    NoConnection,
+    PublishError,
+)
+from nsqworker.message import to_bytes
+from nsqworker.nats.client import NatsConnection
+from nsqworker.nats.jetstream import check_subject, ensure_stream
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+
+__all__ = ["NatsProducer"]
+
+Body = Any
+PIPELINE = 256
+"""Publishes awaiting their acknowledgement at once in ``publish_many``."""
+
+
+class NatsProducer:
+    """Publishes to JetStream with acknowledgements; ``async with NatsProducer(...)``.
+
+    ``servers`` defaults to ``settings.nats_servers``; ``timeout`` (seconds) bounds each
+    acknowledgement. A given ``connection`` (the worker's) is shared, not closed.
+    """
+
+    def __init__(
+        self,
+        servers: list[str] | str | None = None,
+        *,
+        settings: Settings | None = None,
+        timeout: float = 5.0,
+        connection: NatsConnection | None = None,
+    ) -> None:
+        if not timeout > 0:
+            raise ConfigurationError(f"timeout must be positive seconds, got {timeout!r}")
+        from nsqworker.settings import Settings as _Settings
+
+        if settings is None:
+            settings = _Settings(transport="nats")
+        if servers is not None:
+            servers = [servers] if isinstance(servers, str) else list(servers)
+            checked = _Settings(transport="nats", nats_servers=servers).nats_servers
+            settings = settings.model_copy(update={"nats_servers": checked})
+        self.settings = settings
+        self.timeout = timeout
+        self._owns = connection is None
+        self.connection = connection or NatsConnection(settings, name="nsqworker-producer")
+        self._streams: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"<NatsProducer {','.join(self.connection.servers)}>"
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def connect(self, timeout: float | None = None) -> None:
+        """Connect now (optional: the first publish connects)."""
+        await asyncio.wait_for(self.connection.get(), timeout or self.timeout)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Close the connection if this producer made it."""
+        if self._owns:
+            await asyncio.wait_for(self.connection.close(), timeout)
+
+    async def publish(
+        self, topic: str, body: Body, delay: float | None = None, timeout: float | None = None
+    ) -> None:
+        """Publish one message; returns once its stream stored it.
+
+        Raises:
+            ConfigurationError: ``delay`` given (see docs/nats.md), or no stream can hold
+                the subject.
+            InvalidName, MessageTooLarge: refused before sending.
+            PublishError: the server refused it; NoConnection: no server reachable.
+        """
+        if delay is not None:
+            raise ConfigurationError(
+                "a delayed publish is not supported on NATS (JetStream has no per-message"
+                " delay nsqworker uses yet); publish now and let the handler retry later,"
+                " or use the NSQ transport"
+            )
+        check_subject(topic)
+        await self._publish(topic, to_bytes(body), timeout or self.timeout)
+
+    async def publish_json(
+        self, topic: str, obj: Any, delay: float | None = None, timeout: float | None = None
+    ) -> None:
+        """Publish ``obj`` as compact UTF-8 JSON; see :meth:`publish`."""
+        body = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+        await self.publish(topic, body, delay=delay, timeout=timeout)
+
+    async def publish_many(
+        self, topic: str, bodies: Iterable[Body], timeout: float | None = None
+    ) -> None:
+        """Publish several messages, pipelined; returns once all were stored. Not atomic:
+        on an error the others may be stored (the error says how many failed)."""
+        check_subject(topic)
+        items = [to_bytes(b) for b in bodies]
+        if not items:
+            raise LocalProtocolError("publish_many needs at least one message")
+        wait = timeout or self.timeout
+        await self._publish(topic, items[0], wait)  # sets the stream up once
+        gate = asyncio.Semaphore(PIPELINE)
+
+        async def one(body: bytes) -> None:
+            async with gate:
+                await self._publish(topic, body, wait)
+
+        results = await asyncio.gather(*(one(b) for b in items[1:]), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            error = failed[0]
+            error.add_note(f"{len(failed)} of {len(items)} messages were not stored")
+            raise error
+
+    async def _publish(self, subject: str, body: bytes, timeout: float) -> None:
+        from nats.errors import MaxPayloadError, NoRespondersError
+        from nats.errors import TimeoutError as NatsTimeout
+        from nats.js.errors import APIError, NoStreamResponseError
+
+        js = await self.connection.jetstream()
+        try:
+            await js.publish(subject, body, timeout=timeout)
+        except (NoRespondersError, NoStreamResponseError):
+            if subject in self._streams:
+                raise NoConnection(f"no JetStream stream answered for {subject!r}") from None
+            await ensure_stream(js, subject, self.settings)
+            self._streams.add(subject)
+            await js.publish(subject, body, timeout=timeout)
+        except MaxPayloadError:
+            client = self.connection.client
+            error = MessageTooLarge(len(body), client.max_payload if client else 0)
+            error.args = (
+                f"message of {len(body)} bytes for {subject!r} is over the NATS server's"
+                f" max_payload ({error.limit} bytes); split or shrink it",
+            )
+            raise error from None
+        except NatsTimeout:
+            raise TimeoutError(
+                f"no acknowledgement for {subject!r} within {timeout:g}s (it may be stored)"
+            ) from None
+        except APIError as exc:
+            raise PublishError(
+                f"JETSTREAM_{exc.err_code}",
+                f"refused the message for {subject!r}: {exc.description}",
+            ) from None

@@ -1,0 +1,80 @@
+"""NATS JetStream as a transport: durable pull consumers, JetStream publishing.
+
+``Settings(transport="nats")`` builds a :class:`NatsTransport`: one NATS connection per
+worker process (:mod:`nsqworker.nats.client`), a :class:`NatsSubscription` per task and
+a :class:`NatsProducer` for dead letters and handlers. docs/nats.md maps the concepts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nsqworker.message import Message
+from nsqworker.nats.client import NatsConnection
+from nsqworker.nats.jetstream import check_channel, check_subject
+from nsqworker.nats.producer import NatsProducer
+from nsqworker.nats.subscription import NatsSubscription
+from nsqworker.transport import Capabilities
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+
+__all__ = ["CAPABILITIES", "NatsTransport"]
+
+CAPABILITIES = Capabilities(
+    name="nats",
+    system="nats",
+    attribute_prefix="messaging.nats",
+    counts_attempts=True,  # num_delivered
+    native_retry_delay=True,  # -NAK {"delay": ns}
+    max_retry_delay=7 * 86400.0,
+    keep_alive=True,  # +WPI restarts ack_wait
+    max_hold=None,
+    headers=True,
+    delayed_publish=False,
+    reply_address=False,
+)
+
+
+class NatsTransport:
+    """NATS from ``settings``: one connection shared by every subscription and publisher."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.connection = NatsConnection(settings, name=f"nsqworker {settings.client_id}")
+        self._producer: NatsProducer | None = None
+
+    def __repr__(self) -> str:
+        return f"<NatsTransport {self.describe()}>"
+
+    def check_topic(self, topic: str) -> str:
+        """A subject without wildcards or spaces."""
+        return check_subject(topic)
+
+    def check_channel(self, channel: str) -> str:
+        """A JetStream consumer name."""
+        return check_channel(channel)
+
+    def subscribe(
+        self, topic: str, channel: str, *, name: str, max_in_flight: int
+    ) -> NatsSubscription:
+        """The channel's durable consumer on the stream holding ``topic``."""
+        return NatsSubscription(
+            topic, channel, self.connection, self.settings, name=name, max_in_flight=max_in_flight
+        )
+
+    def publisher(self, near: Message | None = None) -> NatsProducer:
+        """A producer on the worker's connection (``near`` is the same cluster)."""
+        if self._producer is None:
+            self._producer = NatsProducer(settings=self.settings, connection=self.connection)
+        return self._producer
+
+    def describe(self) -> dict[str, str]:
+        """The NATS servers of the settings."""
+        return {"nats": ",".join(self.connection.servers)}
+
+    async def close(self) -> None:
+        """Flush and close the connection."""
+        await self.connection.close()
