@@ -62,3 +62,9 @@ class Consumer(Dispatcher):
             max_retry_delay=caps.max_retry_delay,
             keep_alive=caps.keep_alive,
         )
+
+    async def stop(self, drain_timeout: float | None = None) -> None:
+        """Drain and close (see :meth:`Dispatcher.stop`), then close the transport this
+        consumer made (its publishers and, on NATS, its connection)."""
+        await super().stop(drain_timeout)
+        await self.transport.close()

@@ -41,6 +41,7 @@ __all__ = [
     "Transport",
     "TransportFactory",
     "create_transport",
+    "producer_class",
     "register_transport",
     "transport_names",
 ]
@@ -227,6 +228,21 @@ _REGISTRY: dict[str, str | TransportFactory] = {
     "memory": "nsqworker.memory:MemoryTransport",
     "nats": "nsqworker.nats.transport:NatsTransport",
 }
+
+
+# name -> "module:attribute" of the producer class ``Producer(settings=...)`` becomes when
+# ``settings.transport`` names a transport other than NSQ.
+_PRODUCERS: dict[str, str] = {"nats": "nsqworker.nats.producer:NatsProducer"}
+
+
+def producer_class(name: str) -> type[Any] | None:
+    """The producer class of transport ``name``; None for NSQ (or one without its own)."""
+    entry = _PRODUCERS.get(name)
+    if entry is None:
+        return None
+    module, _, attribute = entry.partition(":")
+    cls: type[Any] = getattr(importlib.import_module(module), attribute)
+    return cls
 
 
 def register_transport(name: str, factory: str | TransportFactory) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "EXIT_USAGE",
     "AsJson",
     "ConfigFile",
+    "NatsOption",
     "Target",
     "flag",
     "load_registry",
@@ -57,7 +58,7 @@ TransportOption = Annotated[
     typer.Option(
         "--transport",
         metavar="NAME",
-        help="The broker: nsq (default) or another transport (docs/transports.md).",
+        help="The broker: nsq (default) or nats (docs/transports.md).",
         show_default=False,
     ),
 ]
@@ -79,6 +80,15 @@ LookupdOption = Annotated[
         show_default=False,
     ),
 ]
+NatsOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--nats",
+        metavar="URL",
+        help="NATS server, nats://host:port; repeat for several (with --transport nats).",
+        show_default=False,
+    ),
+]
 
 
 def flag(field: str) -> str:
@@ -87,7 +97,11 @@ def flag(field: str) -> str:
 
 
 #: Settings whose flag is not their name with dashes.
-FLAGS = {"nsqd_tcp_addresses": "--nsqd", "lookupd_http_addresses": "--lookupd"}
+FLAGS = {
+    "nsqd_tcp_addresses": "--nsqd",
+    "lookupd_http_addresses": "--lookupd",
+    "nats_servers": "--nats",
+}
 
 
 def load_settings(config: Path | None, **overrides: Any) -> Settings:

@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
-from nsqworker.cli.common import NsqdOption
+from nsqworker.cli.common import NatsOption, NsqdOption, TransportOption
 from nsqworker.errors import ConfigurationError, NSQWorkerError
 from nsqworker.nsq import protocol
 
@@ -48,6 +48,8 @@ def publish(
         ),
     ] = None,
     nsqd: NsqdOption = None,
+    transport: TransportOption = None,
+    nats: NatsOption = None,
     delay: Annotated[
         float | None, typer.Option(help="Seconds before nsqd delivers it (DPUB).")
     ] = None,
@@ -57,7 +59,10 @@ def publish(
     from nsqworker.child import configure_telemetry
 
     configure_telemetry()
-    code = publish_command(topic, body, nsqd=list(nsqd or []), delay=delay, batch_size=batch_size)
+    code = publish_command(
+        topic, body, nsqd=list(nsqd or []), delay=delay, batch_size=batch_size,
+        transport=transport, nats=list(nats or []),
+    )  # fmt: skip
     raise typer.Exit(code)
 
 
@@ -71,13 +76,17 @@ def publish_command(
     stdin: IO[Any] = sys.stdin,
     console: Console | None = None,
     timeout: float = 5.0,
+    transport: str | None = None,
+    nats: list[str] | None = None,
 ) -> int:
     """Publish ``body`` to ``topic``, or each non-empty line of ``stdin`` when ``body``
     is None or ``"-"``; print a one-line summary or a one-line error; return the exit code.
 
     Lines go out with MPUB in batches of ``batch_size`` (as they arrive, so ``tail -f``
     works); with ``delay`` (seconds) every message is a DPUB instead. A progress bar
-    shows on a terminal while stdin is a pipe or a file. Output goes to ``console``
+    shows on a terminal while stdin is a pipe or a file. With ``transport="nats"`` (or
+    ``NSQWORKER_TRANSPORT=nats``) messages go to JetStream, each acknowledged by its
+    stream, to ``nats`` servers or ``nats_servers``. Output goes to ``console``
     (standard error by default), leaving standard output alone.
     """
     from rich.console import Console
@@ -87,22 +96,37 @@ def publish_command(
 
     console = console or Console(stderr=True)
     try:
-        protocol.check_topic(topic)
+        settings = None
+        if transport is not None or nats or not nsqd:
+            settings = Settings.load(
+                None,
+                override_names={"transport": "--transport", "nats_servers": "--nats"},
+                transport=transport,
+                nats_servers=nats or None,
+            )
+        on_nats = settings is not None and settings.transport == "nats"
+        if not on_nats:
+            protocol.check_topic(topic)
         if body == "":
-            raise ConfigurationError("the message body is empty, and nsqd refuses empty messages")
+            raise ConfigurationError("the message body is empty, and brokers refuse empty messages")
         if delay is not None:
+            if on_nats:
+                raise ConfigurationError("--delay is not supported on NATS (docs/nats.md)")
             from nsqworker.nsq.publishing import delay_to_ms
 
             delay_to_ms(delay)
         if batch_size < 1:
             raise ConfigurationError(f"--batch-size must be at least 1, got {batch_size}")
-        settings = None if nsqd else Settings.load()
-        if settings is not None and not settings.nsqd_tcp_addresses:
+        if on_nats:
+            from nsqworker.nats.jetstream import check_subject
+
+            check_subject(topic)
+        elif settings is not None and not settings.nsqd_tcp_addresses:
             raise ConfigurationError(
                 "no nsqd address: pass --nsqd HOST:PORT (like --nsqd 127.0.0.1:4150), "
                 "or set NSQWORKER_NSQD_TCP_ADDRESSES"
             )
-        producer = Producer(nsqd or None, settings=settings, timeout=timeout)
+        producer = Producer(None if on_nats else nsqd or None, settings=settings, timeout=timeout)
     except (ConfigurationError, TypeError) as exc:
         for line in str(exc).splitlines():  # a SettingsError has one line per problem
             console.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)

@@ -10,6 +10,7 @@ from nsqworker.cli.common import (
     EXIT_USAGE,
     ConfigFile,
     LookupdOption,
+    NatsOption,
     NsqdOption,
     Target,
     TransportOption,
@@ -35,6 +36,7 @@ def run(
     transport: TransportOption = None,
     nsqd: NsqdOption = None,
     lookupd: LookupdOption = None,
+    nats: NatsOption = None,
     log_level: Annotated[
         str | None, typer.Option(help="debug, info, warning, error or critical.")
     ] = None,
@@ -81,6 +83,7 @@ def run(
         "workers": workers,
         "nsqd_tcp_addresses": nsqd or None,
         "lookupd_http_addresses": lookupd or None,
+        "nats_servers": nats or None,
         "log_level": log_level,
         "log_format": log_format,
         "health_port": health_port,
@@ -130,6 +133,10 @@ def transport_problem(settings: Settings) -> str | None:
             "or --lookupd http://127.0.0.1:4161, or set NSQWORKER_NSQD_TCP_ADDRESSES or "
             "NSQWORKER_LOOKUPD_HTTP_ADDRESSES"
         )
+    import importlib.util
+
+    if settings.transport == "nats" and importlib.util.find_spec("nats") is None:
+        return "the NATS transport needs nats-py: pip install 'nsq-worker[nats]'"
     return None
 
 
@@ -138,7 +145,7 @@ def warn_unreachable(settings: Settings, timeout: float = 1.0) -> None:
 
     Not an error: a broker may come up after the worker, and the workers keep retrying.
     """
-    if settings.transport != "nsq":
+    if settings.transport not in ("nsq", "nats"):
         return
     import socket
     from urllib.parse import urlsplit
@@ -153,6 +160,9 @@ def warn_unreachable(settings: Settings, timeout: float = 1.0) -> None:
         parts = urlsplit(url)
         default = 443 if parts.scheme == "https" else 80
         targets.append(("nsqlookupd", url, parts.hostname or "", parts.port or default))
+    if settings.transport == "nats":
+        servers = settings.nats_servers or ["nats://127.0.0.1:4222"]
+        targets = [("NATS server", u, *_host_port(u)) for u in servers]
     for kind, shown, host, port in targets:
         try:
             socket.create_connection((host.strip("[]"), port), timeout=timeout).close()
@@ -162,3 +172,10 @@ def warn_unreachable(settings: Settings, timeout: float = 1.0) -> None:
                 f"{kind} {shown} does not answer ({reason}); not subscribed yet: "
                 "the workers keep retrying, and /readyz says 503 until they subscribe"
             )
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.hostname or "", parts.port or 4222

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from nsqworker.errors import ConfigurationError, NoConnection
 
@@ -27,7 +27,7 @@ __all__ = ["NatsConnection"]
 
 log = logging.getLogger("nsqworker.nats")
 
-_AUTH_WORDS = ("authorization", "authentication", "permissions violation", "user", "nkey")
+_AUTH_WORDS = ("authorization", "authentication", "permissions violation")
 
 
 class NatsConnection:
@@ -41,6 +41,7 @@ class NatsConnection:
         self.errors: dict[str, int] = {}
         self._lock = asyncio.Lock()
         self._closing = False
+        self._last_error: BaseException | None = None
         self._listeners: list[Callable[[], None]] = []
 
     @property
@@ -97,7 +98,7 @@ class NatsConnection:
             "name": self.name,
             "connect_timeout": settings.dial_timeout,
             "reconnect_time_wait": settings.reconnect_delay,
-            "max_reconnect_attempts": -1,
+            "max_reconnect_attempts": 1,  # at the first connect; -1 once connected
             "allow_reconnect": True,
             "error_cb": self._on_error,
             "disconnected_cb": self._on_disconnected,
@@ -109,20 +110,27 @@ class NatsConnection:
             "user_credentials": str(settings.nats_creds_file) if settings.nats_creds_file else None,
             "tls": _tls(settings),
         }
+        self._last_error = None
         try:
-            return await nats.connect(**{k: v for k, v in options.items() if v is not None})
+            client = await nats.connect(**{k: v for k, v in options.items() if v is not None})
         except NoServersError:
+            if self._last_error is not None:
+                self._raise_for(self._last_error)
             raise NoConnection(f"no NATS server answered at {', '.join(self.servers)}") from None
-        except (OSError, TimeoutError) as exc:
-            raise NoConnection(f"NATS at {', '.join(self.servers)}: {exc}") from None
         except Exception as exc:
-            text = str(exc).lower()
-            if any(word in text for word in _AUTH_WORDS):
-                raise ConfigurationError(
-                    f"NATS at {', '.join(self.servers)} refused the login ({exc}); check"
-                    f" {_credential_names(settings)}"
-                ) from None
-            raise NoConnection(f"NATS at {', '.join(self.servers)}: {exc}") from None
+            self._raise_for(exc)
+        client.options["max_reconnect_attempts"] = -1  # connected: reconnect forever
+        return client
+
+    def _raise_for(self, exc: BaseException) -> NoReturn:
+        """``ConfigurationError`` for a refused login, else ``NoConnection``."""
+        where = ", ".join(self.servers)
+        if _is_refusal(exc):
+            raise ConfigurationError(
+                f"NATS at {where} refused the login ({exc}); check"
+                f" {_credential_names(self.settings)}"
+            ) from None
+        raise NoConnection(f"NATS at {where}: {exc or type(exc).__name__}") from None
 
     async def close(self) -> None:
         """Flush what was published and close."""
@@ -136,6 +144,8 @@ class NatsConnection:
             await client.close()
 
     async def _on_error(self, exc: Exception) -> None:
+        if self._last_error is None or _is_refusal(exc):  # a refusal outranks the reset after it
+            self._last_error = exc
         reason = type(exc).__name__
         self.errors[reason] = self.errors.get(reason, 0) + 1
         log.warning("NATS: %s", exc or reason)
@@ -150,6 +160,11 @@ class NatsConnection:
         log.info("NATS: reconnected to %s", self.address)
         for listener in list(self._listeners):
             listener()
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return not isinstance(exc, OSError | TimeoutError) and any(w in text for w in _AUTH_WORDS)
 
 
 def _secret(value: Any) -> str | None:

@@ -112,6 +112,30 @@ class Producer:
     publish that fails never breaks the producer for the next one.
     """
 
+    def __new__(
+        cls,
+        nsqd_tcp_addresses: list[str] | str | None = None,
+        *,
+        settings: Settings | None = None,
+        timeout: float = 5.0,
+        **options: Any,
+    ) -> Any:
+        """With ``settings`` of another transport (``transport="nats"``) and no nsqd
+        address, that transport's producer (same methods), e.g. a ``NatsProducer``."""
+        if settings is None and nsqd_tcp_addresses is None and cls is Producer:
+            from nsqworker.settings import Settings as _Settings
+
+            settings = _Settings()  # NSQWORKER_TRANSPORT may name another transport
+        other = getattr(settings, "transport", "nsq")
+        if cls is Producer and nsqd_tcp_addresses is None and other != "nsq":
+            from nsqworker.transport import producer_class
+
+            producer = producer_class(other)
+            if producer is None:
+                raise ConfigurationError(f"transport {other!r} has no producer; publish with NSQ")
+            return producer(settings=settings, timeout=timeout)
+        return super().__new__(cls)
+
     def __init__(
         self,
         nsqd_tcp_addresses: list[str] | str | None = None,

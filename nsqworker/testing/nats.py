@@ -233,13 +233,28 @@ class NatsCluster:
         """Every server's client URL."""
         return [s.url for s in self.servers]
 
-    def start(self) -> Self:
-        """Start every node, then wait until each reports JetStream up."""
+    def start(self, timeout: float = READY_TIMEOUT) -> Self:
+        """Start every node, then wait until each reports JetStream up and the cluster
+        has elected its JetStream meta leader (until then no stream can be created)."""
         for server in self.servers:
             server.start(wait=False)
         for server in self.servers:
             server.wait_ready()
+        deadline = time.monotonic() + timeout
+        while not all(self._has_leader(s) for s in self.servers):
+            if time.monotonic() > deadline:
+                self.close()
+                raise NsqProcessError(f"the NATS cluster elected no JetStream leader in {timeout:g}s")
+            time.sleep(0.05)
         return self
+
+    @staticmethod
+    def _has_leader(server: NatsServerProcess) -> bool:
+        try:
+            meta = server.varz("jsz").get("meta_cluster") or {}
+        except (httpx.HTTPError, ValueError):
+            return False
+        return bool(meta.get("leader"))
 
     def close(self) -> None:
         """Stop every node."""
