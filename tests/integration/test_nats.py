@@ -177,7 +177,7 @@ async def test_a_stream_whose_subjects_overlap_another_is_a_clear_error(
     # A stream named in the settings that does not exist yet cannot take orders.new:
     named = settings(nats_server.url, nats_stream="MINE")
     consumer = Consumer("orders.new", "c", lambda m: FINISH, named)
-    with pytest.raises(ConfigurationError, match="'MINE' for subject 'orders.new'.*overlap"):
+    with pytest.raises(ConfigurationError, match=r"'MINE' for subject 'orders\.new'.*overlap"):
         await consumer.start()
     await consumer.stop(0)
 
@@ -249,3 +249,45 @@ def test_rpc_is_refused_at_registration_on_nats() -> None:
 
     with pytest.raises(ConfigurationError, match="needs a transport with reply_address"):
         asyncio.run(Worker(registry, settings("nats://127.0.0.1:1")).start())
+
+
+# ---------------------------------------------------------------------------- telemetry
+
+
+async def test_spans_say_nats_and_carry_the_subject_consumer_and_sequence(
+    nats_server: NatsServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    topic, done = subject(), []
+    registry = Registry()
+
+    @registry.task(topic, channel="traced")
+    async def handle(msg: Message) -> None:
+        done.append(msg.id)
+
+    async with NatsProducer(settings=settings(nats_server.url)) as producer:
+        await producer.publish_many(topic, [b"a", b"b"])
+    worker = Worker(registry, settings(nats_server.url))
+    await worker.start()
+    try:
+        await wait_until(lambda: len(done) == 2, timeout=10, message=str(done))
+    finally:
+        await worker.stop()
+    spans = [s for s in exporter.get_finished_spans() if s.name == f"process {topic}"]
+    assert len(spans) == 2
+    attrs = dict(spans[0].attributes or {})
+    assert attrs["messaging.system"] == "nats"
+    assert attrs["messaging.destination.name"] == topic
+    assert attrs["messaging.consumer.group.name"] == "traced"
+    assert attrs["messaging.message.id"] in {"1", "2"}  # the stream sequence
+    assert attrs["messaging.nats.message.attempts"] == 1
+    assert attrs["server.port"] == nats_server.port
+    provider.shutdown()
