@@ -87,8 +87,11 @@ number as a float, which would print 1000000 as 1e+06), lists comma-joined.
 {{- if not .Values.keda.channels }}
 {{- fail "keda.enabled needs keda.channels: one {topic, channel} per task (`nsqworker tasks <module>` lists them)" }}
 {{- end }}
-{{- if not .Values.nsq.lookupdHttpAddresses }}
+{{- if and (eq .Values.transport "nsq") (not .Values.nsq.lookupdHttpAddresses) }}
 {{- fail "keda.enabled needs nsq.lookupdHttpAddresses: the nsq trigger reads channel depths from nsqlookupd" }}
+{{- end }}
+{{- if and (eq .Values.transport "nats") (not .Values.nats.monitoringEndpoint) }}
+{{- fail "keda.enabled on nats needs nats.monitoringEndpoint: the nats-jetstream trigger reads the consumer's pending count from the servers' monitoring port (host:8222)" }}
 {{- end }}
 {{- if gt (int .Values.keda.minReplicaCount) (int .Values.keda.maxReplicaCount) }}
 {{- fail (printf "keda.minReplicaCount (%d) is more than keda.maxReplicaCount (%d)" (int .Values.keda.minReplicaCount) (int .Values.keda.maxReplicaCount)) }}
@@ -99,6 +102,9 @@ number as a float, which would print 1000000 as 1e+06), lists comma-joined.
 {{- end }}
 {{- if and (eq .Values.transport "nsq") (not .Values.nsq.lookupdHttpAddresses) (not .Values.nsq.nsqdTcpAddresses) }}
 {{- fail "set nsq.lookupdHttpAddresses or nsq.nsqdTcpAddresses: workers need somewhere to find nsqd" }}
+{{- end }}
+{{- if and (eq .Values.transport "nats") (not .Values.nats.servers) }}
+{{- fail "transport nats needs nats.servers: one or more nats://host:port" }}
 {{- end }}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
 {{- fail "tls.enabled needs tls.existingSecret: the name of a Secret with the CA bundle (and client certificate and key)" }}
@@ -125,11 +131,23 @@ NSQWORKER_HEALTH_PORT: {{ include "nsqworker.envValue" .Values.healthPort | quot
 NSQWORKER_HEALTH_HOST: {{ .Values.healthHost | quote }}
 NSQWORKER_LOG_LEVEL: {{ .Values.logLevel | quote }}
 NSQWORKER_LOG_FORMAT: {{ .Values.logFormat | quote }}
+{{- if eq .Values.transport "nsq" }}
 {{- with .Values.nsq.lookupdHttpAddresses }}
 NSQWORKER_LOOKUPD_HTTP_ADDRESSES: {{ include "nsqworker.envValue" . | quote }}
 {{- end }}
 {{- with .Values.nsq.nsqdTcpAddresses }}
 NSQWORKER_NSQD_TCP_ADDRESSES: {{ include "nsqworker.envValue" . | quote }}
+{{- end }}
+{{- end }}
+{{- if eq .Values.transport "nats" }}
+NSQWORKER_NATS_SERVERS: {{ include "nsqworker.envValue" .Values.nats.servers | quote }}
+NSQWORKER_NATS_STREAM_REPLICAS: {{ include "nsqworker.envValue" .Values.nats.streamReplicas | quote }}
+{{- with .Values.nats.stream }}
+NSQWORKER_NATS_STREAM: {{ . | quote }}
+{{- end }}
+{{- if and .Values.nats.auth.existingSecret .Values.nats.auth.credsKey }}
+NSQWORKER_NATS_CREDS_FILE: "/etc/nsqworker/nats/creds"
+{{- end }}
 {{- end }}
 {{- if .Values.tls.enabled }}
 NSQWORKER_TLS_V1: "true"
