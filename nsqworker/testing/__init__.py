@@ -337,8 +337,12 @@ if _HAVE_PYTEST:
         """The nats-server executable; skips (fails under CI) when missing."""
         from nsqworker.testing.nats import find_nats_server
 
+        given = pytestconfig.getoption("nsqd_bin_dir")
+        rooted = pytestconfig.rootpath / ".tools" / "bin"  # found even after a chdir
         try:
-            return find_nats_server(pytestconfig.getoption("nsqd_bin_dir"))
+            if given is None and (rooted / "nats-server").is_file():
+                return str(rooted / "nats-server")
+            return find_nats_server(given)
         except FileNotFoundError as exc:
             if _in_ci():
                 pytest.fail(f"CI=true and nats-server is missing: {exc}", pytrace=False)

@@ -197,6 +197,10 @@ def _runs_something(path: Path) -> bool:
 RUNNABLE = [path for path in PAGES if _runs_something(path)]
 
 
+NATS_ADDRESS = "127.0.0.1:4222"
+"""The documented NATS server; a page that names it gets a real one."""
+
+
 @pytest.fixture
 def page_env(nsqlookupd: NsqlookupdProcess, nsqd_factory: NsqdFactory) -> dict[str, str]:
     """The documented addresses mapped to a real nsqlookupd and an nsqd registered with it."""
@@ -256,6 +260,9 @@ def test_page_samples_run(
     for key in [k for k in os.environ if k.startswith("NSQWORKER_")]:
         monkeypatch.delenv(key)
     addresses: dict[str, str] = request.getfixturevalue("page_env")
+    if NATS_ADDRESS in path.read_text():  # the page's NATS samples reach a real nats-server
+        server = request.getfixturevalue("nats_server")
+        addresses[NATS_ADDRESS] = server.url.removeprefix("nats://")
     document.namespace["__page__"] = Page(path, project, addresses, _console_env(project))
     document.namespace["__name__"] = "__doc_sample__"
     for example in document:

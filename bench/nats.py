@@ -1,0 +1,281 @@
+"""NATS JetStream: ``nsqworker run --transport nats`` against FastStream and bare nats-py.
+
+    python -m bench.nats [--count 20000] [--runs 3] [--json]
+
+One nats-server (from .tools/bin, started here). Each contender runs in its own process
+and drains a backlog of ``count`` messages (100 bytes) pre-published to a stream of its
+own; the handler is an async no-op, and the clock runs from the first message a handler
+saw to the moment the server counts every message acknowledged (its consumer's ack
+floor; looked at every 5 ms). The contenders, interleaved within each run:
+
+* ``nsqworker run --transport nats --nats URL`` with default settings (the task sets no
+  ``max_in_flight``, so 100 are in flight);
+* FastStream's NATS JetStream pull subscriber (``PullSub(batch_size=100)``, a durable
+  consumer, its default acking after the handler);
+* a bare nats-py loop, no framework: ``pull_subscribe`` then ``fetch(100)`` and
+  ``await msg.ack()`` per message.
+
+Then the latency of ``nsqworker run``: 1,000 msg/s for ``--latency-seconds``, each body
+carrying its publish time; the handler records publish -> handler. Goals: nsqworker >= 2x
+FastStream and >= 80% of the bare loop in msgs/s; p99 <= 5 ms at 1k msg/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.env import ROOT, child_env
+
+GOALS = {"vs_faststream": 2.0, "vs_bare": 0.8, "p99_ms": 5.0}
+BODY = b"x" * 100
+
+NSQWORKER_TASKS = """
+import os, time
+from nsqworker import task
+
+_first = []
+
+@task(os.environ["BENCH_SUBJECT"], channel="bench")
+async def noop(msg):
+    if not _first:
+        _first.append(time.time())
+        with open(os.environ["BENCH_FIRST"], "w") as out:
+            out.write(repr(_first[0]))
+    sent = os.environ.get("BENCH_LATENCY")
+    if sent:
+        with open(sent, "a") as out:
+            out.write(f"{time.time_ns() - int(msg.body)}\\n")
+"""
+
+FASTSTREAM_APP = """
+import asyncio, os, time
+from faststream.nats import NatsBroker, PullSub
+
+broker = NatsBroker(os.environ["BENCH_URL"], logger=None)
+_first = []
+
+@broker.subscriber(
+    os.environ["BENCH_SUBJECT"], stream=os.environ["BENCH_STREAM"], durable="fs",
+    pull_sub=PullSub(batch_size=100),
+)
+async def noop(body: bytes) -> None:
+    if not _first:
+        _first.append(time.time())
+        with open(os.environ["BENCH_FIRST"], "w") as out:
+            out.write(repr(_first[0]))
+
+async def main() -> None:
+    async with broker:
+        await broker.start()
+        await asyncio.get_running_loop().run_in_executor(None, input)
+
+asyncio.run(main())
+"""
+
+BARE_LOOP = """
+import asyncio, os, time
+import nats
+
+async def main() -> None:
+    nc = await nats.connect(os.environ["BENCH_URL"])
+    js = nc.jetstream()
+    sub = await js.pull_subscribe(
+        os.environ["BENCH_SUBJECT"], "bare", stream=os.environ["BENCH_STREAM"]
+    )
+    first = False
+    while True:
+        try:
+            msgs = await sub.fetch(100, timeout=1)
+        except nats.errors.TimeoutError:
+            continue
+        if not first:
+            first = True
+            with open(os.environ["BENCH_FIRST"], "w") as out:
+                out.write(repr(time.time()))
+        for msg in msgs:
+            await msg.ack()
+
+asyncio.run(main())
+"""
+
+
+async def _publish(url: str, subject: str, count: int) -> str:
+    import nats
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    stream = subject.replace(".", "_")
+    await js.add_stream(name=stream, subjects=[subject])
+    for start in range(0, count, 1000):
+        futures = [js.publish(subject, BODY) for _ in range(min(1000, count - start))]
+        await asyncio.gather(*futures)
+    await nc.close()
+    return stream
+
+
+async def _acked(url: str, stream: str, durable: str, count: int, timeout: float) -> float:
+    import nats
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            try:
+                info = await js.consumer_info(stream, durable)
+            except Exception:
+                await asyncio.sleep(0.05)
+                continue
+            if info.ack_floor.stream_seq >= count:
+                return time.time()
+            await asyncio.sleep(0.005)
+    finally:
+        await nc.close()
+    raise RuntimeError(f"{durable}: not every message acknowledged within {timeout:g}s")
+
+
+def _contender(kind: str, url: str, subject: str, stream: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
+    env = child_env() | {
+        "BENCH_URL": url,
+        "BENCH_SUBJECT": subject,
+        "BENCH_STREAM": stream,
+        "BENCH_FIRST": str(tmp / f"first-{kind}"),
+        "PYTHONPATH": f"{tmp}{os.pathsep}{ROOT}",
+    }
+    if kind == "nsqworker":
+        (tmp / "bench_nats_tasks.py").write_text(NSQWORKER_TASKS)
+        env |= {"NSQWORKER_HEALTH_PORT": "0", "NSQWORKER_LOG_LEVEL": "warning"}
+        argv = [sys.executable, "-m", "nsqworker", "run", "bench_nats_tasks",
+                "--transport", "nats", "--nats", url]  # fmt: skip
+    else:
+        source = FASTSTREAM_APP if kind == "faststream" else BARE_LOOP
+        (tmp / f"bench_{kind}.py").write_text(source)
+        argv = [sys.executable, str(tmp / f"bench_{kind}.py")]
+    return argv, env
+
+
+def drain(kind: str, url: str, count: int, run: int) -> float:
+    """Msgs/s of one contender draining a fresh backlog of ``count``."""
+    subject = f"bench.{kind}.r{run}"
+    stream = asyncio.run(_publish(url, subject, count))
+    durable = {"nsqworker": "bench", "faststream": "fs", "bare": "bare"}[kind]
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        argv, env = _contender(kind, url, subject, stream, tmp)
+        proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=(tmp / "stderr").open("wb"),
+        )  # fmt: skip
+        try:
+            end = asyncio.run(_acked(url, stream, durable, count, timeout=120))
+            first = float((tmp / f"first-{kind}").read_text())
+        except Exception as exc:
+            raise RuntimeError(f"{kind}: {exc}\n{(tmp / 'stderr').read_text()[-2000:]}") from exc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return count / max(end - first, 1e-6)
+
+
+def latency(url: str, seconds: float, rate: int = 1000) -> dict[str, float]:
+    """p50/p99 ms from publish to handler for ``nsqworker run`` at ``rate`` msg/s."""
+    subject = "bench.latency"
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        argv, env = _contender("nsqworker", url, subject, "", tmp)
+        env["BENCH_LATENCY"] = str(tmp / "latency")
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            asyncio.run(_paced(url, subject, seconds, rate, tmp / "first-nsqworker"))
+            time.sleep(1.0)
+        finally:
+            proc.terminate()
+            proc.wait(15)
+        samples = [int(x) / 1e6 for x in (tmp / "latency").read_text().split()]
+    samples = samples[len(samples) // 10 :]  # the first tenth warms up
+    q = statistics.quantiles(samples, n=100)
+    return {"p50_ms": q[49], "p99_ms": q[98], "samples": float(len(samples))}
+
+
+async def _paced(url: str, subject: str, seconds: float, rate: int, ready: Path) -> None:
+    import nats
+
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await js.add_stream(name="bench_latency", subjects=[subject])
+    await js.publish(subject, str(time.time_ns()).encode())
+    while not ready.exists():  # the worker is up and bound
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    start = time.monotonic()
+    sent = 0
+    while (now := time.monotonic()) - start < seconds:
+        due = int((now - start) * rate)
+        for _ in range(due - sent):
+            await nc.publish(subject, str(time.time_ns()).encode())
+        sent = due
+        await asyncio.sleep(0.001)
+    await nc.flush()
+    await nc.close()
+
+
+def main() -> None:
+    """Run the comparison and print a table (or JSON)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=20_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    from nsqworker.testing.nats import NatsServerProcess
+
+    rates: dict[str, list[float]] = {"nsqworker": [], "faststream": [], "bare": []}
+    with NatsServerProcess() as server:
+        for run in range(args.runs):
+            for kind in rates:
+                rates[kind].append(drain(kind, server.url, args.count, run))
+                print(f"run {run + 1}: {kind} {rates[kind][-1]:,.0f} msgs/s", file=sys.stderr)
+        lat = latency(server.url, args.latency_seconds)
+    best = {k: statistics.median(v) for k, v in rates.items()}
+    result: dict[str, Any] = {
+        "msgs_per_s": best,
+        "runs": rates,
+        "vs_faststream": best["nsqworker"] / best["faststream"],
+        "vs_bare": best["nsqworker"] / best["bare"],
+        "latency": lat,
+        "goals": GOALS,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"{'contender':<34}{'msgs/s (median of ' + str(args.runs) + ')':>24}")
+    names = {
+        "nsqworker": "nsqworker run --transport nats",
+        "faststream": "FastStream PullSub(batch_size=100)",
+        "bare": "nats-py fetch(100) loop",
+    }
+    for kind, rate in best.items():
+        print(f"{names[kind]:<34}{rate:>24,.0f}")
+    print(
+        f"nsqworker / FastStream {result['vs_faststream']:.2f}x (goal >= 2); "
+        f"nsqworker / bare {result['vs_bare']:.0%} (goal >= 80%); "
+        f"publish -> handler at 1k msg/s: p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms"
+        " (goal <= 5)"
+    )
+
+
+if __name__ == "__main__":
+    main()
