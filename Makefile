@@ -57,15 +57,14 @@ lint: venv
 	.venv/bin/mypy nsqworker bench
 	.venv/bin/hadolint Dockerfile examples/docker/Dockerfile
 
-# The sections of docs/benchmarks.md, then RPC (bench/rpc.py), Spark (bench/spark.py) and
-# NATS (bench/nats.py), which print their own tables (docs/rpc.md, docs/spark.md and
-# docs/benchmarks.md explain them).
+# The sections of docs/benchmarks.md (NATS among them: nats-server is installed too), then
+# RPC (bench/rpc.py) and Spark (bench/spark.py), which print their own tables (docs/rpc.md
+# and docs/spark.md explain them).
 bench: venv tools-nsq
 	@scripts/install-tools nats
 	.venv/bin/python -m bench
 	.venv/bin/python -m bench.rpc
 	.venv/bin/python -m bench.spark
-	.venv/bin/python -m bench.nats
 
 # Not part of `make test`: nsqworker run for SOAK_MINUTES while nsqd restart and workers
 # are killed; writes its figures to docs/reliability.md and docs/soak.png.

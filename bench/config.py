@@ -10,7 +10,7 @@ from bench.common import default_loop
 
 SECTIONS = (
     "outofbox", "consume", "publish", "latency", "memory", "scale", "cpu", "telemetry", "handlers",
-    "seam",
+    "seam", "nats",
 )  # fmt: skip
 """In the order they run and are reported. A section is a module ``bench/<name>.py``
 with ``run(broker, cfg, results, say)``; ``bench.runner.SECTION_MODULES`` maps names to
@@ -51,6 +51,9 @@ class Config:
     telemetry_count: int = 100_000
     telemetry_extra_runs: int = 2
     outofbox_extra_runs: int = 2
+    # nats (bench/nats.py)
+    nats_count: int = 20_000
+    nats_latency_seconds: float = 10.0
     """Runs beyond ``runs`` for the out-of-the-box table: the headline ratio, from two
     processes' rates that each vary by a fifth on this machine."""
     """Runs beyond ``runs`` for the through-nsqd tracing costs (differences of rates,
@@ -72,4 +75,6 @@ class Config:
             telemetry_count=10_000,
             telemetry_extra_runs=0,
             outofbox_extra_runs=0,
+            nats_count=2000,
+            nats_latency_seconds=2.0,
         )

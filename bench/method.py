@@ -126,6 +126,19 @@ fields (the typed body validated from a 60-byte JSON body), the plain handler wi
 feature's cost is its time minus the plain handler's. A task with no typed body, hooks
 or limit runs exactly the plain path: those features cost it nothing.
 
+**NATS JetStream (bench/nats.py).** One nats-server v2.15.2 with JetStream, started for
+the section. Each contender runs in its own process and drains a backlog of
+{nats_count:,} messages of 100 bytes, published to a stream of its own before it starts;
+the handler is an async no-op. The clock runs from the first message a handler saw to
+the moment the server counts every message acknowledged (the consumer's ack floor,
+looked at every 5 ms). Contenders, interleaved in each run: `nsqworker run --transport
+nats --nats URL` with default settings (the task sets no `max_in_flight`: 100 in
+flight), FastStream's NATS JetStream pull subscriber (`PullSub(batch_size=100)`, a
+durable consumer, acking after the handler), and a bare nats-py loop (`pull_subscribe`,
+`fetch(100)`, `await msg.ack()` per message, no framework). Then the latency of `nsqworker
+run --transport nats`: {nats_rate:,} msg/s for {nats_latency_s:g} s, each body carrying
+its publish time, the handler recording publish -> handler; the first tenth is warm-up.
+
 ## Running
 
     make bench                                # the full run; rewrites this file
@@ -161,4 +174,7 @@ def method(cfg: Config, loop: str, mem_queue: int) -> str:
         telemetry_count=cfg.telemetry_count,
         telemetry_runs=cfg.runs + cfg.telemetry_extra_runs,
         outofbox_runs=cfg.runs + cfg.outofbox_extra_runs,
+        nats_count=cfg.nats_count,
+        nats_rate=1000,
+        nats_latency_s=cfg.nats_latency_seconds,
     )

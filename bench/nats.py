@@ -144,7 +144,9 @@ async def _acked(url: str, stream: str, durable: str, count: int, timeout: float
     raise RuntimeError(f"{durable}: not every message acknowledged within {timeout:g}s")
 
 
-def _contender(kind: str, url: str, subject: str, stream: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
+def _contender(
+    kind: str, url: str, subject: str, stream: str, tmp: Path
+) -> tuple[list[str], dict[str, str]]:
     env = child_env() | {
         "BENCH_URL": url,
         "BENCH_SUBJECT": subject,
@@ -232,6 +234,38 @@ async def _paced(url: str, subject: str, seconds: float, rate: int, ready: Path)
     await nc.close()
 
 
+def run(broker: Any, cfg: Any, results: Any, say: Any) -> None:
+    """The ``nats`` section of ``python -m bench``: its own nats-server (the run's nsqd,
+    ``broker``, is not used)."""
+    from nsqworker.testing.nats import NatsServerProcess
+
+    rows = {kind: results.row(f"nats/{kind}", "nats", NAMES[kind], "msgs/s") for kind in NAMES}
+    results.compare("nats/nsqworker", "", "nats/bare")
+    results.compare("nats/faststream", "", "nats/bare")
+    label = "nsqworker run, publish -> handler {} at 1k msg/s"
+    p50 = results.row("nats/p50", "nats", label.format("p50"), "ms", higher_is_better=False)
+    p99 = results.row("nats/p99", "nats", label.format("p99"), "ms", higher_is_better=False)
+    with NatsServerProcess() as server:
+        for i in range(cfg.runs):
+            for kind, series in rows.items():
+                say(f"nats run {i + 1}/{cfg.runs}: {NAMES[kind]}")
+                try:
+                    series.add(drain(kind, server.url, cfg.nats_count, i))
+                except Exception as exc:  # one contender failing must not lose the others
+                    series.errors.append(f"{type(exc).__name__}: {exc}")
+        say("nats: latency at 1k msg/s")
+        lat = latency(server.url, cfg.nats_latency_seconds)
+        p50.add(lat["p50_ms"])
+        p99.add(lat["p99_ms"])
+
+
+NAMES = {
+    "nsqworker": "nsqworker run --transport nats, default settings",
+    "faststream": "FastStream NATS PullSub(batch_size=100)",
+    "bare": "bare nats-py fetch(100) loop",
+}
+
+
 def main() -> None:
     """Run the comparison and print a table (or JSON)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -261,14 +295,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{'contender':<34}{'msgs/s (median of ' + str(args.runs) + ')':>24}")
-    names = {
-        "nsqworker": "nsqworker run --transport nats",
-        "faststream": "FastStream PullSub(batch_size=100)",
-        "bare": "nats-py fetch(100) loop",
-    }
+    print(f"{'contender':<50}{'msgs/s (median of ' + str(args.runs) + ')':>24}")
     for kind, rate in best.items():
-        print(f"{names[kind]:<34}{rate:>24,.0f}")
+        print(f"{NAMES[kind]:<50}{rate:>24,.0f}")
     print(
         f"nsqworker / FastStream {result['vs_faststream']:.2f}x (goal >= 2); "
         f"nsqworker / bare {result['vs_bare']:.0%} (goal >= 80%); "

@@ -258,6 +258,24 @@ TARGETS: list[tuple[str, str, str, Check]] = [
         "seam/cpu-worker-async-after",
         _at_least_ratio("seam/cpu-worker-async-after", "seam/cpu-worker-async-before", 0.95),
     ),
+    (
+        "NATS: `nsqworker run --transport nats`, default settings, >= 2x FastStream",
+        ">= 2x FastStream",
+        "nats/nsqworker",
+        _at_least_ratio("nats/nsqworker", "nats/faststream", 2),
+    ),
+    (
+        "NATS: `nsqworker run --transport nats` >= 80% of a bare nats-py fetch loop",
+        ">= 80% of bare nats-py",
+        "nats/nsqworker",
+        _at_least_ratio("nats/nsqworker", "nats/bare", 0.8),
+    ),
+    (
+        "NATS: p99 publish -> handler <= 5 ms at 1k msg/s",
+        "p99 <= 5 ms",
+        "nats/p99",
+        _at_most("nats/p99", 5.0, "ms"),
+    ),
 ]
 
 

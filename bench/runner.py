@@ -42,6 +42,7 @@ SECTION_MODULES: dict[str, str] = {
     "telemetry": "bench.telemetry_cost",
     "handlers": "bench.handlers",
     "seam": "bench.seam",
+    "nats": "bench.nats",
     # Next: "spark": "bench.spark", "rpc": "bench.rpc" (and their names in
     # config.SECTIONS, their targets in results.TARGETS, titles in report.SECTION_TITLES).
 }
