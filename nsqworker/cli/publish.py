@@ -109,9 +109,7 @@ def publish_command(
             protocol.check_topic(topic)
         if body == "":
             raise ConfigurationError("the message body is empty, and brokers refuse empty messages")
-        if delay is not None:
-            if on_nats:
-                raise ConfigurationError("--delay is not supported on NATS (docs/nats.md)")
+        if delay is not None and not on_nats:  # NATS: any delay >= 0 (a schedule)
             from nsqworker.nsq.publishing import delay_to_ms
 
             delay_to_ms(delay)

@@ -24,7 +24,9 @@ __all__ = [
     "check_channel",
     "check_subject",
     "consumer_name",
+    "delay_pattern",
     "ensure_consumer",
+    "ensure_schedules",
     "ensure_stream",
     "stream_name",
 ]
@@ -35,6 +37,9 @@ _NAME = re.compile(r"^[^\s*>./\\]{1,255}$")
 _STREAM_NOT_FOUND = 10059
 _SUBJECTS_OVERLAP = 10065
 _NAME_IN_USE = 10058
+DELAY_TOKEN = "_nsqw_delay"
+"""Delayed messages wait as schedules on ``<subject>._nsqw_delay.<id>`` (one each) until
+the server publishes them to the subject (JetStream message schedules, nats-server 2.12+)."""
 
 
 def check_subject(subject: str) -> str:
@@ -57,6 +62,11 @@ def check_channel(channel: str) -> str:
             " without spaces, '.', '*', '>', '/' or '\\'"
         )
     return channel
+
+
+def delay_pattern(subject: str) -> str:
+    """The subjects of ``subject``'s delayed messages (schedules)."""
+    return f"{subject}.{DELAY_TOKEN}.*"
 
 
 def stream_name(subject: str) -> str:
@@ -92,7 +102,8 @@ async def ensure_stream(js: JetStreamContext, subject: str, settings: Settings) 
             return name
     config = StreamConfig(
         name=name,
-        subjects=[subject],
+        subjects=[subject, delay_pattern(subject)],
+        allow_msg_schedules=True,
         retention=RetentionPolicy(settings.nats_stream_retention),
         max_age=settings.nats_stream_max_age or None,
         num_replicas=settings.nats_stream_replicas,
@@ -122,9 +133,30 @@ async def consumer_name(js: JetStreamContext, stream: str, subject: str, channel
     """The channel's durable name: the channel itself in a stream of this subject alone;
     ``<channel>_<subject>`` in a shared stream, where one channel may read many subjects."""
     info = await js.stream_info(stream)
-    if (info.config.subjects or []) == [subject]:
+    if set(info.config.subjects or []) <= {subject, delay_pattern(subject)}:
         return channel
     return f"{channel}_{stream_name(subject)}"
+
+
+async def ensure_schedules(js: JetStreamContext, stream: str, subject: str) -> None:
+    """Make ``stream`` hold schedules for ``subject`` (a delayed publish): a stream the
+    worker made for the subject is updated; any other must allow them already."""
+    info = await js.stream_info(stream)
+    config = info.config
+    subjects = list(config.subjects or [])
+    pattern = delay_pattern(subject)
+    if config.allow_msg_schedules and _covers(subjects, f"{subject}.{DELAY_TOKEN}.x"):
+        return
+    if stream == stream_name(subject) and set(subjects) <= {subject, pattern}:
+        config.subjects = [subject, pattern]
+        config.allow_msg_schedules = True
+        await js.update_stream(config)
+        return
+    raise ConfigurationError(
+        f"stream {stream!r} cannot hold a delayed message for {subject!r}: it needs"
+        f" allow_msg_schedules and the subjects {pattern!r} (nats-server 2.12+);"
+        " change the stream, or publish without a delay"
+    )
 
 
 def _covers(patterns: list[str], subject: str) -> bool:

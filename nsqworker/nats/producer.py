@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Self
 
 from nsqworker.errors import (
@@ -23,7 +25,7 @@ from nsqworker.errors import (
 )
 from nsqworker.message import to_bytes
 from nsqworker.nats.client import NatsConnection
-from nsqworker.nats.jetstream import check_subject, ensure_stream
+from nsqworker.nats.jetstream import DELAY_TOKEN, check_subject, ensure_schedules, ensure_stream
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -65,6 +67,7 @@ class NatsProducer:
         self._owns = connection is None
         self.connection = connection or NatsConnection(settings, name="nsqworker-producer")
         self._streams: set[str] = set()
+        self._scheduled: set[str] = set()
 
     def __repr__(self) -> str:
         return f"<NatsProducer {','.join(self.connection.servers)}>"
@@ -88,22 +91,39 @@ class NatsProducer:
     async def publish(
         self, topic: str, body: Body, delay: float | None = None, timeout: float | None = None
     ) -> None:
-        """Publish one message; returns once its stream stored it.
+        """Publish one message; returns once its stream stored it. With ``delay``
+        (seconds), the stream holds it as a schedule and the server publishes it to
+        ``topic`` then (JetStream message schedules, nats-server 2.12+).
 
         Raises:
-            ConfigurationError: ``delay`` given (see docs/nats.md), or no stream can hold
-                the subject.
+            ConfigurationError: no stream can hold the subject (or, with ``delay``, its
+                schedules: see docs/nats.md).
             InvalidName, MessageTooLarge: refused before sending.
             PublishError: the server refused it; NoConnection: no server reachable.
         """
-        if delay is not None:
-            raise ConfigurationError(
-                "a delayed publish is not supported on NATS (JetStream has no per-message"
-                " delay nsqworker uses yet); publish now and let the handler retry later,"
-                " or use the NSQ transport"
-            )
         check_subject(topic)
+        if delay is not None:
+            if isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0:
+                raise LocalProtocolError(f"delay must be seconds >= 0, got {delay!r}")
+            if delay > 0:
+                await self._publish_later(topic, to_bytes(body), delay, timeout or self.timeout)
+                return
         await self._publish(topic, to_bytes(body), timeout or self.timeout)
+
+    async def _publish_later(self, subject: str, body: bytes, delay: float, timeout: float) -> None:
+        """A schedule that the server turns into ``body`` on ``subject`` after ``delay``."""
+        js = await self.connection.jetstream()
+        if subject not in self._scheduled:
+            stream = await ensure_stream(js, subject, self.settings)
+            await ensure_schedules(js, stream, subject)
+            self._scheduled.add(subject)
+        at = datetime.now(UTC) + timedelta(seconds=delay)
+        headers = {
+            "Nats-Schedule": "@at " + at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "Nats-Schedule-Target": subject,
+        }
+        schedule = f"{subject}.{DELAY_TOKEN}.{uuid.uuid4().hex}"
+        await self._publish(schedule, body, timeout, headers)
 
     async def publish_json(
         self, topic: str, obj: Any, delay: float | None = None, timeout: float | None = None
@@ -136,20 +156,22 @@ class NatsProducer:
             error.add_note(f"{len(failed)} of {len(items)} messages were not stored")
             raise error
 
-    async def _publish(self, subject: str, body: bytes, timeout: float) -> None:
+    async def _publish(
+        self, subject: str, body: bytes, timeout: float, headers: dict[str, str] | None = None
+    ) -> None:
         from nats.errors import MaxPayloadError, NoRespondersError
         from nats.errors import TimeoutError as NatsTimeout
         from nats.js.errors import APIError, NoStreamResponseError
 
         js = await self.connection.jetstream()
         try:
-            await js.publish(subject, body, timeout=timeout)
+            await js.publish(subject, body, timeout=timeout, headers=headers)
         except (NoRespondersError, NoStreamResponseError):
             if subject in self._streams:
                 raise NoConnection(f"no JetStream stream answered for {subject!r}") from None
             await ensure_stream(js, subject, self.settings)
             self._streams.add(subject)
-            await js.publish(subject, body, timeout=timeout)
+            await js.publish(subject, body, timeout=timeout, headers=headers)
         except MaxPayloadError:
             client = self.connection.client
             error = MessageTooLarge(len(body), client.max_payload if client else 0)

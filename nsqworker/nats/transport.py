@@ -31,7 +31,7 @@ CAPABILITIES = Capabilities(
     keep_alive=True,  # +WPI restarts ack_wait
     max_hold=None,
     headers=True,
-    delayed_publish=False,
+    delayed_publish=True,  # JetStream message schedules (nats-server 2.12+)
     reply_address=False,
 )
 

@@ -244,7 +244,9 @@ class NatsCluster:
         while not all(self._has_leader(s) for s in self.servers):
             if time.monotonic() > deadline:
                 self.close()
-                raise NsqProcessError(f"the NATS cluster elected no JetStream leader in {timeout:g}s")
+                raise NsqProcessError(
+                    f"the NATS cluster elected no JetStream leader in {timeout:g}s"
+                )
             time.sleep(0.05)
         return self
 

@@ -60,9 +60,11 @@ class Page:
     env: dict[str, str] = field(default_factory=dict)
 
     def localize(self, text: str) -> str:
-        for documented, real in self.addresses.items():
-            text = text.replace(documented, real)
-        return text
+        # One pass: a real port may begin with another documented one (41603 after 4160).
+        if not self.addresses:
+            return text
+        pattern = "|".join(re.escape(a) for a in sorted(self.addresses, key=len, reverse=True))
+        return re.sub(pattern, lambda m: self.addresses[m.group(0)], text)
 
 
 def _page(example: Example) -> Page:

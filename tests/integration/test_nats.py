@@ -13,7 +13,7 @@ import pytest
 
 from nsqworker import Producer, Registry, SyncProducer, Worker
 from nsqworker.consumer import Consumer
-from nsqworker.errors import ConfigurationError, InvalidName, MessageTooLarge
+from nsqworker.errors import ConfigurationError, InvalidName, LocalProtocolError, MessageTooLarge
 from nsqworker.message import FINISH, Message, Outcome
 from nsqworker.nats import NatsProducer
 from nsqworker.settings import Settings
@@ -198,7 +198,9 @@ async def test_wrong_credentials_are_a_configuration_error(tmp_path: Any) -> Non
 # ---------------------------------------------------------------------------- publishing
 
 
-async def test_producer_with_nats_settings_publishes_with_acks(nats_server: NatsServerProcess) -> None:
+async def test_producer_with_nats_settings_publishes_with_acks(
+    nats_server: NatsServerProcess,
+) -> None:
     topic = subject()
     producer = Producer(settings=settings(nats_server.url))
     assert isinstance(producer, NatsProducer)
@@ -207,8 +209,6 @@ async def test_producer_with_nats_settings_publishes_with_acks(nats_server: Nats
         await producer.publish_many(topic, [b"%d" % i for i in range(2000)])
         took = time.monotonic() - started
         await producer.publish_json(topic, {"last": True})
-        with pytest.raises(ConfigurationError, match="delayed publish is not supported"):
-            await producer.publish(topic, b"later", delay=1.0)
     import nats
 
     nc = await nats.connect(nats_server.url)
@@ -216,6 +216,44 @@ async def test_producer_with_nats_settings_publishes_with_acks(nats_server: Nats
     await nc.close()
     assert info.state.messages == 2001
     assert took < 5, took  # pipelined: one round trip each would be far slower
+
+
+async def test_a_delayed_publish_arrives_after_its_delay(nats_server: NatsServerProcess) -> None:
+    """A real delay: the stream holds a schedule, the server publishes it when due; the
+    channel never sees the schedule itself."""
+    topic = subject()
+    arrivals: list[tuple[bytes, float]] = []
+    consumer = Consumer(
+        topic, "later", lambda m: arrivals.append((m.body, time.monotonic())) or FINISH,
+        settings(nats_server.url),
+    )  # fmt: skip
+    async with NatsProducer(settings=settings(nats_server.url)) as producer:
+        started = time.monotonic()
+        await producer.publish(topic, b"later", delay=1.5)
+        await producer.publish(topic, b"now")
+        await consumer.start()
+        await wait_until(lambda: len(arrivals) == 2, timeout=10, message=str(arrivals))
+        with pytest.raises(LocalProtocolError, match="delay must be seconds"):
+            await producer.publish(topic, b"x", delay=-1)
+    await asyncio.sleep(0.5)
+    await consumer.stop(0)
+    (first, _), (last, at) = arrivals
+    assert (first, last) == (b"now", b"later") and len(arrivals) == 2
+    assert 1.4 <= at - started < 4.0, at - started
+
+
+async def test_a_delay_on_a_stream_without_schedules_is_a_clear_error(
+    nats_server: NatsServerProcess,
+) -> None:
+    import nats
+
+    nc = await nats.connect(nats_server.url)
+    await nc.jetstream().add_stream(name="PLAIN", subjects=["plain.>"])
+    await nc.close()
+    async with NatsProducer(settings=settings(nats_server.url)) as producer:
+        with pytest.raises(ConfigurationError, match="'PLAIN' cannot hold a delayed message"):
+            await producer.publish("plain.job", b"x", delay=1.0)
+        await producer.publish("plain.job", b"x")  # without a delay it is fine
 
 
 def test_sync_producer_on_nats(nats_server: NatsServerProcess) -> None:
@@ -229,7 +267,9 @@ def test_sync_producer_on_nats(nats_server: NatsServerProcess) -> None:
     got: list[bytes] = []
 
     async def read() -> None:
-        consumer = Consumer(topic, "sync", lambda m: got.append(m.body) or FINISH, settings(nats_server.url))
+        consumer = Consumer(
+            topic, "sync", lambda m: got.append(m.body) or FINISH, settings(nats_server.url)
+        )
         await consumer.start()
         await wait_until(lambda: len(got) == 3, timeout=10, message=str(got))
         await consumer.stop(0)

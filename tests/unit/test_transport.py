@@ -30,7 +30,9 @@ def test_the_registry_knows_the_built_in_transports_and_builds_them() -> None:
 
 
 def test_an_unknown_transport_fails_in_settings_naming_the_choices() -> None:
-    with pytest.raises(SettingsError, match="is not a transport; the transports are memory, nats, nsq"):
+    with pytest.raises(
+        SettingsError, match="is not a transport; the transports are memory, nats, nsq"
+    ):
         Settings(transport="kafka")
 
 
