@@ -41,7 +41,7 @@ __all__ = [
     "Transport",
     "TransportFactory",
     "create_transport",
-    "producer_class",
+    "other_producer",
     "register_transport",
     "transport_names",
 ]
@@ -235,14 +235,17 @@ _REGISTRY: dict[str, str | TransportFactory] = {
 _PRODUCERS: dict[str, str] = {"nats": "nsqworker.nats.producer:NatsProducer"}
 
 
-def producer_class(name: str) -> type[Any] | None:
-    """The producer class of transport ``name``; None for NSQ (or one without its own)."""
+def other_producer(settings: Any, timeout: float) -> Any | None:
+    """The producer ``Producer(settings=settings)`` becomes when the settings name a
+    transport other than NSQ; None for NSQ."""
+    name = getattr(settings, "transport", "nsq")
+    if name == "nsq":
+        return None
     entry = _PRODUCERS.get(name)
     if entry is None:
-        return None
+        raise ConfigurationError(f"transport {name!r} has no producer; publish with NSQ")
     module, _, attribute = entry.partition(":")
-    cls: type[Any] = getattr(importlib.import_module(module), attribute)
-    return cls
+    return getattr(importlib.import_module(module), attribute)(settings=settings, timeout=timeout)
 
 
 def register_transport(name: str, factory: str | TransportFactory) -> None:

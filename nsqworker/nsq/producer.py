@@ -13,19 +13,9 @@ so a consumer can see the message twice. An error nsqd gives about the message i
 :class:`~nsqworker.errors.PublishError` and not retried. nsqd closes the connection
 after such an error; the producer redials it, so the next publish works.
 
-nsqd's size limits (``--max-msg-size``, ``--max-body-size``) are not told in IDENTIFY.
-They are unknown until given to the producer or learned from nsqd's first "too big"
-answer; from then on an oversized body raises
-:class:`~nsqworker.errors.MessageTooLarge` before anything is sent.
-
-Telemetry seam (:mod:`nsqworker.nsq.publishing`): when the layer above installed an
-instrumentation factory (``nsqworker`` installs :mod:`nsqworker.telemetry`'s), every public
-publish call runs inside ``instrumentation(PublishCall(...))``, a context manager that
-may start a ``send <topic>`` span and replace ``call.bodies`` (the trace envelope).
-None (tracing off) costs one attribute test per call. A hook may also offer
-``quiet() -> bool`` and ``count(topic, sent, failed, error)``: when ``quiet()`` says
-no span or envelope is needed, a PUB skips the context manager and only reports its
-outcome to ``count``.
+nsqd's size limits are not told in IDENTIFY: given, or learned from a first "too big"
+answer, they make an oversized body raise ``MessageTooLarge`` before anything is sent.
+Publish calls go through the telemetry seam of :mod:`nsqworker.nsq.publishing`.
 """
 
 from __future__ import annotations
@@ -112,28 +102,16 @@ class Producer:
     publish that fails never breaks the producer for the next one.
     """
 
-    def __new__(
-        cls,
-        nsqd_tcp_addresses: list[str] | str | None = None,
-        *,
-        settings: Settings | None = None,
-        timeout: float = 5.0,
-        **options: Any,
-    ) -> Any:
-        """With ``settings`` of another transport (``transport="nats"``) and no nsqd
-        address, that transport's producer (same methods), e.g. a ``NatsProducer``."""
-        if settings is None and nsqd_tcp_addresses is None and cls is Producer:
+    def __new__(cls, nsqd_tcp_addresses: list[str] | str | None = None, **options: Any) -> Any:
+        """No nsqd address and settings of another transport: its producer (NatsProducer)."""
+        if cls is Producer and nsqd_tcp_addresses is None:
             from nsqworker.settings import Settings as _Settings
+            from nsqworker.transport import other_producer
 
-            settings = _Settings()  # NSQWORKER_TRANSPORT may name another transport
-        other = getattr(settings, "transport", "nsq")
-        if cls is Producer and nsqd_tcp_addresses is None and other != "nsq":
-            from nsqworker.transport import producer_class
-
-            producer = producer_class(other)
-            if producer is None:
-                raise ConfigurationError(f"transport {other!r} has no producer; publish with NSQ")
-            return producer(settings=settings, timeout=timeout)
+            settings = options.get("settings") or _Settings()
+            other = other_producer(settings, options.get("timeout", 5.0))
+            if other is not None:
+                return other
         return super().__new__(cls)
 
     def __init__(

@@ -1,6 +1,16 @@
 """What publishing needs besides connections: pure helpers for bodies, delays, MPUB
 batches and size limits, and the seam the telemetry layer hooks into (:class:`PublishCall`,
-:func:`set_instrumentation_factory`)."""
+:func:`set_instrumentation_factory`).
+
+Telemetry seam: when the layer above installed an instrumentation factory
+(``nsqworker`` installs :mod:`nsqworker.telemetry`'s), every public publish call of the
+:class:`~nsqworker.nsq.producer.Producer` runs inside ``instrumentation(PublishCall(...))``,
+a context manager that may start a ``send <topic>`` span and replace ``call.bodies``
+(the trace envelope). None (tracing off) costs one attribute test per call. A hook may
+also offer ``quiet() -> bool`` and ``count(topic, sent, failed, error)``: when
+``quiet()`` says no span or envelope is needed, a PUB skips the context manager and
+only reports its outcome to ``count``.
+"""
 
 from __future__ import annotations
 

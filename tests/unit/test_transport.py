@@ -130,3 +130,17 @@ def test_memory_refuses_what_a_broker_would() -> None:
         MemoryTransport(ack_wait=0)
     with pytest.raises(ValueError, match="forward"):
         broker.advance(-1)
+
+
+def test_producer_follows_the_transport_of_its_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nsqworker import Producer
+    from nsqworker.nats import NatsProducer
+
+    nats = Producer(settings=Settings(transport="nats", nats_servers=["nats://127.0.0.1:4222"]))
+    assert isinstance(nats, NatsProducer) and nats.connection.servers == ["nats://127.0.0.1:4222"]
+    assert isinstance(Producer(["127.0.0.1:4150"]), Producer)  # an nsqd address: NSQ
+    monkeypatch.setenv("NSQWORKER_TRANSPORT", "nats")
+    assert isinstance(Producer(), NatsProducer)
+    monkeypatch.setenv("NSQWORKER_TRANSPORT", "memory")
+    with pytest.raises(ConfigurationError, match="'memory' has no producer"):
+        Producer()
