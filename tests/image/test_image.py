@@ -165,4 +165,5 @@ def test_a_service_image_from_it_runs_its_task(
         assert code == 0, podman.logs(container)
     stats = nsqd.channel_stats("clicks", "archive")
     assert stats is not None
-    assert (stats["finish_count"], stats["depth"], stats["in_flight_count"]) == (1, 0, 0)
+    assert (stats["message_count"], stats["depth"], stats["in_flight_count"]) == (1, 0, 0)
+    assert stats["requeue_count"] == 0
