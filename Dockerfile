@@ -4,6 +4,9 @@
 #   docker build -t nsqworker .
 #   docker run --rm nsqworker run myservice.tasks     (with myservice on PYTHONPATH)
 #
+#   docker build --secret id=ca,src=ca-bundle.pem -t nsqworker .   (behind a TLS-intercepting proxy)
+#   make image     (podman on a local Debian base, where no registry can be reached)
+#
 # A service builds its own image FROM this one: examples/docker/Dockerfile.
 #
 # PID 1 is the nsqworker supervisor itself, not an init: it installs handlers for
