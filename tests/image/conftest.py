@@ -38,6 +38,7 @@ INSTALL = "`scripts/install-tools image` (apt-get install podman runc debootstra
 BUILD_TIMEOUT = 900  # a cold build downloads every wheel
 
 _built: dict[str, Built] = {}  # tag -> what the session built, for the summary
+_skipped: set[str] = set()  # why the image tests were skipped, said once at the end
 
 
 def _in_ci() -> bool:
@@ -47,6 +48,7 @@ def _in_ci() -> bool:
 def _unavailable(reason: str) -> NoReturn:
     if _in_ci():
         pytest.fail(f"CI=true and {reason}", pytrace=False)
+    _skipped.add(reason)
     pytest.skip(reason)
 
 
@@ -159,10 +161,13 @@ def service_image(podman: Podman, image: Built) -> Built:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Report the size and build time of each image built (``-q`` hides the tests' output)."""
-    if not _built:
+    """Report the size and build time of each image built (``-q`` hides the tests' output),
+    or in one line why the image tests were skipped."""
+    if not (_built or _skipped):
         return
     terminalreporter.write_sep("-", "container images")
+    for reason in _skipped:
+        terminalreporter.write_line(f"tests/image skipped: {reason}")
     for built in _built.values():
         terminalreporter.write_line(
             f"{built.tag}: {built.size / 1e6:.0f} MB, built in {built.seconds:.1f}s"

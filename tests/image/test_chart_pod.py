@@ -42,6 +42,8 @@ from nsqworker.testing import NsqdProcess, find_binary, free_port, wait_for
 if TYPE_CHECKING:
     from tests.image.conftest import Built, Podman
 
+pytestmark = pytest.mark.timeout(600)  # the first test builds the images (uv downloads cold)
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "nsqworker"
 CI_VALUES = CHART / "ci" / "podman-values.yaml"

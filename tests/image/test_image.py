@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
+import pytest
 
 from nsqworker.testing import NsqdProcess, free_port, wait_for
 
 if TYPE_CHECKING:
     from tests.image.conftest import Built, Podman
+
+pytestmark = pytest.mark.timeout(600)  # the first test builds the images (uv downloads cold)
 
 ROOT = Path(__file__).resolve().parents[2]
 
