@@ -11,6 +11,7 @@ so nsqd and the health port are on 127.0.0.1 as everywhere else in the suite.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shlex
@@ -32,8 +33,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PODMAN = ROOT / "scripts" / "podman"
 BUILD_IMAGE = ROOT / "scripts" / "build-image"
 BASE_IMAGE = "localhost/nsqworker-python:bookworm"
-IMAGE = "localhost/nsqworker:test"
-SERVICE_IMAGE = "localhost/nsqworker-example:test"
+# Checkouts share .tools (and so the image store): each tags its own images.
+TAG = "test-" + hashlib.sha1(str(ROOT).encode()).hexdigest()[:8]
+IMAGE = f"localhost/nsqworker:{TAG}"
+SERVICE_IMAGE = f"localhost/nsqworker-example:{TAG}"
 INSTALL = "`scripts/install-tools image` (apt-get install podman runc debootstrap, as root)"
 BUILD_TIMEOUT = 900  # a cold build downloads every wheel
 

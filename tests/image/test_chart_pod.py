@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,8 +51,8 @@ CI_VALUES = CHART / "ci" / "podman-values.yaml"
 NAMESPACE = "orders"
 
 
-def helm_template(tmp_path: Path, values: dict[str, Any]) -> list[dict[str, Any]]:
-    """``helm template`` of the chart with the ci file and ``values``, parsed."""
+def helm_template(tmp_path: Path, release: str, values: dict[str, Any]) -> list[dict[str, Any]]:
+    """``helm template`` of the chart as ``release`` with the ci file and ``values``, parsed."""
     try:
         helm = find_binary("helm")
     except FileNotFoundError as exc:
@@ -64,7 +65,7 @@ def helm_template(tmp_path: Path, values: dict[str, Any]) -> list[dict[str, Any]
         [
             helm,
             "template",
-            "orders",
+            release,
             str(CHART),
             "-n",
             NAMESPACE,
@@ -111,9 +112,14 @@ def test_the_charts_pod_runs_consumes_and_drains_when_stopped(
     podman: Podman, service_image: Built, nsqd: NsqdProcess, tmp_path: Path
 ) -> None:
     port = free_port()
-    rendered = helm_template(
-        tmp_path, {"healthPort": port, "nsq": {"nsqdTcpAddresses": [nsqd.tcp_address]}}
-    )
+    image = service_image.tag.rsplit(":", 1)
+    values = {
+        "image": {"repository": image[0], "tag": image[1]},
+        "healthPort": port,
+        "nsq": {"nsqdTcpAddresses": [nsqd.tcp_address]},
+    }
+    # a release (and so a pod) name of its own: other checkouts may play theirs at once
+    rendered = helm_template(tmp_path, f"orders-{uuid.uuid4().hex[:6]}", values)
     configmap = next(d for d in rendered if d["kind"] == "ConfigMap")
     deployment = next(d for d in rendered if d["kind"] == "Deployment")
     pod_spec = deployment["spec"]["template"]["spec"]
