@@ -139,9 +139,12 @@ def test_quickstart_consumes_and_stop_drains_without_loss(
 
     stats = nsqd.channel_stats(topic, channel)
     assert stats is not None
-    handled = logs.count(DONE)
-    # every message that left the channel had its handler run to the end (a drain REQs
-    # what it cannot finish, back into the channel); none is in flight or left twice
+    texts = re.findall(r"word\(s\) in '([^']+)', counted in a thread", logs)
+    handled = len(texts)
+    assert handled == logs.count(DONE)
+    # every message that left the channel had its handler run to the end, once (a drain
+    # REQs what it cannot finish, back into the channel); none is in flight
+    assert len(set(texts)) == handled, "a message was handled twice"
     assert (stats["in_flight_count"], stats["deferred_count"]) == (0, 0), stats
     assert handled + stats["depth"] == total, (handled, stats)
     assert stats["depth"] > 0, "every message was done before the stop: the drain went untested"
