@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 import httpx
 import pytest
 
-from nsqworker.testing import wait_for
+from nsqworker.testing import find_binary, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PODMAN = ROOT / "scripts" / "podman"
@@ -147,6 +147,15 @@ def podman() -> Podman:
     if tool.run("image", "exists", BASE_IMAGE, check=False).returncode != 0:
         _unavailable(f"the base image {BASE_IMAGE} is missing: make it with {INSTALL}")
     return tool
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    """The helm `make tools` builds; skips (fails under CI) when it is missing."""
+    try:
+        return find_binary("helm")
+    except FileNotFoundError as exc:
+        _unavailable(f"helm is missing ({exc}): `make tools` builds it")
 
 
 @pytest.fixture(scope="session")

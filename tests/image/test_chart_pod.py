@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from nsqworker.testing import NsqdProcess, find_binary, free_port, wait_for
+from nsqworker.testing import NsqdProcess, free_port, wait_for
 
 if TYPE_CHECKING:
     from tests.image.conftest import Built, Podman
@@ -51,12 +51,10 @@ CI_VALUES = CHART / "ci" / "podman-values.yaml"
 NAMESPACE = "orders"
 
 
-def helm_template(tmp_path: Path, release: str, values: dict[str, Any]) -> list[dict[str, Any]]:
+def helm_template(
+    helm: str, tmp_path: Path, release: str, values: dict[str, Any]
+) -> list[dict[str, Any]]:
     """``helm template`` of the chart as ``release`` with the ci file and ``values``, parsed."""
-    try:
-        helm = find_binary("helm")
-    except FileNotFoundError as exc:
-        pytest.fail(f"helm is missing ({exc}); `make tools` builds it", pytrace=False)
     override = tmp_path / "values.yaml"
     override.write_text(yaml.safe_dump(values))
     home = tmp_path / "helm"
@@ -109,7 +107,7 @@ def for_podman(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_charts_pod_runs_consumes_and_drains_when_stopped(
-    podman: Podman, service_image: Built, nsqd: NsqdProcess, tmp_path: Path
+    podman: Podman, service_image: Built, nsqd: NsqdProcess, helm: str, tmp_path: Path
 ) -> None:
     port = free_port()
     image = service_image.tag.rsplit(":", 1)
@@ -119,7 +117,7 @@ def test_the_charts_pod_runs_consumes_and_drains_when_stopped(
         "nsq": {"nsqdTcpAddresses": [nsqd.tcp_address]},
     }
     # a release (and so a pod) name of its own: other checkouts may play theirs at once
-    rendered = helm_template(tmp_path, f"orders-{uuid.uuid4().hex[:6]}", values)
+    rendered = helm_template(helm, tmp_path, f"orders-{uuid.uuid4().hex[:6]}", values)
     configmap = next(d for d in rendered if d["kind"] == "ConfigMap")
     deployment = next(d for d in rendered if d["kind"] == "Deployment")
     pod_spec = deployment["spec"]["template"]["spec"]
