@@ -79,13 +79,23 @@ class Podman:
         """``podman args``; raises :class:`PodmanError` when it fails and ``check``."""
         return _run([str(PODMAN), *args], timeout=timeout, check=check)
 
+    def __init__(self) -> None:
+        self.replaced: list[str] = []  # ids of images a build took the tag from
+
     def build(self, tag: str, *args: str) -> Built:
         """``scripts/build-image tag args``: the image, its size and how long it took."""
+        before = self.image_id(tag)
         start = time.monotonic()
         _run([str(BUILD_IMAGE), tag, *args], timeout=BUILD_TIMEOUT, check=True)
         built = Built(tag, self.size(tag), time.monotonic() - start)
+        if before and before != self.image_id(tag):
+            self.replaced.append(before)
         _built[tag] = built
         return built
+
+    def image_id(self, image: str) -> str | None:
+        result = self.run("image", "inspect", "--format", "{{.Id}}", image, check=False)
+        return result.stdout.strip() if result.returncode == 0 else None
 
     def size(self, image: str) -> int:
         return int(self.run("image", "inspect", "--format", "{{.Size}}", image).stdout)
@@ -139,14 +149,20 @@ def _run(argv: list[str], timeout: float, check: bool) -> subprocess.CompletedPr
 
 
 @pytest.fixture(scope="session")
-def podman() -> Podman:
-    """podman with the project's settings; skips (fails under CI) without it or the base."""
+def podman() -> Iterator[Podman]:
+    """podman with the project's settings; skips (fails under CI) without it or the base.
+
+    At the end the images this session's builds replaced are removed: each holds a copy
+    of the virtualenv (200 MB), and a build after every code change would pile them up.
+    """
     if shutil.which("podman") is None:
         _unavailable(f"podman is missing: install it with {INSTALL}")
     tool = Podman()
     if tool.run("image", "exists", BASE_IMAGE, check=False).returncode != 0:
         _unavailable(f"the base image {BASE_IMAGE} is missing: make it with {INSTALL}")
-    return tool
+    yield tool
+    for image in reversed(tool.replaced):  # a service image before the image it is FROM
+        tool.run("rmi", image, check=False)
 
 
 @pytest.fixture(scope="session")
