@@ -4,6 +4,9 @@
 #   docker build -t nsqworker .
 #   docker run --rm nsqworker run myservice.tasks     (with myservice on PYTHONPATH)
 #
+#   docker build --secret id=ca,src=ca-bundle.pem -t nsqworker .   (behind a TLS-intercepting proxy)
+#   make image     (podman on a local Debian base, where no registry can be reached)
+#
 # A service builds its own image FROM this one: examples/docker/Dockerfile.
 #
 # PID 1 is the nsqworker supervisor itself, not an init: it installs handlers for
@@ -23,13 +26,23 @@ ENV UV_COMPILE_BYTECODE=1 \
     UV_PYTHON_DOWNLOADS=never \
     UV_PROJECT_ENVIRONMENT=/opt/nsqworker \
     UV_NO_CACHE=1
-RUN pip install --no-cache-dir "uv==${UV_VERSION}"
+# Behind a TLS-intercepting proxy, give its CA bundle as a build secret: it is mounted
+# for these steps only and never stored in a layer (docs/kubernetes.md):
+#   docker build --secret id=ca,src=/path/to/ca-bundle.pem .
+# Without the secret the default trust store is used.
+RUN --mount=type=secret,id=ca \
+    if [ -f /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+    && pip install --no-cache-dir "uv==${UV_VERSION}"
 WORKDIR /src
 # dependencies first: this layer is reused until the lock changes
 COPY pyproject.toml uv.lock README.md ./
-RUN uv sync --frozen --no-dev --no-install-project --no-editable --extra uvloop --extra kubernetes
+RUN --mount=type=secret,id=ca \
+    if [ -f /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi \
+    && uv sync --frozen --no-dev --no-install-project --no-editable --extra uvloop --extra kubernetes
 COPY nsqworker ./nsqworker
-RUN uv sync --frozen --no-dev --no-editable --extra uvloop --extra kubernetes
+RUN --mount=type=secret,id=ca \
+    if [ -f /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi \
+    && uv sync --frozen --no-dev --no-editable --extra uvloop --extra kubernetes
 
 # ---------------------------------------------------------------- runtime
 FROM ${PYTHON_IMAGE}

@@ -23,7 +23,7 @@ unexport VIRTUAL_ENV
 export PATH := $(CURDIR)/.tools/bin:$(PATH)
 LINT_DIRS := $(wildcard nsqworker tests bench examples)
 
-.PHONY: venv tools tools-nsq test lint bench soak run run-spark clean lock
+.PHONY: venv tools tools-nsq test lint bench soak run run-spark clean lock image
 
 $(UV_STAMP): scripts/bootstrap-uv
 	@scripts/bootstrap-uv $(UV_VERSION)
@@ -47,6 +47,13 @@ tools:
 # NSQ only: what `make run` and `make bench` need.
 tools-nsq:
 	@scripts/install-tools nsq
+
+# The image of the root Dockerfile, built with podman (scripts/build-image) on the local
+# Debian python base `scripts/install-tools image` makes: docs/kubernetes.md, The image.
+IMAGE ?= nsqworker:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+image:
+	@scripts/install-tools image
+	scripts/build-image $(IMAGE)
 
 test: venv tools
 	.venv/bin/pytest $(PYTEST_ARGS)

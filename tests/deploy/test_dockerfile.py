@@ -45,6 +45,16 @@ def test_hadolint_catches_a_bad_dockerfile(tmp_path: Path) -> None:
     assert "DL3008" in result.stdout  # unpinned apt package
 
 
+def uv_command(run: str) -> str | None:
+    """The `uv ...` command of a RUN line, after its --mount options and the shell
+    steps before it (`if [ -f /run/secrets/ca ]; then ...; fi && uv sync ...`)."""
+    words = run.split()
+    while words and words[0].startswith("--mount="):
+        words.pop(0)
+    command = " ".join(words).rsplit("&& ", 1)[-1]
+    return command if command.startswith("uv ") else None
+
+
 def test_uv_version_matches_the_makefile(dockerfile: Any) -> None:
     (arg,) = [a for a in dockerfile.all(dockerfile.build, "ARG") if a.startswith("UV_VERSION=")]
     makefile = (ROOT / "Makefile").read_text()
@@ -87,8 +97,8 @@ def test_the_build_stage_installs_from_the_lock_into_a_fresh_venv(
                     )
                 else:
                     shutil.copy2(src, context / source)
-        elif instruction == "RUN" and rest.startswith("uv "):
-            argv = [str(uv), *shlex.split(rest)[1:]]
+        elif instruction == "RUN" and (command := uv_command(rest)):
+            argv = [str(uv), *shlex.split(command)[1:]]
             assert "--frozen" in argv, "the image must install what uv.lock pins, unresolved"
             result = subprocess.run(
                 argv, cwd=context, env=env, capture_output=True, text=True, timeout=600, check=False
