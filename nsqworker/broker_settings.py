@@ -14,9 +14,9 @@ from pydantic_settings import BaseSettings, NoDecode
 
 from nsqworker.setting_values import check_host, check_port, split_list
 
-__all__ = ["BROKER_SECRETS", "NatsSettings", "nats_server"]
+__all__ = ["BROKER_SECRETS", "NatsSettings", "StreamSettings", "nats_server", "stream_uri"]
 
-BROKER_SECRETS = frozenset({"nats_password", "nats_token", "nats_nkey_seed"})
+BROKER_SECRETS = frozenset({"nats_password", "nats_token", "nats_nkey_seed", "rabbitmq_stream_uri"})
 """Fields shown as ``********`` in problems and tables."""
 
 
@@ -39,6 +39,25 @@ def nats_server(text: str) -> str:
     else:
         host += ":4222"
     return f"{url.scheme}://{host}"
+
+
+def stream_uri(text: str) -> str:
+    """Check a RabbitMQ stream URI: ``rabbitmq-stream://user:password@host:5552/vhost``
+    (``rabbitmq-stream+tls://`` for TLS); the problem never shows the password."""
+    text = text.strip()
+    url = urlsplit(text)
+    if url.scheme not in ("rabbitmq-stream", "rabbitmq-stream+tls") or not url.hostname:
+        raise ValueError(
+            "must be rabbitmq-stream://user:password@host:5552/vhost (or rabbitmq-stream+tls://)"
+        )
+    if url.query or url.fragment:
+        raise ValueError("leave out the query and fragment of the URI")
+    try:
+        url.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        raise ValueError("the port must be a number from 1 to 65535") from None
+    check_host(url.hostname if ":" not in url.hostname else f"[{url.hostname}]")
+    return text
 
 
 NatsServers = Annotated[list[Annotated[str, AfterValidator(nats_server)]], NoDecode]
@@ -97,3 +116,33 @@ class NatsSettings(BaseSettings):
     @classmethod
     def _nats_empty_is_unset(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
+
+
+class StreamSettings(BaseSettings):
+    """RabbitMQ Streams (``transport="rabbitmq-stream"``); see docs/rabbitmq-streams.md."""
+
+    rabbitmq_stream_uri: SecretStr = Field(
+        SecretStr("rabbitmq-stream://guest:guest@127.0.0.1:5552/"),
+        description="rabbitmq-stream://user:password@host:5552/vhost; never printed.",
+    )
+    rabbitmq_stream_max_age: float = Field(
+        7 * 86400.0,
+        ge=0,
+        le=10 * 365 * 86400.0,
+        description="Seconds a created stream keeps messages; 0 = no limit. [0..315360000]",
+    )
+    rabbitmq_stream_max_length_bytes: int = Field(
+        0, ge=0, le=2**62, description="Bytes a created stream keeps; 0 = no limit."
+    )
+    rabbitmq_stream_segment_bytes: int = Field(
+        0, ge=0, le=2**31, description="Segment size of a created stream; 0 = the server's."
+    )
+
+    @field_validator("rabbitmq_stream_uri")
+    @classmethod
+    def _check_stream_uri(cls, value: SecretStr) -> SecretStr:
+        try:
+            stream_uri(value.get_secret_value())
+        except ValueError as exc:  # the message names the rule, never the value
+            raise ValueError(str(exc)) from None
+        return value

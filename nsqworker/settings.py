@@ -35,7 +35,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from nsqworker.broker_settings import BROKER_SECRETS, NatsSettings
+from nsqworker.broker_settings import BROKER_SECRETS, NatsSettings, StreamSettings
 from nsqworker.config_files import (
     ENV_PREFIX,
     RESERVED_ENV_VARS,
@@ -195,7 +195,7 @@ class _CoreSettings(BaseSettings):
     transport: str = Field(
         "nsq",
         min_length=1,
-        description="The broker: nsq (default), nats, or memory (tests); see docs/transports.md.",
+        description="The broker: nsq (default), nats, rabbitmq-stream or memory (tests).",
     )
     # -- where the brokers are: NSQ
     nsqd_tcp_addresses: NsqdAddresses = Field(
@@ -565,7 +565,7 @@ class _CoreSettings(BaseSettings):
         return str(value)
 
 
-class Settings(NatsSettings, _CoreSettings):
+class Settings(StreamSettings, NatsSettings, _CoreSettings):
     """nsqworker's settings; see the module docstring for where values come from.
 
     The other brokers' fields (:mod:`nsqworker.broker_settings`) come after NSQ's."""

@@ -227,12 +227,16 @@ _REGISTRY: dict[str, str | TransportFactory] = {
     "nsq": "nsqworker.nsq.transport:NsqTransport",
     "memory": "nsqworker.memory:MemoryTransport",
     "nats": "nsqworker.nats.transport:NatsTransport",
+    "rabbitmq-stream": "nsqworker.streams.transport:StreamTransport",
 }
 
 
 # name -> "module:attribute" of the producer class ``Producer(settings=...)`` becomes when
 # ``settings.transport`` names a transport other than NSQ.
-_PRODUCERS: dict[str, str] = {"nats": "nsqworker.nats.producer:NatsProducer"}
+_PRODUCERS: dict[str, str] = {
+    "nats": "nsqworker.nats.producer:NatsProducer",
+    "rabbitmq-stream": "nsqworker.streams.producer:StreamProducer",
+}
 
 
 def other_producer(settings: Any, timeout: float) -> Any | None:

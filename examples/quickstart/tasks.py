@@ -21,7 +21,7 @@ def text_of(msg: Message) -> str:
     """The ``text`` of a JSON object body, or the body itself as text."""
     try:
         data: Any = msg.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except ValueError:  # not JSON (UndecodableBody), or not text
         return msg.body.decode("utf-8", "replace")
     if isinstance(data, dict) and "text" in data:
         return str(data["text"])

@@ -24,6 +24,10 @@ the test fails):
     one running :class:`~nsqworker.testing.nats.NatsServerProcess` with JetStream.
 ``nats_cluster``
     a running :class:`~nsqworker.testing.nats.NatsCluster`: three routed servers.
+``rabbitmq``
+    (session scope) the stream URI of a RabbitMQ 4.0 with streams:
+    :class:`~nsqworker.testing.rabbitmq.RabbitMQProcess` from ``.tools/rabbitmq``, or
+    ``RABBITMQ_STREAM_TEST_URI``.
 
 ``async def`` tests just work: the plugin runs each on a fresh asyncio event loop, with
 no other plugin and no configuration. Tests that pytest-asyncio (``asyncio_mode = "auto"``
@@ -363,6 +367,33 @@ if _HAVE_PYTEST:
 
         with NatsCluster(3, binary=nats_server_binary) as cluster:
             yield cluster
+
+    @pytest.fixture(scope="session")
+    def rabbitmq_server(pytestconfig: pytest.Config) -> Iterator[Any]:
+        """The session's RabbitMQProcess (None with RABBITMQ_STREAM_TEST_URI); skips,
+        or fails under CI, when it cannot be started."""
+        from nsqworker.testing.rabbitmq import RabbitMQProcess, find_rootfs
+
+        if os.environ.get("RABBITMQ_STREAM_TEST_URI"):
+            yield None
+            return
+        try:
+            server = RabbitMQProcess(find_rootfs(pytestconfig.rootpath)).start()
+        except (FileNotFoundError, NsqProcessError) as exc:
+            if _in_ci():
+                pytest.fail(f"CI=true and RabbitMQ cannot start: {exc}", pytrace=False)
+            _skip_missing(str(exc).splitlines()[0])
+        try:
+            yield server
+        finally:
+            server.close()
+
+    @pytest.fixture(scope="session")
+    def rabbitmq(rabbitmq_server: Any) -> str:
+        """A ``rabbitmq-stream://`` URI of the session's RabbitMQ (see ``rabbitmq_server``)."""
+        if rabbitmq_server is None:
+            return os.environ["RABBITMQ_STREAM_TEST_URI"]
+        return str(rabbitmq_server.uri)
 
     @pytest.fixture
     def nsqlookupd(nsqlookupd_factory: NsqlookupdFactory) -> NsqlookupdProcess:

@@ -22,10 +22,11 @@ from nsqworker.message import FINISH, Message, Outcome
 from nsqworker.nats import NatsProducer
 from nsqworker.nsq.producer import Producer
 from nsqworker.settings import Settings
+from nsqworker.streams import StreamProducer
 from nsqworker.testing import NsqdFactory, wait_until
 from nsqworker.transport import Publisher, Transport
 
-TRANSPORTS = ["nsq", "memory", "nats"]
+TRANSPORTS = ["nsq", "memory", "nats", "rabbitmq-stream"]
 
 
 class Harness:
@@ -34,6 +35,8 @@ class Harness:
     name: str
     virtual_time = False
     """Delays pass without waiting (the memory transport's clock)."""
+    keep_alive = True
+    """Deliveries have a deadline that keep-alives extend (``Capabilities.keep_alive``)."""
 
     def __init__(self) -> None:
         self.topic = f"contract_{uuid.uuid4().hex[:8]}"
@@ -183,6 +186,51 @@ class NatsHarness(Harness):
             await producer.close()
 
 
+class StreamHarness(Harness):
+    """The session's real RabbitMQ with the stream plugin; a fresh stream per test."""
+
+    name = "rabbitmq-stream"
+    keep_alive = False
+
+    def __init__(self, uri: str) -> None:
+        super().__init__()
+        self.uri = uri
+        self._watchers: list[Consumer] = []
+        self._producers: list[StreamProducer] = []
+
+    def broker_settings(self) -> dict[str, Any]:
+        return {"transport": "rabbitmq-stream", "rabbitmq_stream_uri": self.uri}
+
+    def deadline_settings(self) -> dict[str, Any]:
+        return {}  # no delivery deadline on a stream: keep-alive has nothing to extend
+
+    async def publish(self, topic: str, bodies: list[bytes]) -> None:
+        await self.publisher().publish_many(topic, bodies)
+
+    async def watch(self, topic: str) -> Callable[[], list[bytes]]:
+        seen: list[bytes] = []
+
+        def record(msg: Message) -> Outcome:
+            seen.append(msg.body)
+            return FINISH
+
+        consumer = Consumer(topic, f"watch{uuid.uuid4().hex[:6]}", record, self.settings())
+        await consumer.start()
+        self._watchers.append(consumer)
+        return lambda: list(seen)
+
+    def publisher(self) -> StreamProducer:
+        if not self._producers:
+            self._producers.append(StreamProducer(settings=self.settings()))
+        return self._producers[0]
+
+    async def close(self) -> None:
+        for consumer in self._watchers:
+            await consumer.stop(0)
+        for producer in self._producers:
+            await producer.close()
+
+
 class MemoryHarness(Harness):
     """The in-memory transport, its clock jumping over delays."""
 
@@ -239,6 +287,8 @@ async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
         harness = NsqHarness(request.getfixturevalue("nsqd_factory"))
     elif request.param == "nats":
         harness = NatsHarness(request.getfixturevalue("nats_server"))
+    elif request.param == "rabbitmq-stream":
+        harness = StreamHarness(request.getfixturevalue("rabbitmq"))
     else:
         harness = MemoryHarness()
     try:

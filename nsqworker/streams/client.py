@@ -1,0 +1,206 @@
+"""The worker's connections to RabbitMQ Streams (rstream), from ``rabbitmq_stream_uri``.
+
+One rstream ``Producer`` (publishing, retries, dead letters) per transport, created on
+first use, and one ``Consumer`` per subscription (rstream reads a stream once per
+consumer, and two channels of a topic in one process read it twice). A refused login or a
+missing vhost is a ``ConfigurationError`` naming the user and vhost, never the password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+from nsqworker.errors import ConfigurationError, InvalidName, NoConnection
+
+if TYPE_CHECKING:
+    from rstream import Consumer, Producer
+
+    from nsqworker.settings import Settings
+
+__all__ = ["FRAME_MAX", "Endpoint", "StreamConnections", "check_stream", "stream_arguments"]
+
+log = logging.getLogger("nsqworker.streams")
+
+FRAME_MAX = 1024 * 1024
+"""The frame size we ask for; a body must fit in one (with its AMQP envelope)."""
+ENVELOPE = 512
+"""Bytes a message's AMQP 1.0 envelope and the publish frame may take beyond its body."""
+
+
+def check_stream(name: str, what: str = "topic") -> str:
+    """A stream name RabbitMQ accepts: 1-255 bytes, no ``amq.`` prefix, printable."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name.encode()) > 255
+        or name.startswith("amq.")
+        or not name.isprintable()
+        or any(c.isspace() for c in name)
+    ):
+        raise InvalidName(
+            f"{what} {name!r} is not a RabbitMQ stream name: 1-255 bytes, no spaces,"
+            " not starting with 'amq.'"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and as whom to connect, read from the URI."""
+
+    host: str
+    port: int
+    vhost: str
+    username: str
+    password: str
+    tls: bool
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Endpoint:
+        """Parse ``settings.rabbitmq_stream_uri``."""
+        url = urlsplit(settings.rabbitmq_stream_uri.get_secret_value())
+        path = url.path[1:] if url.path.startswith("/") else url.path
+        return cls(
+            host=url.hostname or "127.0.0.1",
+            port=url.port or 5552,
+            vhost=unquote(path) or "/",
+            username=unquote(url.username or "guest"),
+            password=unquote(url.password or "guest"),
+            tls=url.scheme.endswith("+tls"),
+        )
+
+    @property
+    def address(self) -> str:
+        """``host:port``."""
+        return f"{self.host}:{self.port}"
+
+    def options(self, settings: Settings) -> dict[str, Any]:
+        """Keyword arguments of rstream's Producer and Consumer."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "vhost": self.vhost,
+            "username": self.username,
+            "password": self.password,
+            "ssl_context": _tls(settings) if self.tls else None,
+            "frame_max": FRAME_MAX,
+            "connection_name": f"nsqworker {settings.client_id}",
+        }
+
+
+def stream_arguments(settings: Settings) -> dict[str, Any]:
+    """The arguments of a stream the worker creates (``x-max-age`` and friends)."""
+    arguments: dict[str, Any] = {}
+    if settings.rabbitmq_stream_max_age:
+        arguments["max-age"] = f"{int(settings.rabbitmq_stream_max_age)}s"
+    if settings.rabbitmq_stream_max_length_bytes:
+        arguments["max-length-bytes"] = settings.rabbitmq_stream_max_length_bytes
+    if settings.rabbitmq_stream_segment_bytes:
+        arguments["stream-max-segment-size-bytes"] = settings.rabbitmq_stream_segment_bytes
+    return arguments
+
+
+class StreamConnections:
+    """The transport's rstream Producer and Consumer, started on first use."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.endpoint = Endpoint.from_settings(settings)
+        self.producer_client: Producer | None = None
+        self.consumers: list[Consumer] = []
+        self.errors: dict[str, int] = {}
+        self._lock = asyncio.Lock()
+        self._streams: set[str] = set()
+
+    async def producer(self) -> Producer:
+        """The started Producer."""
+        async with self._lock:
+            if self.producer_client is None:
+                from rstream import Producer
+
+                client = Producer(**self.endpoint.options(self.settings))
+                await self._start(client)
+                self.producer_client = client
+            return self.producer_client
+
+    async def consumer(self) -> Consumer:
+        """A new started Consumer (closed by :meth:`close` if its owner did not)."""
+        from rstream import Consumer
+
+        client = Consumer(**self.endpoint.options(self.settings))
+        await self._start(client)
+        self.consumers.append(client)
+        return client
+
+    async def close_consumer(self, client: Consumer) -> None:
+        """Close one Consumer."""
+        if client in self.consumers:
+            self.consumers.remove(client)
+        try:
+            await asyncio.wait_for(client.close(), 5)
+        except Exception:
+            log.debug("closing an rstream consumer failed", exc_info=True)
+
+    async def ensure_stream(self, stream: str) -> None:
+        """Create ``stream`` (with the settings' limits) unless it exists."""
+        if stream in self._streams:
+            return
+        producer = await self.producer()
+        try:
+            await producer.create_stream(stream, stream_arguments(self.settings), exists_ok=True)
+        except Exception as exc:
+            raise ConfigurationError(f"cannot create stream {stream!r}: {exc}") from None
+        self._streams.add(stream)
+
+    async def _start(self, client: Any) -> None:
+        from rstream import exceptions
+
+        where, who = self.endpoint.address, self.endpoint
+        try:
+            await client.start()
+        except exceptions.AuthenticationFailure:
+            raise ConfigurationError(
+                f"RabbitMQ at {where} refused the login of user {who.username!r}; check"
+                " the user and password of rabbitmq_stream_uri"
+            ) from None
+        except exceptions.VirtualHostAccessFailure:
+            raise ConfigurationError(
+                f"RabbitMQ at {where}: vhost {who.vhost!r} does not exist or user"
+                f" {who.username!r} may not use it; check the vhost of rabbitmq_stream_uri"
+            ) from None
+        except (TimeoutError, OSError) as exc:
+            raise NoConnection(f"RabbitMQ streams at {where}: {exc}") from None
+        except Exception as exc:
+            if "auth" in type(exc).__name__.lower():
+                raise ConfigurationError(
+                    f"RabbitMQ at {where} refused user {who.username!r}: {type(exc).__name__}"
+                ) from None
+            raise NoConnection(f"RabbitMQ streams at {where}: {exc}") from None
+
+    async def close(self) -> None:
+        """Close every client."""
+        for consumer in list(self.consumers):
+            await self.close_consumer(consumer)
+        if self.producer_client is not None:
+            try:
+                await asyncio.wait_for(self.producer_client.close(), 5)
+            except Exception:
+                log.debug("closing the rstream producer failed", exc_info=True)
+        self.producer_client = None
+
+
+def _tls(settings: Settings) -> ssl.SSLContext:
+    context = ssl.create_default_context(
+        cafile=str(settings.tls_ca_file) if settings.tls_ca_file else None
+    )
+    if settings.tls_cert_file and settings.tls_key_file:
+        context.load_cert_chain(str(settings.tls_cert_file), str(settings.tls_key_file))
+    if not settings.tls_verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context

@@ -1,0 +1,167 @@
+"""Publishing to RabbitMQ Streams: AMQP 1.0 messages, each call returns once confirmed.
+
+Messages are AMQP 1.0 (a data section, and application properties when given), the
+format every stream client reads. One publisher reference per producer (``nsqworker-
+<client_id>-<pid>-<n>``) with rstream's publishing ids, which the broker deduplicates
+per reference; ``publish_many`` sends one batch and awaits every confirmation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Self
+
+from nsqworker.errors import (
+    ConfigurationError,
+    LocalProtocolError,
+    MessageTooLarge,
+    NoConnection,
+    PublishError,
+)
+from nsqworker.message import to_bytes
+from nsqworker.streams.client import ENVELOPE, FRAME_MAX, StreamConnections, check_stream
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+
+__all__ = ["StreamProducer"]
+
+_numbers = itertools.count(1)
+
+
+class StreamProducer:
+    """Publishes to RabbitMQ streams (created when missing) and awaits confirmations."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings | None = None,
+        timeout: float = 5.0,
+        connections: StreamConnections | None = None,
+    ) -> None:
+        if not timeout > 0:
+            raise ConfigurationError(f"timeout must be positive seconds, got {timeout!r}")
+        if settings is None:
+            from nsqworker.settings import Settings as _Settings
+
+            settings = _Settings(transport="rabbitmq-stream")
+        self.settings = settings
+        self.timeout = timeout
+        self._owns = connections is None
+        self.connections = connections or StreamConnections(settings)
+        self.reference = f"nsqworker-{settings.client_id}-{os.getpid()}-{next(_numbers)}"
+
+    def __repr__(self) -> str:
+        return f"<StreamProducer {self.connections.endpoint.address}>"
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def connect(self, timeout: float | None = None) -> None:
+        """Connect now (optional: the first publish connects)."""
+        await asyncio.wait_for(self.connections.producer(), timeout or self.timeout)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Close the connections if this producer made them."""
+        if self._owns:
+            await asyncio.wait_for(self.connections.close(), timeout)
+
+    async def publish(
+        self, topic: str, body: Any, delay: float | None = None, timeout: float | None = None
+    ) -> None:
+        """Publish one message to the stream ``topic``; returns once confirmed.
+
+        Raises:
+            ConfigurationError: ``delay`` given (streams have no delayed delivery).
+            InvalidName, MessageTooLarge: refused before sending.
+            PublishError: not confirmed; NoConnection: RabbitMQ unreachable.
+        """
+        if delay:
+            raise ConfigurationError(
+                "a delayed publish is not supported on RabbitMQ streams (an append-only log"
+                " has no delayed delivery); publish now, or let the handler Retry(delay=...)"
+            )
+        await self.send(topic, [to_bytes(body)], timeout=timeout)
+
+    async def publish_json(
+        self, topic: str, obj: Any, delay: float | None = None, timeout: float | None = None
+    ) -> None:
+        """Publish ``obj`` as compact UTF-8 JSON; see :meth:`publish`."""
+        body = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+        await self.publish(topic, body, delay=delay, timeout=timeout)
+
+    async def publish_many(
+        self, topic: str, bodies: Iterable[Any], timeout: float | None = None
+    ) -> None:
+        """Publish several messages in one batch; returns once all are confirmed."""
+        items = [to_bytes(b) for b in bodies]
+        if not items:
+            raise LocalProtocolError("publish_many needs at least one message")
+        await self.send(topic, items, timeout=timeout)
+
+    async def send(
+        self,
+        stream: str,
+        bodies: list[bytes],
+        properties: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Send ``bodies`` (with the same application ``properties``) and await every
+        confirmation (the transport's retries use this too)."""
+        from rstream import AMQPMessage, ConfirmationStatus
+
+        check_stream(stream)
+        for body in bodies:
+            if len(body) + ENVELOPE > FRAME_MAX:
+                error = MessageTooLarge(len(body), FRAME_MAX - ENVELOPE)
+                error.args = (
+                    f"message of {len(body)} bytes for stream {stream!r} does not fit the"
+                    f" negotiated frame size ({FRAME_MAX} bytes with its envelope); split it",
+                )
+                raise error
+        await self.connections.ensure_stream(stream)
+        producer = await self.connections.producer()
+        loop = asyncio.get_running_loop()
+        outcomes: dict[int, bool] = {}
+        waiting: dict[int, asyncio.Future[bool]] = {}
+
+        def confirmed(status: ConfirmationStatus) -> None:
+            future = waiting.pop(status.message_id, None)
+            if future is None:
+                outcomes[status.message_id] = status.is_confirmed
+            elif not future.done():
+                future.set_result(status.is_confirmed)
+
+        props = dict(properties) if properties else None
+        batch = [AMQPMessage(body=body, application_properties=props) for body in bodies]
+        try:
+            ids = await producer.send_batch(
+                stream, batch, publisher_name=self.reference, on_publish_confirm=confirmed
+            )
+        except (OSError, ConnectionError) as exc:
+            raise NoConnection(f"RabbitMQ streams: {exc}") from None
+        for publishing_id in ids:
+            if publishing_id not in outcomes:
+                waiting[publishing_id] = loop.create_future()
+        try:
+            async with asyncio.timeout(timeout or self.timeout):
+                results = [outcomes.pop(i, None) for i in ids]
+                late = await asyncio.gather(*waiting.values()) if waiting else []
+        except TimeoutError:
+            raise TimeoutError(
+                f"{len(waiting)} of {len(ids)} messages for stream {stream!r} not confirmed"
+                f" within {timeout or self.timeout:g}s (they may be stored)"
+            ) from None
+        failed = results.count(False) + list(late).count(False)
+        if failed:
+            raise PublishError(
+                "E_NOT_CONFIRMED", f"{failed} of {len(ids)} messages for {stream!r} refused"
+            )

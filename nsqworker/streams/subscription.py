@@ -1,0 +1,358 @@
+"""One topic/channel on RabbitMQ Streams: the topic's stream and the channel's retry stream,
+each read by a single active consumer named after the channel.
+
+A stream has no per-message acknowledgement, redelivery or delivery counter, so this
+subscription supplies them:
+
+* **window**: the rstream callback waits while the receiver's window is full; rstream
+  grants the next chunk's credit only when it moves on to that chunk, so a slow handler
+  holds back the broker instead of filling memory (initial credit 1: one chunk ahead).
+* **acks**: the offset stored on the server is the contiguous low watermark of settled
+  messages (:mod:`nsqworker.streams.offsets`), written every :data:`STORE_EVERY` seconds,
+  at stop and when this process loses the active role, never past an unfinished message.
+* **retry after a delay**: the message is appended to ``<topic>.<channel>.retry`` with its
+  attempt count and not-before time (AMQP application properties ``x-attempts``,
+  ``x-not-before`` in ms); its own offset is then settled. The same channel reads the
+  retry stream in order and holds each message until it is due (a longer delay ahead can
+  make a shorter one behind it late, never early).
+* **fail-over**: both readers subscribe with single active consumer under the channel's
+  name; when the active process dies, RabbitMQ activates another, which resumes from the
+  stored offset (messages after it may be handled twice, never skipped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nsqworker.message import Message
+from nsqworker.streams.client import StreamConnections, check_stream
+from nsqworker.streams.offsets import Watermark
+from nsqworker.transport import Flow, Receiver, SubscriptionStats, Timer
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+    from nsqworker.streams.producer import StreamProducer
+
+__all__ = ["StreamSubscription", "retry_stream"]
+
+log = logging.getLogger("nsqworker.streams")
+
+STORE_EVERY = 0.5
+"""Seconds between writes of a moved watermark."""
+ATTEMPTS, NOT_BEFORE = b"x-attempts", b"x-not-before"
+_monotonic = time.monotonic
+
+
+def retry_stream(topic: str, channel: str) -> str:
+    """The stream holding ``channel``'s retries of ``topic``."""
+    return f"{topic}.{channel}.retry"
+
+
+@dataclass(eq=False)
+class _Reader:
+    stream: str
+    retry: bool
+    watermark: Watermark = field(default_factory=Watermark)
+    subscription_id: int | None = None
+    active: bool = False
+    received: int = 0
+
+
+class StreamSubscription:
+    """``topic`` read by the consumer ``channel``; see the module docstring."""
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        connections: StreamConnections,
+        producer: StreamProducer,
+        settings: Settings,
+        *,
+        name: str,
+        max_in_flight: int,
+    ) -> None:
+        self.topic = check_stream(topic)
+        self.channel = check_stream(channel, "channel")
+        self.name = name
+        self.settings = settings
+        self.connections = connections
+        self.producer = producer
+        self.window = max_in_flight
+        self.in_flight = 0
+        self.readers = [
+            _Reader(topic, retry=False),
+            _Reader(check_stream(retry_stream(topic, channel)), retry=True),
+        ]
+        self._flow = Flow.OPEN
+        self._stopping = False
+        self._subscribed = False
+        self._room = asyncio.Event()
+        self._receiver: Receiver | None = None
+        self._deliver: Callable[[Message], bool] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._retrying = 0
+        self._consumer: Any = None
+
+    def __repr__(self) -> str:
+        return f"<StreamSubscription {self.topic}/{self.channel} window={self.window}>"
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def start(self, receiver: Receiver) -> None:
+        """Create the streams if missing and subscribe to both as the channel."""
+        if self._receiver is not None:
+            return
+        self._receiver = receiver
+        self._deliver = receiver.deliver
+        self._loop = asyncio.get_running_loop()
+        for reader in self.readers:
+            await self.connections.ensure_stream(reader.stream)
+        self._consumer = consumer = await self.connections.consumer()
+        for reader in self.readers:
+            reader.subscription_id = await self._subscribe(consumer, reader)
+        self._subscribed = True
+        self._room.set()
+        self._spawn(self._store_loop())
+
+    async def _subscribe(self, consumer: Any, reader: _Reader) -> int:
+        from rstream import amqp_decoder
+
+        async def on_message(message: Any, context: Any) -> None:
+            await self._on_message(reader, message, context)
+
+        async def on_update(active: bool, context: Any) -> Any:
+            return await self._on_update(reader, active)
+
+        subscription_id: int = await consumer.subscribe(
+            reader.stream, on_message, decoder=amqp_decoder, initial_credit=1,
+            properties={"single-active-consumer": "true", "name": self.channel},
+            subscriber_name=self.channel, consumer_update_listener=on_update,
+        )  # fmt: skip
+        return subscription_id
+
+    async def _on_update(self, reader: _Reader, active: bool) -> Any:
+        """RabbitMQ made this process the channel's active consumer (or took it away)."""
+        from rstream import OffsetSpecification, OffsetType, exceptions
+
+        if not active:
+            await self._store(reader)
+            reader.active = False
+            return OffsetSpecification(OffsetType.NEXT, 0)
+        consumer = self._consumer
+        reader.watermark = Watermark()
+        reader.active = True
+        try:
+            stored = await consumer.query_offset(reader.stream, self.channel)
+        except exceptions.OffsetNotFound:
+            log.info("%s: active on %s from its start", self.name, reader.stream)
+            return OffsetSpecification(OffsetType.FIRST, 0)
+        reader.watermark.stored = reader.watermark.value = stored
+        log.info("%s: active on %s after offset %d", self.name, reader.stream, stored)
+        return OffsetSpecification(OffsetType.OFFSET, stored + 1)
+
+    async def stop(self) -> None:
+        """Take no more: callbacks wait; the watermarks are written now."""
+        self._stopping = True
+        self._flow = Flow.PAUSED
+        for reader in self.readers:
+            await self._store(reader)
+
+    async def close(self) -> None:
+        """Wait for retries being appended, write the watermarks, unsubscribe."""
+        self._stopping = True
+        deadline = _monotonic() + 5.0
+        while self._retrying and _monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for task in list(self._tasks):
+            task.cancel()
+        consumer = self._consumer
+        for reader in self.readers:
+            await self._store(reader)
+            if consumer is not None and reader.subscription_id is not None:
+                try:
+                    await consumer.unsubscribe(reader.subscription_id)
+                except Exception:
+                    log.debug("unsubscribe failed", exc_info=True)
+                reader.subscription_id = None
+        if consumer is not None:
+            await self.connections.close_consumer(consumer)
+        self._consumer = None
+        self._subscribed = False
+
+    @property
+    def subscribed(self) -> bool:
+        """True while both readers are subscribed."""
+        return self._subscribed and self._consumer is not None
+
+    @property
+    def ready(self) -> bool:
+        """Subscribed (as the active consumer or a standby one) and not stopping."""
+        return self.subscribed and not self._stopping
+
+    def clock(self) -> float:
+        """Monotonic seconds: the clock of ``received_at``."""
+        return _monotonic()
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        """``callback`` after ``delay`` seconds, on the loop."""
+        return (self._loop or asyncio.get_running_loop()).call_later(delay, callback)
+
+    # --- flow ------------------------------------------------------------------
+
+    def set_flow(self, flow: Flow, window: int) -> None:
+        """At most ``window`` unsettled (1 when probing, none when paused)."""
+        self._flow, self.window = flow, window
+        self._room.set()
+
+    def _allowed(self) -> int:
+        if self._stopping or self._flow is Flow.PAUSED:
+            return 0
+        return 1 if self._flow is Flow.PROBE else self.window
+
+    async def _wait_for_room(self) -> None:
+        while self.in_flight >= self._allowed():
+            self._room.clear()
+            await self._room.wait()
+
+    # --- messages --------------------------------------------------------------
+
+    async def _on_message(self, reader: _Reader, message: Any, context: Any) -> None:
+        await self._wait_for_room()
+        props = message.application_properties or {}
+        if reader.retry:
+            due = props.get(NOT_BEFORE)
+            wait = (int(due) / 1000 - time.time()) if isinstance(due, int) else 0.0
+            if wait > 0:
+                await asyncio.sleep(wait)
+                await self._wait_for_room()
+        attempts = props.get(ATTEMPTS, 1)
+        body = message.body
+        if isinstance(body, list):  # several data sections
+            body = b"".join(body)
+        offset = context.offset
+        msg = Message(
+            f"{reader.stream}:{offset}".encode(), bytes(body), context.timestamp * 1_000_000,
+            attempts if isinstance(attempts, int) else 1, self.topic, self.channel,
+            self.connections.endpoint.address, self._receiver, (reader, offset), _monotonic(),
+        )  # fmt: skip
+        reader.received += 1
+        reader.watermark.delivered(offset)
+        self.in_flight += 1
+        if self._deliver(msg):  # type: ignore[misc]
+            self._settled(reader, offset)
+
+    def _settled(self, reader: _Reader, offset: int) -> None:
+        reader.watermark.settled(offset)
+        self.in_flight -= 1
+        self._room.set()
+
+    def ack(self, msg: Message) -> None:
+        """The offset may pass this message."""
+        self._settled(*msg.receipt)
+
+    def reject(self, msg: Message) -> None:
+        """Given up (its dead letter is written): the offset may pass it."""
+        self._settled(*msg.receipt)
+
+    def retry(self, msg: Message, delay: float) -> None:
+        """Append it to the retry stream, due in ``delay`` seconds; then settle it here."""
+        self._retrying += 1
+        self._spawn(self._append_retry(msg, delay))
+
+    async def _append_retry(self, msg: Message, delay: float) -> None:
+        reader, offset = msg.receipt
+        props = {
+            "x-attempts": msg.attempts + 1,
+            "x-not-before": int((time.time() + delay) * 1000),
+        }
+        backoff = 0.1
+        try:
+            while True:
+                try:
+                    await self.producer.send(self.readers[1].stream, [msg.body], props)
+                    break
+                except Exception as exc:  # the offset stays behind it until this works
+                    log.warning("%s: appending a retry failed (%s); again", self.name, exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+            self._settled(reader, offset)
+        finally:
+            self._retrying -= 1
+
+    def keep_alive(self, msg: Message) -> None:
+        """Nothing to extend: a stream has no delivery deadline."""
+
+    def keep_alive_interval(self, msg: Message) -> float | None:
+        """None: no keep-alive needed."""
+        return None
+
+    def max_hold(self, msg: Message) -> float | None:
+        """None: a message may be held as long as it runs."""
+        return None
+
+    # --- offsets -----------------------------------------------------------------
+
+    async def _store(self, reader: _Reader) -> None:
+        mark = reader.watermark
+        consumer = self._consumer
+        if not mark.dirty or consumer is None or not reader.active:
+            return
+        value = mark.value
+        assert value is not None
+        try:
+            await consumer.store_offset(reader.stream, self.channel, value)
+            mark.stored = value
+        except Exception as exc:
+            self.connections.errors["store_offset"] = (
+                self.connections.errors.get("store_offset", 0) + 1
+            )
+            log.warning(
+                "%s: storing offset %d of %s failed: %s", self.name, value, reader.stream, exc
+            )
+
+    async def _store_loop(self) -> None:
+        while True:
+            await asyncio.sleep(STORE_EVERY)
+            for reader in self.readers:
+                await self._store(reader)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- stats -----------------------------------------------------------------
+
+    def stats(self) -> SubscriptionStats:
+        """The window, what is in hand, and per stream the watermark and role."""
+        return SubscriptionStats(
+            connected=int(self.subscribed),
+            window=self._allowed(),
+            in_flight=self.in_flight,
+            errors=dict(self.connections.errors),
+            connections=[
+                {
+                    "address": self.connections.endpoint.address,
+                    "stream": r.stream,
+                    "active": r.active,
+                    "offset": r.watermark.value,
+                    "stored": r.watermark.stored,
+                    "received": r.received,
+                }
+                for r in self.readers
+            ],
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """Where this subscription reads from (for logs)."""
+        return {
+            "rabbitmq": self.connections.endpoint.address,
+            "streams": [r.stream for r in self.readers],
+        }

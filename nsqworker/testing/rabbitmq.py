@@ -1,0 +1,204 @@
+"""A real RabbitMQ 4.0 with the stream plugin, on loopback, for tests.
+
+The server runs from a Debian trixie root filesystem that ``scripts/install-tools
+rabbitmq`` builds under ``.tools/rabbitmq/rootfs`` (debootstrap, about a minute), with
+``chroot``: every listener (AMQP, streams, Erlang distribution, epmd) on 127.0.0.1 and
+free ports, its data in a directory of its own inside the root filesystem. It starts in
+10-25 s, so the pytest fixture ``rabbitmq`` is session-scoped.
+
+``RABBITMQ_STREAM_TEST_URI=rabbitmq-stream://user:password@host:5552/vhost`` points the
+fixture at a RabbitMQ you already run instead (its stream plugin enabled).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import IO, Self
+
+from nsqworker.testing.ports import LOOPBACK, free_ports
+from nsqworker.testing.processes import NsqProcessError
+
+__all__ = ["RABBITMQ_HINT", "RabbitMQProcess", "find_rootfs"]
+
+RABBITMQ_HINT = (
+    "build the RabbitMQ 4.0 root filesystem with `scripts/install-tools rabbitmq` (needs root"
+    " and debootstrap), or set RABBITMQ_STREAM_TEST_URI=rabbitmq-stream://guest:guest@HOST:5552/"
+    " to use a RabbitMQ you run (stream plugin enabled)"
+)
+READY_TIMEOUT = 90.0
+_MARK = "NSQWORKER_RABBITMQ_INSTANCE"
+
+
+def find_rootfs(start: Path | None = None) -> Path:
+    """``.tools/rabbitmq/rootfs`` of the enclosing checkout; FileNotFoundError says how
+    to build it."""
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        rootfs = directory / ".tools" / "rabbitmq" / "rootfs"
+        if (rootfs / "usr/lib/rabbitmq/bin/rabbitmq-server").exists():
+            return rootfs
+    raise FileNotFoundError(f"no RabbitMQ root filesystem above {here}; {RABBITMQ_HINT}")
+
+
+class RabbitMQProcess:
+    """RabbitMQ in ``rootfs`` via chroot, on free loopback ports; ``uri`` reaches its
+    stream listener as guest."""
+
+    def __init__(self, rootfs: Path) -> None:
+        self.rootfs = rootfs
+        self.instance = uuid.uuid4().hex[:8]
+        self.home = Path("/nsqw") / self.instance  # inside the root filesystem
+        self.amqp_port = self.stream_port = self.dist_port = self.epmd_port = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def uri(self) -> str:
+        """``rabbitmq-stream://guest:guest@127.0.0.1:<port>/``."""
+        return f"rabbitmq-stream://guest:guest@{LOOPBACK}:{self.stream_port}/"
+
+    @property
+    def host_home(self) -> Path:
+        """The instance's directory, seen from outside the chroot."""
+        return self.rootfs / str(self.home).lstrip("/")
+
+    @property
+    def log_path(self) -> Path:
+        """The server's console output."""
+        return self.host_home / "console.log"
+
+    def _write_config(self) -> None:
+        home = self.host_home
+        for sub in ("mnesia", "log"):
+            (home / sub).mkdir(parents=True, exist_ok=True)
+        (home / "rabbitmq.conf").write_text(
+            f"listeners.tcp.1 = {LOOPBACK}:{self.amqp_port}\n"
+            f"stream.listeners.tcp.1 = {LOOPBACK}:{self.stream_port}\n"
+            f"stream.advertised_host = {LOOPBACK}\n"
+            f"stream.advertised_port = {self.stream_port}\n"
+            "loopback_users = none\n"
+            "log.console = true\nlog.console.level = warning\nlog.file = false\n"
+        )
+        (home / "enabled_plugins").write_text("[rabbitmq_stream].\n")
+        hosts = self.rootfs / "etc" / "hosts"
+        if "localhost" not in (hosts.read_text() if hosts.exists() else ""):
+            hosts.write_text("127.0.0.1 localhost\n::1 localhost\n")
+
+    def start(self) -> Self:
+        """Start and wait until the stream port accepts connections."""
+        if not self.stream_port:
+            ports = free_ports(4)
+            self.amqp_port, self.stream_port, self.dist_port, self.epmd_port = ports
+        self._write_config()
+        home = str(self.home)
+        env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": home,
+            "LANG": "C.UTF-8",
+            _MARK: self.instance,
+            "RABBITMQ_CONFIG_FILE": f"{home}/rabbitmq.conf",
+            "RABBITMQ_ENABLED_PLUGINS_FILE": f"{home}/enabled_plugins",
+            "RABBITMQ_MNESIA_BASE": f"{home}/mnesia",
+            "RABBITMQ_LOG_BASE": f"{home}/log",
+            "RABBITMQ_NODENAME": f"rabbit{self.instance}@localhost",
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "ERL_EPMD_PORT": str(self.epmd_port),
+            "ERL_EPMD_ADDRESS": LOOPBACK,
+        }
+        self._log = self.log_path.open("ab")
+        self._proc = subprocess.Popen(
+            ["chroot", str(self.rootfs), "/usr/lib/rabbitmq/bin/rabbitmq-server"],
+            env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        """Wait until the stream listener answers a PeerProperties exchange."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._proc is None or self._proc.poll() is not None:
+                self.stop()
+                raise NsqProcessError(f"RabbitMQ exited:\n{self.log_tail()}")
+            if _stream_answers(self.stream_port):
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise NsqProcessError(f"RabbitMQ not ready in {timeout:g}s:\n{self.log_tail()}")
+            time.sleep(0.25)
+
+    def _pids(self) -> list[int]:
+        """Every process of this instance (the server, its Erlang VM, its epmd)."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if f"{_MARK}={self.instance}".encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+        return found
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 30.0) -> None:
+        """Stop every process of the instance (SIGKILL after ``timeout``); the data stays,
+        so :meth:`start` again resumes the same streams."""
+        pids = self._pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while (left := self._pids()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def kill(self) -> None:
+        """SIGKILL every process, like a crash."""
+        self.stop(signal.SIGKILL, timeout=5.0)
+
+    def close(self) -> None:
+        """Stop and remove the instance's data."""
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.host_home, ignore_errors=True)
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The end of the server's console output."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _stream_answers(port: int) -> bool:
+    """True when a PeerProperties request on ``port`` gets its response."""
+    request = b"\x00\x11\x00\x01\x00\x00\x00\x01\x00\x00\x00\x00"  # key 17, v1, corr 1, {}
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=1.0) as sock:
+            sock.sendall(len(request).to_bytes(4, "big") + request)
+            head = sock.recv(8)
+            return len(head) == 8 and head[4:6] == b"\x80\x11"
+    except OSError:
+        return False
