@@ -171,7 +171,15 @@ class NatsProducer:
                 raise NoConnection(f"no JetStream stream answered for {subject!r}") from None
             await ensure_stream(js, subject, self.settings)
             self._streams.add(subject)
-            await js.publish(subject, body, timeout=timeout, headers=headers)
+            deadline = asyncio.get_running_loop().time() + timeout
+            while True:  # a new replicated stream answers once it has elected its leader
+                try:
+                    await js.publish(subject, body, timeout=timeout, headers=headers)
+                    break
+                except (NoRespondersError, NoStreamResponseError):
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise NoConnection(f"stream for {subject!r} does not answer") from None
+                    await asyncio.sleep(0.05)
         except MaxPayloadError:
             client = self.connection.client
             error = MessageTooLarge(len(body), client.max_payload if client else 0)

@@ -153,10 +153,18 @@ class NatsSubscription:
                 log.warning("%s: NATS not ready (%s); retrying in %.1fs", self.name, exc, delay)
 
     async def stop(self) -> None:
-        """Ask for nothing more. Messages already asked for still arrive and go to the
-        receiver (which, draining, hands them back with a NAK)."""
+        """Ask for nothing more, and end the pull: the inbox is drained (UNSUB, then a
+        round trip, so the server holds no request for it and every message it sent
+        before is read). What arrives goes to the receiver, which, draining, hands it
+        back with a NAK for another worker; messages in hand stay settleable."""
         self._stopping = True
         self._flow = Flow.PAUSED
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await asyncio.wait_for(sub.drain(), timeout=5.0)  # type: ignore[no-untyped-call]
+            except Exception:  # a lost connection: its requests died with it
+                log.debug("draining the pull inbox failed", exc_info=True)
 
     async def close(self) -> None:
         """Write the last acks, and drop the inbox (the server forgets its requests)."""
@@ -178,7 +186,9 @@ class NatsSubscription:
     @property
     def subscribed(self) -> bool:
         """True while bound to the consumer and connected."""
-        return self._bound and self._sub is not None and self.connection.connected
+        return (
+            self._bound and self.connection.connected and (self._sub is not None or self._stopping)
+        )
 
     @property
     def ready(self) -> bool:
