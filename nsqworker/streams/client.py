@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -128,11 +129,12 @@ class StreamConnections:
                 self.producer_client = client
             return self.producer_client
 
-    async def consumer(self) -> Consumer:
-        """A new started Consumer (closed by :meth:`close` if its owner did not)."""
+    async def consumer(self, on_close: Callable[[Any], Awaitable[None]] | None = None) -> Consumer:
+        """A new started Consumer (closed by :meth:`close` if its owner did not);
+        ``on_close`` is called when its connection is lost."""
         from rstream import Consumer
 
-        client = Consumer(**self.endpoint.options(self.settings))
+        client = Consumer(**self.endpoint.options(self.settings), on_close_handler=on_close)
         await self._start(client)
         self.consumers.append(client)
         return client

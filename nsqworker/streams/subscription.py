@@ -99,6 +99,7 @@ class StreamSubscription:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._retrying = 0
         self._consumer: Any = None
+        self._lost = asyncio.Event()
 
     def __repr__(self) -> str:
         return f"<StreamSubscription {self.topic}/{self.channel} window={self.window}>"
@@ -114,12 +115,44 @@ class StreamSubscription:
         self._loop = asyncio.get_running_loop()
         for reader in self.readers:
             await self.connections.ensure_stream(reader.stream)
-        self._consumer = consumer = await self.connections.consumer()
+        await self._connect()
+        self._room.set()
+        self._spawn(self._store_loop())
+        self._spawn(self._keep())
+
+    async def _connect(self) -> None:
+        self._consumer = consumer = await self.connections.consumer(self._on_close)
         for reader in self.readers:
             reader.subscription_id = await self._subscribe(consumer, reader)
         self._subscribed = True
-        self._room.set()
-        self._spawn(self._store_loop())
+
+    async def _on_close(self, info: Any) -> None:
+        if not self._stopping and self._subscribed:
+            log.warning("%s: connection to RabbitMQ lost (%s); resubscribing", self.name, info)
+            self._subscribed = False
+            self._lost.set()
+
+    async def _keep(self) -> None:
+        """Resubscribe after a lost connection, with backoff; the readers resume from
+        the stored offsets (what was in hand then may be handled again, never skipped)."""
+        while not self._stopping:
+            await self._lost.wait()
+            old, self._consumer = self._consumer, None
+            if old is not None:
+                await self.connections.close_consumer(old)
+            delay = self.settings.reconnect_delay
+            while not self._stopping:
+                try:
+                    await self._connect()
+                    log.info("%s: resubscribed", self.name)
+                    break
+                except Exception as exc:
+                    log.warning(
+                        "%s: resubscribing failed (%s); again in %.1fs", self.name, exc, delay
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.settings.max_reconnect_delay)
+            self._lost.clear()
 
     async def _subscribe(self, consumer: Any, reader: _Reader) -> int:
         from rstream import amqp_decoder
@@ -240,16 +273,20 @@ class StreamSubscription:
         msg = Message(
             f"{reader.stream}:{offset}".encode(), bytes(body), context.timestamp * 1_000_000,
             attempts if isinstance(attempts, int) else 1, self.topic, self.channel,
-            self.connections.endpoint.address, self._receiver, (reader, offset), _monotonic(),
+            self.connections.endpoint.address, self._receiver,
+            (reader, reader.watermark, offset), _monotonic(),
         )  # fmt: skip
         reader.received += 1
-        reader.watermark.delivered(offset)
+        mark = reader.watermark
+        mark.delivered(offset)
         self.in_flight += 1
         if self._deliver(msg):  # type: ignore[misc]
-            self._settled(reader, offset)
+            self._settled(reader, mark, offset)
 
-    def _settled(self, reader: _Reader, offset: int) -> None:
-        reader.watermark.settled(offset)
+    def _settled(self, reader: _Reader, mark: Watermark, offset: int) -> None:
+        # ``mark`` is the watermark of the session that delivered it: after a resubscribe
+        # the reader has a new one, and a late settle must not touch it.
+        mark.settled(offset)
         self.in_flight -= 1
         self._room.set()
 
@@ -267,7 +304,7 @@ class StreamSubscription:
         self._spawn(self._append_retry(msg, delay))
 
     async def _append_retry(self, msg: Message, delay: float) -> None:
-        reader, offset = msg.receipt
+        reader, mark, offset = msg.receipt
         props = {
             "x-attempts": msg.attempts + 1,
             "x-not-before": int((time.time() + delay) * 1000),
@@ -282,7 +319,7 @@ class StreamSubscription:
                     log.warning("%s: appending a retry failed (%s); again", self.name, exc)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
-            self._settled(reader, offset)
+            self._settled(reader, mark, offset)
         finally:
             self._retrying -= 1
 
