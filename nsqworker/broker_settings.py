@@ -14,7 +14,14 @@ from pydantic_settings import BaseSettings, NoDecode
 
 from nsqworker.setting_values import check_host, check_port, split_list
 
-__all__ = ["BROKER_SECRETS", "NatsSettings", "StreamSettings", "nats_server", "stream_uri"]
+__all__ = [
+    "BROKER_SECRETS",
+    "NatsSettings",
+    "StreamSettings",
+    "nats_server",
+    "stream_endpoint",
+    "stream_uri",
+]
 
 BROKER_SECRETS = frozenset({"nats_password", "nats_token", "nats_nkey_seed", "rabbitmq_stream_uri"})
 """Fields shown as ``********`` in problems and tables."""
@@ -58,6 +65,12 @@ def stream_uri(text: str) -> str:
         raise ValueError("the port must be a number from 1 to 65535") from None
     check_host(url.hostname if ":" not in url.hostname else f"[{url.hostname}]")
     return text
+
+
+def stream_endpoint(uri: str) -> tuple[str, int]:
+    """``(host, port)`` of a stream URI (5552 when it names none)."""
+    url = urlsplit(uri)
+    return url.hostname or "127.0.0.1", url.port or 5552
 
 
 NatsServers = Annotated[list[Annotated[str, AfterValidator(nats_server)]], NoDecode]

@@ -25,6 +25,7 @@ __all__ = [
     "AsJson",
     "ConfigFile",
     "NatsOption",
+    "RabbitOption",
     "Target",
     "flag",
     "load_registry",
@@ -58,7 +59,7 @@ TransportOption = Annotated[
     typer.Option(
         "--transport",
         metavar="NAME",
-        help="The broker: nsq (default) or nats (docs/transports.md).",
+        help="The broker: nsq (default), nats or rabbitmq-stream (docs/transports.md).",
         show_default=False,
     ),
 ]
@@ -89,6 +90,15 @@ NatsOption = Annotated[
         show_default=False,
     ),
 ]
+RabbitOption = Annotated[
+    str | None,
+    typer.Option(
+        "--rabbitmq",
+        metavar="URI",
+        help="rabbitmq-stream://user:password@host:5552/vhost (with --transport rabbitmq-stream).",
+        show_default=False,
+    ),
+]
 
 
 def flag(field: str) -> str:
@@ -101,6 +111,7 @@ FLAGS = {
     "nsqd_tcp_addresses": "--nsqd",
     "lookupd_http_addresses": "--lookupd",
     "nats_servers": "--nats",
+    "rabbitmq_stream_uri": "--rabbitmq",
 }
 
 

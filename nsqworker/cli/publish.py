@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
-from nsqworker.cli.common import NatsOption, NsqdOption, TransportOption
+from nsqworker.cli.common import NatsOption, NsqdOption, RabbitOption, TransportOption
 from nsqworker.errors import ConfigurationError, NSQWorkerError
 from nsqworker.nsq import protocol
 
@@ -50,6 +50,7 @@ def publish(
     nsqd: NsqdOption = None,
     transport: TransportOption = None,
     nats: NatsOption = None,
+    rabbitmq: RabbitOption = None,
     delay: Annotated[
         float | None, typer.Option(help="Seconds before nsqd delivers it (DPUB).")
     ] = None,
@@ -61,7 +62,7 @@ def publish(
     configure_telemetry()
     code = publish_command(
         topic, body, nsqd=list(nsqd or []), delay=delay, batch_size=batch_size,
-        transport=transport, nats=list(nats or []),
+        transport=transport, nats=list(nats or []), rabbitmq=rabbitmq,
     )  # fmt: skip
     raise typer.Exit(code)
 
@@ -78,6 +79,7 @@ def publish_command(
     timeout: float = 5.0,
     transport: str | None = None,
     nats: list[str] | None = None,
+    rabbitmq: str | None = None,
 ) -> int:
     """Publish ``body`` to ``topic``, or each non-empty line of ``stdin`` when ``body``
     is None or ``"-"``; print a one-line summary or a one-line error; return the exit code.
@@ -86,7 +88,9 @@ def publish_command(
     works); with ``delay`` (seconds) every message is a DPUB instead. A progress bar
     shows on a terminal while stdin is a pipe or a file. With ``transport="nats"`` (or
     ``NSQWORKER_TRANSPORT=nats``) messages go to JetStream, each acknowledged by its
-    stream, to ``nats`` servers or ``nats_servers``. Output goes to ``console``
+    stream, to ``nats`` servers or ``nats_servers``; with ``rabbitmq-stream``, to the
+    stream ``topic`` at ``rabbitmq`` (a URI) or ``rabbitmq_stream_uri``, each confirmed.
+    Output goes to ``console``
     (standard error by default), leaving standard output alone.
     """
     from rich.console import Console
@@ -97,34 +101,40 @@ def publish_command(
     console = console or Console(stderr=True)
     try:
         settings = None
-        if transport is not None or nats or not nsqd:
+        if transport is not None or nats or rabbitmq or not nsqd:
             settings = Settings.load(
                 None,
-                override_names={"transport": "--transport", "nats_servers": "--nats"},
+                override_names={
+                    "transport": "--transport",
+                    "nats_servers": "--nats",
+                    "rabbitmq_stream_uri": "--rabbitmq",
+                },
                 transport=transport,
                 nats_servers=nats or None,
+                rabbitmq_stream_uri=rabbitmq,
             )
-        on_nats = settings is not None and settings.transport == "nats"
-        if not on_nats:
+        other = settings is not None and settings.transport != "nsq"
+        if other:  # the transport's own name rule (a NATS subject, a stream name)
+            from nsqworker.transport import create_transport
+
+            assert settings is not None
+            create_transport(settings).check_topic(topic)
+        else:
             protocol.check_topic(topic)
         if body == "":
             raise ConfigurationError("the message body is empty, and brokers refuse empty messages")
-        if delay is not None and not on_nats:  # NATS: any delay >= 0 (a schedule)
+        if delay is not None and not other:  # other transports check their own delays
             from nsqworker.nsq.publishing import delay_to_ms
 
             delay_to_ms(delay)
         if batch_size < 1:
             raise ConfigurationError(f"--batch-size must be at least 1, got {batch_size}")
-        if on_nats:
-            from nsqworker.nats.jetstream import check_subject
-
-            check_subject(topic)
-        elif settings is not None and not settings.nsqd_tcp_addresses:
+        if not other and settings is not None and not settings.nsqd_tcp_addresses:
             raise ConfigurationError(
                 "no nsqd address: pass --nsqd HOST:PORT (like --nsqd 127.0.0.1:4150), "
                 "or set NSQWORKER_NSQD_TCP_ADDRESSES"
             )
-        producer = Producer(None if on_nats else nsqd or None, settings=settings, timeout=timeout)
+        producer = Producer(None if other else nsqd or None, settings=settings, timeout=timeout)
     except (ConfigurationError, TypeError) as exc:
         for line in str(exc).splitlines():  # a SettingsError has one line per problem
             console.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)

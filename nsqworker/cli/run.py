@@ -12,6 +12,7 @@ from nsqworker.cli.common import (
     LookupdOption,
     NatsOption,
     NsqdOption,
+    RabbitOption,
     Target,
     TransportOption,
     flag,
@@ -37,6 +38,7 @@ def run(
     nsqd: NsqdOption = None,
     lookupd: LookupdOption = None,
     nats: NatsOption = None,
+    rabbitmq: RabbitOption = None,
     log_level: Annotated[
         str | None, typer.Option(help="debug, info, warning, error or critical.")
     ] = None,
@@ -84,6 +86,7 @@ def run(
         "nsqd_tcp_addresses": nsqd or None,
         "lookupd_http_addresses": lookupd or None,
         "nats_servers": nats or None,
+        "rabbitmq_stream_uri": rabbitmq,
         "log_level": log_level,
         "log_format": log_format,
         "health_port": health_port,
@@ -137,6 +140,8 @@ def transport_problem(settings: Settings) -> str | None:
 
     if settings.transport == "nats" and importlib.util.find_spec("nats") is None:
         return "the NATS transport needs nats-py: pip install 'nsq-worker[nats]'"
+    if settings.transport == "rabbitmq-stream" and importlib.util.find_spec("rstream") is None:
+        return "the RabbitMQ Streams transport needs rstream: pip install 'nsq-worker[rabbitmq]'"
     return None
 
 
@@ -145,7 +150,7 @@ def warn_unreachable(settings: Settings, timeout: float = 1.0) -> None:
 
     Not an error: a broker may come up after the worker, and the workers keep retrying.
     """
-    if settings.transport not in ("nsq", "nats"):
+    if settings.transport not in ("nsq", "nats", "rabbitmq-stream"):
         return
     import socket
     from urllib.parse import urlsplit
@@ -163,6 +168,11 @@ def warn_unreachable(settings: Settings, timeout: float = 1.0) -> None:
     if settings.transport == "nats":
         servers = settings.nats_servers or ["nats://127.0.0.1:4222"]
         targets = [("NATS server", u, *_host_port(u)) for u in servers]
+    if settings.transport == "rabbitmq-stream":
+        from nsqworker.broker_settings import stream_endpoint
+
+        host, port = stream_endpoint(settings.rabbitmq_stream_uri.get_secret_value())
+        targets = [("RabbitMQ streams", f"{host}:{port}", host, port)]
     for kind, shown, host, port in targets:
         try:
             socket.create_connection((host.strip("[]"), port), timeout=timeout).close()

@@ -201,6 +201,8 @@ RUNNABLE = [path for path in PAGES if _runs_something(path)]
 
 NATS_ADDRESS = "127.0.0.1:4222"
 """The documented NATS server; a page that names it gets a real one."""
+STREAM_ADDRESS = "127.0.0.1:5552"
+"""The documented RabbitMQ stream listener; a page that names it gets the session's."""
 
 
 @pytest.fixture
@@ -262,9 +264,13 @@ def test_page_samples_run(
     for key in [k for k in os.environ if k.startswith("NSQWORKER_")]:
         monkeypatch.delenv(key)
     addresses: dict[str, str] = request.getfixturevalue("page_env")
-    if NATS_ADDRESS in path.read_text():  # the page's NATS samples reach a real nats-server
+    text = path.read_text()
+    if NATS_ADDRESS in text:  # the page's NATS samples reach a real nats-server
         server = request.getfixturevalue("nats_server")
         addresses[NATS_ADDRESS] = server.url.removeprefix("nats://")
+    if STREAM_ADDRESS in text:  # and its RabbitMQ samples a real RabbitMQ
+        uri = request.getfixturevalue("rabbitmq")
+        addresses[STREAM_ADDRESS] = uri.split("@", 1)[1].rstrip("/").split("/")[0]
     document.namespace["__page__"] = Page(path, project, addresses, _console_env(project))
     document.namespace["__name__"] = "__doc_sample__"
     for example in document:

@@ -266,3 +266,41 @@ async def test_a_rabbitmq_restart_mid_stream_loses_nothing() -> None:
         assert stopped_at < total
     finally:
         server.close()
+
+
+# ---------------------------------------------------------------------------- telemetry
+
+
+async def test_spans_say_rabbitmq_with_the_stream_and_offset(
+    rabbitmq: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from nsqworker import Registry, Worker
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    stream, done = topic(), []
+    registry = Registry()
+
+    @registry.task(stream, channel="traced")
+    async def handle(msg: Message) -> None:
+        done.append(msg.id)
+
+    async with StreamProducer(settings=settings(rabbitmq)) as producer:
+        await producer.publish_many(stream, [b"a", b"b"])
+    async with Worker(registry, settings(rabbitmq, health_port=0)):
+        await wait_until(lambda: len(done) == 2, 15, message=str(done))
+    spans = [s for s in exporter.get_finished_spans() if s.name == f"process {stream}"]
+    attrs = dict(spans[0].attributes or {})
+    assert attrs["messaging.system"] == "rabbitmq"
+    assert attrs["messaging.destination.name"] == stream
+    assert attrs["messaging.consumer.group.name"] == "traced"
+    assert attrs["messaging.message.id"] in {f"{stream}:0", f"{stream}:1"}  # stream:offset
+    assert attrs["messaging.rabbitmq.message.attempts"] == 1
+    provider.shutdown()

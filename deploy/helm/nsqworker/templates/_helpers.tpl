@@ -90,6 +90,9 @@ number as a float, which would print 1000000 as 1e+06), lists comma-joined.
 {{- if and (eq .Values.transport "nsq") (not .Values.nsq.lookupdHttpAddresses) }}
 {{- fail "keda.enabled needs nsq.lookupdHttpAddresses: the nsq trigger reads channel depths from nsqlookupd" }}
 {{- end }}
+{{- if eq .Values.transport "rabbitmq-stream" }}
+{{- fail "keda.enabled: KEDA has no RabbitMQ stream scaler; use autoscaling.enabled (an HPA), see docs/kubernetes.md" }}
+{{- end }}
 {{- if and (eq .Values.transport "nats") (not .Values.nats.monitoringEndpoint) }}
 {{- fail "keda.enabled on nats needs nats.monitoringEndpoint: the nats-jetstream trigger reads the consumer's pending count from the servers' monitoring port (host:8222)" }}
 {{- end }}
@@ -102,6 +105,9 @@ number as a float, which would print 1000000 as 1e+06), lists comma-joined.
 {{- end }}
 {{- if and (eq .Values.transport "nsq") (not .Values.nsq.lookupdHttpAddresses) (not .Values.nsq.nsqdTcpAddresses) }}
 {{- fail "set nsq.lookupdHttpAddresses or nsq.nsqdTcpAddresses: workers need somewhere to find nsqd" }}
+{{- end }}
+{{- if and (eq .Values.transport "rabbitmq-stream") (not .Values.rabbitmqStream.existingSecret) }}
+{{- fail "transport rabbitmq-stream needs rabbitmqStream.existingSecret: a Secret with the rabbitmq-stream:// URI (it holds the password)" }}
 {{- end }}
 {{- if and (eq .Values.transport "nats") (not .Values.nats.servers) }}
 {{- fail "transport nats needs nats.servers: one or more nats://host:port" }}
