@@ -186,7 +186,7 @@ def test_killing_the_active_worker_moves_its_stream_to_the_other(
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
         for _ in range(2)
     ]
     try:
