@@ -10,7 +10,7 @@ from bench.common import default_loop
 
 SECTIONS = (
     "outofbox", "consume", "publish", "latency", "memory", "scale", "cpu", "telemetry", "handlers",
-    "seam", "nats",
+    "seam", "nats", "streams",
 )  # fmt: skip
 """In the order they run and are reported. A section is a module ``bench/<name>.py``
 with ``run(broker, cfg, results, say)``; ``bench.runner.SECTION_MODULES`` maps names to
@@ -54,6 +54,8 @@ class Config:
     # nats (bench/nats.py)
     nats_count: int = 20_000
     nats_latency_seconds: float = 10.0
+    # streams (bench/streams.py)
+    streams_count: int = 50_000
     """Runs beyond ``runs`` for the out-of-the-box table: the headline ratio, from two
     processes' rates that each vary by a fifth on this machine."""
     """Runs beyond ``runs`` for the through-nsqd tracing costs (differences of rates,
@@ -77,4 +79,5 @@ class Config:
             outofbox_extra_runs=0,
             nats_count=2000,
             nats_latency_seconds=2.0,
+            streams_count=5000,
         )

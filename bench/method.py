@@ -139,6 +139,15 @@ durable consumer, acking after the handler), and a bare nats-py loop (`pull_subs
 run --transport nats`: {nats_rate:,} msg/s for {nats_latency_s:g} s, each body carrying
 its publish time, the handler recording publish -> handler; the first tenth is warm-up.
 
+**RabbitMQ Streams (bench/streams.py).** One RabbitMQ 4.0.5 (the root filesystem of
+`scripts/install-tools rabbitmq`, run with chroot), started for the section. Each
+contender runs in its own process and reads a stream of its own holding {streams_count:,}
+messages of 100 bytes, published before it starts; its handler counts, and the process
+notes the time of the first and the last message itself. Contenders, interleaved in each
+run: `nsqworker run --transport rabbitmq-stream --rabbitmq URI` with default settings
+(the whole task layer: the window, the offset watermark stored every 0.5 s) and a bare
+rstream consumer with its defaults and a counting callback (no framework, no offsets).
+
 ## Running
 
     make bench                                # the full run; rewrites this file
@@ -177,4 +186,5 @@ def method(cfg: Config, loop: str, mem_queue: int) -> str:
         nats_count=cfg.nats_count,
         nats_rate=1000,
         nats_latency_s=cfg.nats_latency_seconds,
+        streams_count=cfg.streams_count,
     )

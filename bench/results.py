@@ -276,6 +276,12 @@ TARGETS: list[tuple[str, str, str, Check]] = [
         "nats/p99",
         _at_most("nats/p99", 5.0, "ms"),
     ),
+    (
+        "RabbitMQ Streams: `nsqworker run --transport rabbitmq-stream` >= 80% of bare rstream",
+        ">= 80% of bare rstream",
+        "streams/nsqworker",
+        _at_least_ratio("streams/nsqworker", "streams/rstream", 0.8),
+    ),
 ]
 
 

@@ -43,6 +43,7 @@ SECTION_MODULES: dict[str, str] = {
     "handlers": "bench.handlers",
     "seam": "bench.seam",
     "nats": "bench.nats",
+    "streams": "bench.streams",
     # Next: "spark": "bench.spark", "rpc": "bench.rpc" (and their names in
     # config.SECTIONS, their targets in results.TARGETS, titles in report.SECTION_TITLES).
 }

@@ -100,6 +100,7 @@ class StreamSubscription:
         self._retrying = 0
         self._consumer: Any = None
         self._lost = asyncio.Event()
+        self._address = connections.endpoint.address
 
     def __repr__(self) -> str:
         return f"<StreamSubscription {self.topic}/{self.channel} window={self.window}>"
@@ -157,8 +158,14 @@ class StreamSubscription:
     async def _subscribe(self, consumer: Any, reader: _Reader) -> int:
         from rstream import amqp_decoder
 
+        take = self._take
+
         async def on_message(message: Any, context: Any) -> None:
-            await self._on_message(reader, message, context)
+            # The hot path: room in the window and nothing to wait for, no more awaits.
+            if reader.retry or self.in_flight >= self._allowed():
+                await self._on_message(reader, message, context)
+            else:
+                take(reader, message, context)
 
         async def on_update(active: bool, context: Any) -> Any:
             return await self._on_update(reader, active)
@@ -258,30 +265,33 @@ class StreamSubscription:
 
     async def _on_message(self, reader: _Reader, message: Any, context: Any) -> None:
         await self._wait_for_room()
-        props = message.application_properties or {}
         if reader.retry:
-            due = props.get(NOT_BEFORE)
+            due = (message.application_properties or {}).get(NOT_BEFORE)
             wait = (int(due) / 1000 - time.time()) if isinstance(due, int) else 0.0
             if wait > 0:
                 await asyncio.sleep(wait)
                 await self._wait_for_room()
-        attempts = props.get(ATTEMPTS, 1)
+        self._take(reader, message, context)
+
+    def _take(self, reader: _Reader, message: Any, context: Any) -> None:
+        props = message.application_properties
+        attempts = props.get(ATTEMPTS, 1) if props else 1
         body = message.body
-        if isinstance(body, list):  # several data sections
-            body = b"".join(body)
+        if type(body) is not bytes:
+            body = b"".join(body) if isinstance(body, list) else bytes(body)
         offset = context.offset
+        mark = reader.watermark
         msg = Message(
-            f"{reader.stream}:{offset}".encode(), bytes(body), context.timestamp * 1_000_000,
-            attempts if isinstance(attempts, int) else 1, self.topic, self.channel,
-            self.connections.endpoint.address, self._receiver,
-            (reader, reader.watermark, offset), _monotonic(),
+            f"{reader.stream}:{offset}".encode(), body, context.timestamp * 1_000_000,
+            attempts if type(attempts) is int else 1, self.topic, self.channel,
+            self._address, self._receiver, (reader, mark, offset), _monotonic(),
         )  # fmt: skip
         reader.received += 1
-        mark = reader.watermark
         mark.delivered(offset)
         self.in_flight += 1
         if self._deliver(msg):  # type: ignore[misc]
-            self._settled(reader, mark, offset)
+            mark.settled(offset)
+            self.in_flight -= 1
 
     def _settled(self, reader: _Reader, mark: Watermark, offset: int) -> None:
         # ``mark`` is the watermark of the session that delivered it: after a resubscribe
