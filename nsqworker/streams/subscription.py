@@ -25,11 +25,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nsqworker.message import Message
+from nsqworker.streams.amqp import decode
 from nsqworker.streams.client import StreamConnections, check_stream
 from nsqworker.streams.offsets import Watermark
 from nsqworker.transport import Flow, Receiver, SubscriptionStats, Timer
@@ -44,6 +45,10 @@ log = logging.getLogger("nsqworker.streams")
 
 STORE_EVERY = 0.5
 """Seconds between writes of a moved watermark."""
+CREDIT = 3
+"""Chunks the broker may send ahead of the one being read (rstream grants one more as
+it starts each chunk): what a full window holds back beyond itself. One ahead left the
+reader waiting on the broker about half the time."""
 ATTEMPTS, NOT_BEFORE = b"x-attempts", b"x-not-before"
 _monotonic = time.monotonic
 
@@ -156,22 +161,21 @@ class StreamSubscription:
             self._lost.clear()
 
     async def _subscribe(self, consumer: Any, reader: _Reader) -> int:
-        from rstream import amqp_decoder
-
         take = self._take
 
-        async def on_message(message: Any, context: Any) -> None:
-            # The hot path: room in the window and nothing to wait for, no more awaits.
+        def on_message(message: Any, context: Any) -> Coroutine[Any, Any, None] | None:
+            # rstream awaits what the callback returns, if anything: the hot path (room
+            # in the window, nothing to wait for) returns nothing, and costs no coroutine.
             if reader.retry or self.in_flight >= self._allowed():
-                await self._on_message(reader, message, context)
-            else:
-                take(reader, message, context)
+                return self._on_message(reader, message, context)
+            take(reader, message, context)
+            return None
 
         async def on_update(active: bool, context: Any) -> Any:
             return await self._on_update(reader, active)
 
         subscription_id: int = await consumer.subscribe(
-            reader.stream, on_message, decoder=amqp_decoder, initial_credit=1,
+            reader.stream, on_message, decoder=decode, initial_credit=CREDIT,
             properties={"single-active-consumer": "true", "name": self.channel},
             subscriber_name=self.channel, consumer_update_listener=on_update,
         )  # fmt: skip
@@ -265,7 +269,7 @@ class StreamSubscription:
 
     async def _on_message(self, reader: _Reader, message: Any, context: Any) -> None:
         await self._wait_for_room()
-        if reader.retry:
+        if reader.retry and type(message) is not bytes:
             due = (message.application_properties or {}).get(NOT_BEFORE)
             wait = (int(due) / 1000 - time.time()) if isinstance(due, int) else 0.0
             if wait > 0:
@@ -274,11 +278,14 @@ class StreamSubscription:
         self._take(reader, message, context)
 
     def _take(self, reader: _Reader, message: Any, context: Any) -> None:
-        props = message.application_properties
-        attempts = props.get(ATTEMPTS, 1) if props else 1
-        body = message.body
-        if type(body) is not bytes:
-            body = b"".join(body) if isinstance(body, list) else bytes(body)
+        if type(message) is bytes:  # one data section (streams.amqp.decode)
+            body, attempts = message, 1
+        else:
+            props = message.application_properties
+            attempts = props.get(ATTEMPTS, 1) if props else 1
+            body = message.body
+            if type(body) is not bytes:  # several data sections, none, or a value
+                body = b"".join(body) if isinstance(body, list) else bytes(body or b"")
         offset = context.offset
         mark = reader.watermark
         msg = Message(
