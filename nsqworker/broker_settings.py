@@ -6,6 +6,7 @@ ordinary settings (``nats_servers`` is ``NSQWORKER_NATS_SERVERS``), listed after
 
 from __future__ import annotations
 
+import ssl
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -21,6 +22,7 @@ __all__ = [
     "nats_server",
     "stream_endpoint",
     "stream_uri",
+    "tls_context",
 ]
 
 BROKER_SECRETS = frozenset({"nats_password", "nats_token", "nats_nkey_seed", "rabbitmq_stream_uri"})
@@ -159,3 +161,17 @@ class StreamSettings(BaseSettings):
         except ValueError as exc:  # the message names the rule, never the value
             raise ValueError(str(exc)) from None
         return value
+
+
+def tls_context(settings: Any) -> ssl.SSLContext:
+    """A client TLS context from the ``tls_*`` settings (CA, client certificate and key,
+    verification), for the brokers other than NSQ."""
+    context = ssl.create_default_context(
+        cafile=str(settings.tls_ca_file) if settings.tls_ca_file else None
+    )
+    if settings.tls_cert_file and settings.tls_key_file:
+        context.load_cert_chain(str(settings.tls_cert_file), str(settings.tls_key_file))
+    if not settings.tls_verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context

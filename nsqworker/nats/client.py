@@ -15,6 +15,7 @@ import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from nsqworker.broker_settings import tls_context
 from nsqworker.errors import ConfigurationError, NoConnection
 
 if TYPE_CHECKING:
@@ -195,12 +196,4 @@ def _tls(settings: Settings) -> ssl.SSLContext | None:
     wants = any(s.startswith("tls://") for s in settings.nats_servers) or settings.tls_ca_file
     if not wants and not settings.tls_cert_file:
         return None
-    context = ssl.create_default_context(
-        cafile=str(settings.tls_ca_file) if settings.tls_ca_file else None
-    )
-    if settings.tls_cert_file and settings.tls_key_file:
-        context.load_cert_chain(str(settings.tls_cert_file), str(settings.tls_key_file))
-    if not settings.tls_verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
+    return tls_context(settings)

@@ -10,14 +10,12 @@ before awaiting the acknowledgements (pipelined), and fails if any was not store
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from nsqworker.errors import (
-    ConfigurationError,
     LocalProtocolError,
     MessageTooLarge,
     NoConnection,
@@ -26,6 +24,7 @@ from nsqworker.errors import (
 from nsqworker.message import to_bytes
 from nsqworker.nats.client import NatsConnection
 from nsqworker.nats.jetstream import DELAY_TOKEN, check_subject, ensure_schedules, ensure_stream
+from nsqworker.producing import ProducerBase
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -37,7 +36,7 @@ PIPELINE = 256
 """Publishes awaiting their acknowledgement at once in ``publish_many``."""
 
 
-class NatsProducer:
+class NatsProducer(ProducerBase):
     """Publishes to JetStream with acknowledgements; ``async with NatsProducer(...)``.
 
     ``servers`` defaults to ``settings.nats_servers``; ``timeout`` (seconds) bounds each
@@ -52,8 +51,7 @@ class NatsProducer:
         timeout: float = 5.0,
         connection: NatsConnection | None = None,
     ) -> None:
-        if not timeout > 0:
-            raise ConfigurationError(f"timeout must be positive seconds, got {timeout!r}")
+        super().__init__(timeout)
         from nsqworker.settings import Settings as _Settings
 
         if settings is None:
@@ -63,7 +61,6 @@ class NatsProducer:
             checked = _Settings(transport="nats", nats_servers=servers).nats_servers
             settings = settings.model_copy(update={"nats_servers": checked})
         self.settings = settings
-        self.timeout = timeout
         self._owns = connection is None
         self.connection = connection or NatsConnection(settings, name="nsqworker-producer")
         self._streams: set[str] = set()
@@ -71,13 +68,6 @@ class NatsProducer:
 
     def __repr__(self) -> str:
         return f"<NatsProducer {','.join(self.connection.servers)}>"
-
-    async def __aenter__(self) -> Self:
-        await self.connect()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def connect(self, timeout: float | None = None) -> None:
         """Connect now (optional: the first publish connects)."""
@@ -124,13 +114,6 @@ class NatsProducer:
         }
         schedule = f"{subject}.{DELAY_TOKEN}.{uuid.uuid4().hex}"
         await self._publish(schedule, body, timeout, headers)
-
-    async def publish_json(
-        self, topic: str, obj: Any, delay: float | None = None, timeout: float | None = None
-    ) -> None:
-        """Publish ``obj`` as compact UTF-8 JSON; see :meth:`publish`."""
-        body = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-        await self.publish(topic, body, delay=delay, timeout=timeout)
 
     async def publish_many(
         self, topic: str, bodies: Iterable[Body], timeout: float | None = None

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from nsqworker.broker_settings import tls_context
 from nsqworker.errors import ConfigurationError, InvalidName, NoConnection
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class Endpoint:
             "vhost": self.vhost,
             "username": self.username,
             "password": self.password,
-            "ssl_context": _tls(settings) if self.tls else None,
+            "ssl_context": tls_context(settings) if self.tls else None,
             "frame_max": FRAME_MAX,
             "connection_name": f"nsqworker {settings.client_id}",
         }
@@ -194,15 +194,3 @@ class StreamConnections:
             except Exception:
                 log.debug("closing the rstream producer failed", exc_info=True)
         self.producer_client = None
-
-
-def _tls(settings: Settings) -> ssl.SSLContext:
-    context = ssl.create_default_context(
-        cafile=str(settings.tls_ca_file) if settings.tls_ca_file else None
-    )
-    if settings.tls_cert_file and settings.tls_key_file:
-        context.load_cert_chain(str(settings.tls_cert_file), str(settings.tls_key_file))
-    if not settings.tls_verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from nsqworker.errors import (
     ConfigurationError,
@@ -23,6 +22,7 @@ from nsqworker.errors import (
     PublishError,
 )
 from nsqworker.message import to_bytes
+from nsqworker.producing import ProducerBase
 from nsqworker.streams.client import ENVELOPE, FRAME_MAX, StreamConnections, check_stream
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ __all__ = ["StreamProducer"]
 _numbers = itertools.count(1)
 
 
-class StreamProducer:
+class StreamProducer(ProducerBase):
     """Publishes to RabbitMQ streams (created when missing) and awaits confirmations."""
 
     def __init__(
@@ -43,27 +43,18 @@ class StreamProducer:
         timeout: float = 5.0,
         connections: StreamConnections | None = None,
     ) -> None:
-        if not timeout > 0:
-            raise ConfigurationError(f"timeout must be positive seconds, got {timeout!r}")
+        super().__init__(timeout)
         if settings is None:
             from nsqworker.settings import Settings as _Settings
 
             settings = _Settings(transport="rabbitmq-stream")
         self.settings = settings
-        self.timeout = timeout
         self._owns = connections is None
         self.connections = connections or StreamConnections(settings)
         self.reference = f"nsqworker-{settings.client_id}-{os.getpid()}-{next(_numbers)}"
 
     def __repr__(self) -> str:
         return f"<StreamProducer {self.connections.endpoint.address}>"
-
-    async def __aenter__(self) -> Self:
-        await self.connect()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def connect(self, timeout: float | None = None) -> None:
         """Connect now (optional: the first publish connects)."""
@@ -90,13 +81,6 @@ class StreamProducer:
                 " has no delayed delivery); publish now, or let the handler Retry(delay=...)"
             )
         await self.send(topic, [to_bytes(body)], timeout=timeout)
-
-    async def publish_json(
-        self, topic: str, obj: Any, delay: float | None = None, timeout: float | None = None
-    ) -> None:
-        """Publish ``obj`` as compact UTF-8 JSON; see :meth:`publish`."""
-        body = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-        await self.publish(topic, body, delay=delay, timeout=timeout)
 
     async def publish_many(
         self, topic: str, bodies: Iterable[Any], timeout: float | None = None

@@ -27,7 +27,7 @@ from typing import IO, Any, Self
 import httpx
 
 from nsqworker.testing.ports import LOOPBACK, free_ports
-from nsqworker.testing.processes import NsqProcessError, find_binary
+from nsqworker.testing.processes import NsqProcessError, find_binary, signal_and_wait
 
 __all__ = ["NATS_INSTALL_HINT", "NatsCluster", "NatsServerProcess", "find_nats_server"]
 
@@ -173,17 +173,7 @@ class NatsServerProcess:
     def _terminate(self, sig: signal.Signals, timeout: float) -> int | None:
         proc = self._proc
         try:
-            if proc is None:
-                return None
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(sig)
-                try:
-                    proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout)
-            return proc.returncode
+            return None if proc is None else signal_and_wait(proc, sig, timeout)
         finally:
             _LIVE.discard(self)
             if self._log is not None:

@@ -2,12 +2,8 @@
 
 Each process gets free ports (new ones when another process took them first), its own
 data path and log file, and is stopped at exit if nothing stopped it. The classes work
-as context managers::
-
-    with NsqlookupdProcess() as lookupd, NsqdProcess(lookupd=[lookupd]) as nsqd:
-        nsqd.publish("clicks", b'{"id": 1}')
-
-In a pytest suite the fixtures of :mod:`nsqworker.testing` start and stop them.
+as context managers (``with NsqlookupdProcess() as lookupd, NsqdProcess(lookupd=[lookupd])
+as nsqd: ...``); in a pytest suite the fixtures of :mod:`nsqworker.testing` start them.
 """
 
 from __future__ import annotations
@@ -50,10 +46,10 @@ PORT_ATTEMPTS = 5
 """How many times :meth:`start` picks new ports when the chosen ones were taken."""
 
 _INSTALL_HINT = (
-    "install NSQ v1.3.0 (https://nsq.io/deployment/installing.html; or `go install "
-    "github.com/nsqio/nsq/apps/nsqd@v1.3.0 github.com/nsqio/nsq/apps/nsqlookupd@v1.3.0`) "
-    "and put nsqd and nsqlookupd on PATH, or name their directory with --nsqd-bin-dir DIR "
-    "or NSQWORKER_TOOLS_BIN=DIR (in a clone of nsqworker: `make tools`)"
+    "install NSQ v1.3.0 (https://nsq.io/deployment/installing.html; or `go install github.com"
+    "/nsqio/nsq/apps/nsqd@v1.3.0 github.com/nsqio/nsq/apps/nsqlookupd@v1.3.0`) and put nsqd and"
+    " nsqlookupd on PATH, or name their directory with --nsqd-bin-dir DIR or"
+    " NSQWORKER_TOOLS_BIN=DIR (in a clone of nsqworker: `make tools`)"
 )
 _ADDRESS_IN_USE = "address already in use"
 
@@ -96,7 +92,7 @@ def find_binary(name: str, bin_dir: str | os.PathLike[str] | None = None) -> str
     if env_dir:
         candidates.append(Path(env_dir) / name)
     for path in candidates:
-        if _is_executable(path):
+        if path.is_file() and os.access(path, os.X_OK):
             return str(path)
     on_path = shutil.which(name)
     if on_path:
@@ -104,14 +100,25 @@ def find_binary(name: str, bin_dir: str | os.PathLike[str] | None = None) -> str
     cwd = Path.cwd().resolve()
     for directory in (cwd, *cwd.parents):
         path = directory / ".tools" / "bin" / name
-        if _is_executable(path):
+        if path.is_file() and os.access(path, os.X_OK):
             return str(path)
     searched = ", ".join([*(str(p.parent) for p in candidates), "PATH", f".tools/bin above {cwd}"])
     raise FileNotFoundError(f"{name} not found (searched {searched}); {_INSTALL_HINT}")
 
 
-def _is_executable(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.X_OK)
+def signal_and_wait(
+    proc: subprocess.Popen[bytes], sig: signal.Signals, timeout: float
+) -> int | None:
+    """Send ``sig`` to ``proc`` if it runs and wait; SIGKILL after ``timeout`` seconds."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+    return proc.returncode
 
 
 def _unwrap(body: Any) -> Any:
@@ -372,17 +379,7 @@ class _NsqProcess:
     def _terminate(self, sig: signal.Signals, timeout: float) -> int | None:
         proc = self._proc
         try:
-            if proc is None:
-                return None
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(sig)
-                try:
-                    proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout)
-            return proc.returncode
+            return None if proc is None else signal_and_wait(proc, sig, timeout)
         finally:
             _LIVE.discard(self)
             if self._log is not None:

@@ -133,76 +133,16 @@ class NsqHarness(Harness):
             await producer.close()
 
 
-class NatsHarness(Harness):
-    """A real nats-server with JetStream, started for the test."""
+class ClientHarness(Harness):
+    """A broker reached through its transport's own producer and consumers."""
 
-    name = "nats"
-
-    def __init__(self, server: Any) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.topic = f"contract.{uuid.uuid4().hex[:8]}"
-        self.server = server
         self._watchers: list[Consumer] = []
-        self._producers: list[NatsProducer] = []
+        self._producers: list[Any] = []
 
-    def broker_settings(self) -> dict[str, Any]:
-        return {
-            "transport": "nats",
-            "nats_servers": [self.server.url],
-            "reconnect_delay": 0.05,
-            "max_reconnect_delay": 0.5,
-            "dial_timeout": 2.0,
-        }
-
-    def deadline_settings(self) -> dict[str, Any]:
-        return {"msg_timeout": 1.0}
-
-    async def publish(self, topic: str, bodies: list[bytes]) -> None:
-        producer = self.publisher()
-        for body in bodies:
-            await producer.publish(topic, body)
-
-    async def watch(self, topic: str) -> Callable[[], list[bytes]]:
-        seen: list[bytes] = []
-
-        def record(msg: Message) -> Outcome:
-            seen.append(msg.body)
-            return FINISH
-
-        consumer = Consumer(topic, "watch", record, self.settings())
-        await consumer.start()
-        self._watchers.append(consumer)
-        return lambda: list(seen)
-
-    def publisher(self) -> NatsProducer:
-        if not self._producers:
-            self._producers.append(NatsProducer(settings=self.settings()))
-        return self._producers[0]
-
-    async def close(self) -> None:
-        for consumer in self._watchers:
-            await consumer.stop(0)
-        for producer in self._producers:
-            await producer.close()
-
-
-class StreamHarness(Harness):
-    """The session's real RabbitMQ with the stream plugin; a fresh stream per test."""
-
-    name = "rabbitmq-stream"
-    keep_alive = False
-
-    def __init__(self, uri: str) -> None:
-        super().__init__()
-        self.uri = uri
-        self._watchers: list[Consumer] = []
-        self._producers: list[StreamProducer] = []
-
-    def broker_settings(self) -> dict[str, Any]:
-        return {"transport": "rabbitmq-stream", "rabbitmq_stream_uri": self.uri}
-
-    def deadline_settings(self) -> dict[str, Any]:
-        return {}  # no delivery deadline on a stream: keep-alive has nothing to extend
+    def make_publisher(self) -> Any:
+        raise NotImplementedError
 
     async def publish(self, topic: str, bodies: list[bytes]) -> None:
         await self.publisher().publish_many(topic, bodies)
@@ -219,9 +159,9 @@ class StreamHarness(Harness):
         self._watchers.append(consumer)
         return lambda: list(seen)
 
-    def publisher(self) -> StreamProducer:
+    def publisher(self) -> Any:
         if not self._producers:
-            self._producers.append(StreamProducer(settings=self.settings()))
+            self._producers.append(self.make_publisher())
         return self._producers[0]
 
     async def close(self) -> None:
@@ -229,6 +169,52 @@ class StreamHarness(Harness):
             await consumer.stop(0)
         for producer in self._producers:
             await producer.close()
+
+
+class NatsHarness(ClientHarness):
+    """A real nats-server with JetStream, started for the test."""
+
+    name = "nats"
+
+    def __init__(self, server: Any) -> None:
+        super().__init__()
+        self.topic = f"contract.{uuid.uuid4().hex[:8]}"
+        self.server = server
+
+    def broker_settings(self) -> dict[str, Any]:
+        return {
+            "transport": "nats",
+            "nats_servers": [self.server.url],
+            "reconnect_delay": 0.05,
+            "max_reconnect_delay": 0.5,
+            "dial_timeout": 2.0,
+        }
+
+    def deadline_settings(self) -> dict[str, Any]:
+        return {"msg_timeout": 1.0}
+
+    def make_publisher(self) -> NatsProducer:
+        return NatsProducer(settings=self.settings())
+
+
+class StreamHarness(ClientHarness):
+    """The session's real RabbitMQ with the stream plugin; a fresh stream per test."""
+
+    name = "rabbitmq-stream"
+    keep_alive = False
+
+    def __init__(self, uri: str) -> None:
+        super().__init__()
+        self.uri = uri
+
+    def broker_settings(self) -> dict[str, Any]:
+        return {"transport": "rabbitmq-stream", "rabbitmq_stream_uri": self.uri}
+
+    def deadline_settings(self) -> dict[str, Any]:
+        return {}  # no delivery deadline on a stream: keep-alive has nothing to extend
+
+    def make_publisher(self) -> StreamProducer:
+        return StreamProducer(settings=self.settings())
 
 
 class MemoryHarness(Harness):
