@@ -128,7 +128,9 @@ class SessionHolder:
             builder = ConnectSession.builder.remote(self.target)
             for key, value in self.conf.items():
                 builder = builder.config(key, value)
-            return builder.getOrCreate()
+            # create(), not getOrCreate(): a thread's "active" session may be one this
+            # holder stopped; each start is a new server-side session of our own.
+            return builder.create()
         _java_for_driver()
         try:
             from pyspark.sql import SparkSession

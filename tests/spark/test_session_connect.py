@@ -31,12 +31,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
     server.stop()
 
 
+#: Session conf a Connect client may set (the server's static conf is its own).
+CONNECT_CONF = {"spark.sql.shuffle.partitions": "2"}
+
+
 def remote(server: ConnectServer) -> dict[str, Any]:
-    return {"spark_remote": server.remote}
+    return {"spark_remote": server.remote, "spark_session_conf": CONNECT_CONF}
 
 
 def holder_of(server: ConnectServer) -> SessionHolder:
-    return holder_for(Settings(spark_master="local[2]", spark_session_conf=cases.CONF, **remote(server)))
+    return holder_for(Settings(**remote(server)))
 
 
 async def test_success_fin_and_parquet_output(
