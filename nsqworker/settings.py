@@ -381,7 +381,7 @@ class _CoreSettings(BaseSettings):
 
     # -- Spark sessions (@spark_session_task, nsqworker.spark.session, docs/spark.md)
     spark_remote: str | None = Field(
-        None, pattern=r"^sc://\S+$", description="Spark Connect server (sc://host:15002) of sessions."
+        None, pattern=r"^sc://\S+$", description="Spark Connect server of sessions: sc://host:15002"
     )
     spark_session_start: Literal["first_message", "worker_start"] = Field(
         "first_message", description="When a worker starts its Spark session."

@@ -61,9 +61,7 @@ class ConnectServer:
         ``log_path``. Raises ConfigurationError without Java or the jar."""
         jar = connect_jar()
         if jar is None:
-            raise ConfigurationError(
-                "no Spark Connect server jar: run scripts/install-tools spark"
-            )
+            raise ConfigurationError("no Spark Connect server jar: run scripts/install-tools spark")
         java = find_java(os.environ)
         if java is None:
             raise ConfigurationError("no Java runtime for the Spark Connect server")
@@ -88,7 +86,9 @@ class ConnectServer:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 tail = log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"the Spark Connect server exited ({process.returncode}): {tail}")
+                raise RuntimeError(
+                    f"the Spark Connect server exited ({process.returncode}): {tail}"
+                )
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 return server

@@ -93,7 +93,8 @@ class SessionHolder:
                 self.session = self._start()
                 self.owned = True
                 self.started += 1
-            return self.session
+            spark: SparkSession = self.session
+            return spark
 
     def adopt(self, spark: SparkSession) -> None:
         """Use a session built elsewhere (a test's, one with special conf); the holder
@@ -165,7 +166,8 @@ class SessionHolder:
             if self.backend == "connect":
                 spark.removeTag(group)
             else:
-                spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+                # None is a Java null: the JVM drops the thread's property.
+                spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
         except Exception as exc:  # the session was stopped under the handler
             log.debug("clearing the spark job group failed", group=group, error=str(exc))
 

@@ -98,7 +98,7 @@ def spark_session_task(
             return bound
 
         # The Registry checks the signature the handler shows: (msg), not func's (msg, spark).
-        del handler.__wrapped__  # type: ignore[attr-defined]
+        del handler.__wrapped__
         handler.bind_settings = bind_settings  # type: ignore[attr-defined]
         handler.kind = "a Spark session task"  # type: ignore[attr-defined]
         return target.task(topic, channel=channel, **options)(handler)

@@ -221,6 +221,8 @@ async def concurrent_messages_overlap(nsqd: NsqdProcess, **settings: Any) -> Non
     assert outcome == {"a": "done", "slow": "cancelled"}
     assert len(sessions) == 1
     (a0, a1), (s0, s1) = spans["a"], spans["slow"]
-    assert max(a0, s0) < min(a1, s1), f"the jobs did not overlap: a {spans['a']} slow {spans['slow']}"
+    assert max(a0, s0) < min(a1, s1), (
+        f"the jobs did not overlap: a {spans['a']} slow {spans['slow']}"
+    )
     assert s1 - s0 < 8 + 6, "the timeout did not cancel the slow job"
     assert stats["requeue_count"] >= 1
