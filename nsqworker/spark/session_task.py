@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
+from nsqworker.hooks import call
 from nsqworker.logging import get_logger
 from nsqworker.message import Message
 from nsqworker.spark.session import SessionHolder, error_summary, group_name, holder_for
@@ -42,6 +43,8 @@ log = get_logger("nsqworker.spark")
 
 #: ``def handler(msg, spark) -> result``, run in a thread.
 SessionHandler = Callable[[Message, "SparkSession"], Any]
+#: ``on_success(msg, result)``: a plain function (run in a thread) or ``async def``.
+SuccessHook = Callable[[Message, Any], Any]
 #: Seconds a cancelled handler's thread is waited for once its jobs were cancelled.
 CANCEL_GRACE = 5.0
 
@@ -51,6 +54,7 @@ def spark_session_task(
     *,
     channel: str,
     registry: Registry | None = None,
+    on_success: SuccessHook | None = None,
     **options: Any,
 ) -> Callable[[SessionHandler], TaskFunction[[Message], Any]]:
     """Declare a task whose handler ``def f(msg, spark)`` runs Spark jobs in the worker
@@ -59,8 +63,13 @@ def spark_session_task(
     Takes every :meth:`nsqworker.Registry.task` option (``max_in_flight``: how many
     messages' jobs run at once in the session; ``timeout``: seconds before the
     message's jobs are cancelled and it is retried) and ``registry`` (default: the one
-    ``@task`` uses). The handler must be a plain ``def``: it runs in a thread.
+    ``@task`` uses), and ``on_success(msg, result)``, called with what the handler
+    returned before the FIN (a plain function runs in a thread, an ``async def`` on the
+    loop: publish what the jobs produced there; if it raises, the message is retried).
+    The handler must be a plain ``def``: it runs in a thread.
     """
+    if on_success is not None and not callable(on_success):
+        raise TypeError(f"on_success must be a function (msg, result), got {on_success!r}")
     target = default_registry if registry is None else registry
 
     def decorate(func: SessionHandler) -> TaskFunction[[Message], Any]:
@@ -77,7 +86,8 @@ def spark_session_task(
                 from nsqworker.settings import Settings
 
                 state["holder"] = holder_for(Settings.load())
-            return await run_in_session(func, msg, state["holder"], _task_name(handler))
+            result = await run_in_session(func, msg, state["holder"], _task_name(handler))
+            return await _succeeded(on_success, msg, result)
 
         def bind_settings(settings: Settings) -> Callable[[Message], Any]:
             """The handler on the session of the worker's ``settings`` (the Worker calls
@@ -87,7 +97,8 @@ def spark_session_task(
 
             @functools.wraps(func)
             async def bound(msg: Message) -> Any:
-                return await run_in_session(func, msg, holder, name)
+                result = await run_in_session(func, msg, holder, name)
+                return await _succeeded(on_success, msg, result)
 
             async def close() -> None:
                 await asyncio.to_thread(holder.stop)
@@ -104,6 +115,12 @@ def spark_session_task(
         return target.task(topic, channel=channel, **options)(handler)
 
     return decorate
+
+
+async def _succeeded(on_success: SuccessHook | None, msg: Message, result: Any) -> Any:
+    if on_success is not None:
+        await call(on_success, msg, result)
+    return result
 
 
 def _task_name(handler: Callable[..., Any]) -> str:
