@@ -32,6 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / ".run" / "spark_pipeline"
 DAYS = [date(2026, 11, 21) + timedelta(days=n) for n in range(3)]
 TIMEOUT = 600.0
+#: The session's conf: what tasks.py gives each spark-submit (a session-wide setting
+#: here, since every message's jobs share the session).
+SESSION_CONF = json.dumps({"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"})
 
 
 def say(text: str) -> None:
@@ -46,7 +49,7 @@ def start_worker(
         NSQWORKER_LOOKUPD_HTTP_ADDRESSES=lookupd.http_address,
         NSQWORKER_LOOKUPD_POLL_INTERVAL="1",
         NSQWORKER_SPARK_MASTER="local[2]",
-        NSQWORKER_SPARK_SESSION_CONF='{"spark.ui.enabled": "false"}',
+        NSQWORKER_SPARK_SESSION_CONF=SESSION_CONF,
         NSQWORKER_HEALTH_PORT="0",
         NSQWORKER_LOG_FORMAT="console",
         SPARK_PIPELINE_OUTPUT=str(output),
