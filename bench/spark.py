@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import spark_session
 from nsqworker.dispatch import Dispatcher
 from nsqworker.logging import configure_logging
 from nsqworker.message import Finish, Message
@@ -202,6 +201,8 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench import spark_session  # it imports this module's probes
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=5, help="no-op jobs for the overhead")
     parser.add_argument("--no-session", action="store_true", help="spark-submit figures only")
