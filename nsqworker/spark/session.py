@@ -83,8 +83,24 @@ class SessionHolder:
     """True when this holder started the session (and so stops it on drain)."""
     started: int = 0
     """How many sessions this holder started (a restart after a stop counts)."""
+    users: int = 0
+    """Running tasks bound to this holder (:meth:`acquire`); the last to go stops it."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _cancelled: set[str] = field(default_factory=set, repr=False)
+
+    def acquire(self) -> None:
+        """Count a task of a running worker as a user of the session."""
+        with self._lock:
+            self.users += 1
+
+    def release(self) -> None:
+        """A drained task is done with the session: stop it when it was the last user
+        (two Workers in one process share the session; blocking: call from a thread)."""
+        with self._lock:
+            self.users = max(self.users - 1, 0)
+            if self.users:
+                return
+        self.stop()
 
     def get(self) -> SparkSession:
         """The session, started now if there is none (blocking: call from a thread)."""

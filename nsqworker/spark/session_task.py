@@ -101,7 +101,9 @@ def spark_session_task(
                 return await _succeeded(on_success, msg, result)
 
             async def close() -> None:
-                await asyncio.to_thread(holder.stop)
+                await asyncio.to_thread(holder.release)
+
+            holder.acquire()
 
             bound.close = close  # type: ignore[attr-defined]
             if settings.spark_session_start == "worker_start":

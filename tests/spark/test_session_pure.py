@@ -9,7 +9,7 @@ import pytest
 from nsqworker.message import Message
 from nsqworker.settings import Settings, SettingsError
 from nsqworker.spark import spark_session_task
-from nsqworker.spark.session import error_summary, group_name, holder_for
+from nsqworker.spark.session import SessionHolder, error_summary, group_name, holder_for
 from nsqworker.task import Registry
 
 
@@ -70,3 +70,15 @@ def test_holders_by_backend_target_and_conf() -> None:
     remote = holder_for(Settings(spark_remote="sc://127.0.0.1:15002"))
     assert remote.backend == "connect" and remote.target == "sc://127.0.0.1:15002"
     assert remote.session is None  # nothing starts before a message (or worker_start)
+
+
+def test_users_are_counted_for_the_last_one_to_stop_the_session() -> None:
+    # That the last release stops a real session: test_session_connect.py.
+    holder = SessionHolder("local", "local[1]")
+    holder.acquire()
+    holder.acquire()  # two Workers in one process
+    holder.release()
+    assert holder.users == 1
+    holder.release()
+    holder.release()  # more releases than users: no negative count
+    assert holder.users == 0 and holder.session is None
