@@ -109,10 +109,10 @@ async def lag_probe(samples: list[float], stop: asyncio.Event, period: float = 0
         samples.append((time.monotonic() - before - period) * 1e3)
 
 
-def settings_for(nsqd: NsqdProcess, max_in_flight: int) -> Settings:
+def settings_for(nsqd: NsqdProcess, max_in_flight: int, app_root: Path) -> Settings:
     return Settings(
         nsqd_tcp_addresses=[nsqd.tcp_address], spark_master="local[1]", health_port=0,
-        max_in_flight=max_in_flight, backoff_multiplier=0.0,
+        max_in_flight=max_in_flight, backoff_multiplier=0.0, spark_app_roots=[str(app_root)],
     )  # fmt: skip
 
 
@@ -123,7 +123,7 @@ async def run_jobs(nsqd: NsqdProcess, app: Path, count: int, concurrent: int) ->
     def job(msg: Message) -> SparkJob:
         return SparkJob(str(app), conf={"spark.ui.enabled": False})
 
-    settings = settings_for(nsqd, concurrent)
+    settings = settings_for(nsqd, concurrent, app.parent)  # the apps are in a temp dir
     runner = runner_for(settings)
     assert isinstance(runner, LocalRunner)
     probe = Probe(runner)
