@@ -10,7 +10,7 @@ same small job as bench/spark.py (``range(200000)`` grouped by ``id % 7``):
 2. **throughput**: ``--burst`` messages at once with ``max_in_flight=2``: jobs per minute
    sustained, and the event loop's lag (5 ms sleeps) meanwhile. Goals: >= 20 jobs/min,
    lag p99 <= 10 ms.
-3. **memory**: the worker's RSS (Python) and its driver JVM's (children), local only.
+3. **memory**: the worker's RSS (Python) and, local, its driver JVM's (its children).
 """
 
 from __future__ import annotations
@@ -155,9 +155,10 @@ async def run_backend(
                 "loop_lag_ms": _summary(lags),
                 "thread_sleep_lag_ms": _summary(thread_lags),
             }
-            if holder.backend == "local":
+            results["rss_mb"] = {"python": round(rss_mb(os.getpid()))}
+            if holder.backend == "local":  # connect: the JVM is the server's, not ours
                 jvm = sum(rss_mb(p) for p in descendants(os.getpid()))
-                results["rss_mb"] = {"python": round(rss_mb(os.getpid())), "jvm": round(jvm)}
+                results["rss_mb"]["jvm"] = round(jvm)
     return results
 
 
