@@ -16,6 +16,7 @@ local driver (``setJobGroup``, interrupting its tasks on cancel), a tag on Spark
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -149,6 +150,9 @@ class SessionHolder:
             # holder stopped; each start is a new server-side session of our own.
             return builder.create()
         _java_for_driver()
+        # py4j logs each connection it closes at INFO, from __del__ too (even at exit,
+        # into closed streams): its warnings are enough.
+        logging.getLogger("py4j").setLevel(logging.WARNING)
         try:
             from pyspark.sql import SparkSession
         except ImportError as exc:

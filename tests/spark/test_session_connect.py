@@ -9,10 +9,14 @@ from typing import Any
 
 import pytest
 
+from nsqworker.message import Message
 from nsqworker.settings import Settings
+from nsqworker.spark import spark_session_task
 from nsqworker.spark.connect_server import ConnectServer, connect_jar
 from nsqworker.spark.session import SessionHolder, holder_for
-from nsqworker.testing import NsqdProcess
+from nsqworker.task import Registry
+from nsqworker.testing import NsqdProcess, wait_until
+from nsqworker.worker import Worker
 from tests.spark import session_cases as cases
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -67,3 +71,19 @@ async def test_two_messages_run_as_concurrent_jobs(
     server: ConnectServer, nsqd: NsqdProcess
 ) -> None:
     await cases.concurrent_messages_overlap(nsqd, **remote(server))
+
+
+async def test_worker_start_starts_the_session_before_any_message(
+    server: ConnectServer, nsqd: NsqdProcess
+) -> None:
+    registry = Registry()
+
+    @spark_session_task(cases.TOPIC, channel=cases.CHANNEL, registry=registry)
+    def unused(msg: Message, spark: Any) -> None: ...
+
+    holder = holder_of(server)
+    settings = cases.settings_for(nsqd, spark_session_start="worker_start", **remote(server))
+    async with Worker(registry, settings):
+        await wait_until(lambda: holder.session is not None, 60, "the session at start")
+        assert holder.users == 1
+    assert holder.session is None and holder.users == 0  # stopped on drain
