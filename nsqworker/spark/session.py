@@ -236,10 +236,16 @@ def holder_for(settings: Settings) -> SessionHolder:
     remote = settings.spark_remote
     backend: Backend = "local" if remote is None else "connect"
     target = settings.spark_master if remote is None else remote
-    conf = {k: str(v) for k, v in settings.spark_session_conf.items()}
+    conf = {k: _conf_value(v) for k, v in settings.spark_session_conf.items()}
     key = (backend, target, tuple(sorted(conf.items())))
     with _holders_lock:
         holder = _holders.get(key)
         if holder is None:
             holder = _holders[key] = SessionHolder(backend, target, conf)
         return holder
+
+
+def _conf_value(value: object) -> str:
+    """A conf value as Spark reads it: ``true``/``false``, not Python's ``True``."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+

@@ -59,3 +59,28 @@ async def test_two_messages_run_as_concurrent_jobs(
     holder: SessionHolder, nsqd: NsqdProcess
 ) -> None:
     await cases.concurrent_messages_overlap(nsqd)
+
+
+def test_the_examples_session_form_writes_the_jobs_parquet_layout(
+    holder: SessionHolder, tmp_path: Path
+) -> None:
+    """examples/spark_pipeline's sessionize_day, in the session: partitions by day,
+    counts that match the rows (make run-spark compares it with spark-submit's)."""
+    from datetime import date
+
+    import pyarrow.parquet as pq
+
+    from examples.spark_pipeline.generate import generate, write
+    from examples.spark_pipeline.jobs.sessionize import sessionize_day
+
+    day = date(2026, 11, 21)
+    clicks = generate(day)
+    source = write(tmp_path / "clicks.jsonl", clicks)
+    out = tmp_path / "reports"
+    counts = sessionize_day(holder.session, str(source), str(day), str(out))
+    for table in ("sessions", "daily", "top_pages"):
+        rows = pq.read_table(out / table / f"day={day}").to_pylist()
+        assert len(rows) == counts[table] > 0
+    daily = pq.read_table(out / "daily" / f"day={day}").to_pylist()[0]
+    assert daily["clicks"] == len(clicks) and daily["sessions"] == counts["sessions"]
+    assert (out / "_counts" / f"day={day}.json").is_file()

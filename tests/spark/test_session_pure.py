@@ -70,6 +70,8 @@ def test_holders_by_backend_target_and_conf() -> None:
     remote = holder_for(Settings(spark_remote="sc://127.0.0.1:15002"))
     assert remote.backend == "connect" and remote.target == "sc://127.0.0.1:15002"
     assert remote.session is None  # nothing starts before a message (or worker_start)
+    typed = holder_for(Settings(spark_session_conf={"spark.ui.enabled": False, "n": 2}))
+    assert typed.conf == {"spark.ui.enabled": "false", "n": "2"}
 
 
 def test_users_are_counted_for_the_last_one_to_stop_the_session() -> None:
