@@ -248,4 +248,3 @@ def holder_for(settings: Settings) -> SessionHolder:
 def _conf_value(value: object) -> str:
     """A conf value as Spark reads it: ``true``/``false``, not Python's ``True``."""
     return str(value).lower() if isinstance(value, bool) else str(value)
-
