@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,3 +85,56 @@ def test_the_examples_session_form_writes_the_jobs_parquet_layout(
     daily = pq.read_table(out / "daily" / f"day={day}").to_pylist()[0]
     assert daily["clicks"] == len(clicks) and daily["sessions"] == counts["sessions"]
     assert (out / "_counts" / f"day={day}.json").is_file()
+
+
+async def test_job_error_first_lines_in_the_log_and_on_the_span(
+    holder: SessionHolder, nsqd: NsqdProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import json
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from nsqworker.logging import configure_logging
+    from nsqworker.message import Message
+    from nsqworker.spark import spark_session_task
+    from nsqworker.task import Registry
+    from nsqworker.testing import wait_until
+    from nsqworker.worker import Worker
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    stream = io.StringIO()
+    configure_logging("info", "json", stream=stream)
+    nsqd = cases.prepare(nsqd)
+    registry = Registry()
+    dead: list[str] = []
+
+    @spark_session_task(
+        cases.TOPIC, channel=cases.CHANNEL, registry=registry, max_attempts=1,
+        on_dead_letter=lambda m, r: dead.append(m.id),
+    )  # fmt: skip
+    def fail(msg: Message, spark: Any) -> None:
+        spark.sql("SELECT raise_error('failing on purpose')").collect()
+
+    try:
+        async with Worker(registry, cases.settings_for(nsqd)):
+            nsqd.publish(cases.TOPIC, b"{}")
+            await wait_until(lambda: dead, 60, "the dead letter")
+    finally:
+        configure_logging("info", "console")
+        provider.shutdown()
+    records = [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]
+    (failed,) = [r for r in records if r.get("event") == "spark job failed"]
+    assert failed["id"] == dead[0] and "failing on purpose" in failed["error"]
+    assert "\tat " not in failed["error"] and failed["error"].count("\n") < 6
+    (span,) = [s for s in exporter.get_finished_spans() if "spark.error" in (s.attributes or {})]
+    attributes = dict(span.attributes or {})
+    assert attributes["spark.backend"] == "local"
+    assert attributes["spark.job_group"] == failed["group"]
+    assert "failing on purpose" in str(attributes["spark.error"])
