@@ -71,6 +71,7 @@ bench: venv tools-nsq
 	@scripts/install-tools nats
 	.venv/bin/python -m bench
 	.venv/bin/python -m bench.rpc
+	@scripts/install-tools spark
 	.venv/bin/python -m bench.spark
 
 # Not part of `make test`: nsqworker run for SOAK_MINUTES while nsqd restart and workers
@@ -82,7 +83,8 @@ soak: venv tools-nsq
 run: venv tools-nsq
 	.venv/bin/python scripts/run-local $(RUN_ARGS)
 
-# The Spark example end to end: nsqd, a worker with the local runner, three batches.
+# The Spark example end to end: nsqd, a worker with the local runner, three batches;
+# then the same with a Spark session in the worker, the job times side by side.
 run-spark: venv tools-nsq
 	.venv/bin/python -m examples.spark_pipeline.run
 

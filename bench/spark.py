@@ -10,6 +10,11 @@ Through a real nsqd and an in-process Worker with the local runner:
    their output streamed into the worker's log) while a probe measures how late the
    event loop wakes from 5 ms sleeps. Goal: at most 10 ms of loop lag.
 
+3. **session**: the same job in session mode (``@spark_session_task``, one long-lived
+   SparkSession: a local driver, then a local Spark Connect server), beside spark-submit
+   (bench/spark_session.py: arrival to FIN, jobs/min with ``max_in_flight=2``, loop lag,
+   RSS). ``--no-session`` leaves it out.
+
 Figures are printed as one JSON object (and a line each). The machine's load matters:
 4 JVMs on 2 cores starve every process, the worker's loop included.
 """
@@ -104,10 +109,10 @@ async def lag_probe(samples: list[float], stop: asyncio.Event, period: float = 0
         samples.append((time.monotonic() - before - period) * 1e3)
 
 
-def settings_for(nsqd: NsqdProcess, max_in_flight: int) -> Settings:
+def settings_for(nsqd: NsqdProcess, max_in_flight: int, app_root: Path) -> Settings:
     return Settings(
         nsqd_tcp_addresses=[nsqd.tcp_address], spark_master="local[1]", health_port=0,
-        max_in_flight=max_in_flight, backoff_multiplier=0.0,
+        max_in_flight=max_in_flight, backoff_multiplier=0.0, spark_app_roots=[str(app_root)],
     )  # fmt: skip
 
 
@@ -118,7 +123,7 @@ async def run_jobs(nsqd: NsqdProcess, app: Path, count: int, concurrent: int) ->
     def job(msg: Message) -> SparkJob:
         return SparkJob(str(app), conf={"spark.ui.enabled": False})
 
-    settings = settings_for(nsqd, concurrent)
+    settings = settings_for(nsqd, concurrent, app.parent)  # the apps are in a temp dir
     runner = runner_for(settings)
     assert isinstance(runner, LocalRunner)
     probe = Probe(runner)
@@ -143,14 +148,32 @@ async def run_jobs(nsqd: NsqdProcess, app: Path, count: int, concurrent: int) ->
         control.join()
     to_spawn, to_fin = probe.overheads()
     lags.sort()
+    wall = time.monotonic() - started
     return {
         "jobs": count,
-        "wall_s": round(time.monotonic() - started, 1),
+        "wall_s": round(wall, 1),
+        "jobs_per_min": round(count / wall * 60, 1),
+        "arrival_to_fin_ms": _summary([(probe.fin[i] - probe.arrived[i]) * 1e3 for i in probe.fin]),
         "arrival_to_submit_ms": _summary(to_spawn),
         "exit_to_fin_ms": _summary(to_fin),
         "loop_lag_ms": _summary(lags),
         "thread_sleep_lag_ms": _summary(thread_lags),
     }
+
+
+def side_by_side(submit: dict[str, Any], session: dict[str, Any]) -> str:
+    """spark-submit and session mode, one row each: arrival to FIN, jobs/min, loop lag."""
+    rows = [("spark-submit (4 at once)", submit["arrival_to_fin_ms"], submit["jobs_per_min"],
+             submit["loop_lag_ms"])]  # fmt: skip
+    for name, figures in session.items():
+        if isinstance(figures, dict):
+            burst = figures["burst"]
+            rows.append((f"session {name} (2 at once)", figures["arrival_to_fin_ms"],
+                         burst["jobs_per_min"], burst["loop_lag_ms"]))  # fmt: skip
+    lines = [f"{'mode':28} {'arrival->FIN p50 ms':>20} {'jobs/min':>9} {'loop lag p99 ms':>16}"]
+    for name, fin, rate, lag in rows:
+        lines.append(f"{name:28} {fin.get('median', 0):>20} {rate:>9} {lag.get('p99', 0):>16}")
+    return "\n".join(lines)
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -178,8 +201,12 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench import spark_session  # it imports this module's probes
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=5, help="no-op jobs for the overhead")
+    parser.add_argument("--no-session", action="store_true", help="spark-submit figures only")
+    spark_session.add_arguments(parser)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
         work = Path(tmp)
@@ -188,12 +215,17 @@ def main(argv: list[str] | None = None) -> int:
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:  # uvloop, as workers
             results = runner.run(main_async(args, work))
         lines = sum(1 for _ in (work / "worker.log").open())
+        if not args.no_session:
+            results["session"] = spark_session.run(args, work)
     results["concurrent"]["log_lines"] = lines
     over, conc = results["overhead"], results["concurrent"]
     print(f"arrival -> spark-submit started: {over['arrival_to_submit_ms']} ms (goal < 50)")
     print(f"job exit -> FIN:                 {over['exit_to_fin_ms']} ms (goal < 50)")
     print(f"4 concurrent jobs, loop lag:      {conc['loop_lag_ms']} ms (goal <= 10)")
     print(f"  same sleeps in a plain thread:  {conc['thread_sleep_lag_ms']} ms (the machine)")
+    if "session" in results:
+        spark_session.report(results["session"])
+        print(side_by_side(conc, results["session"]))
     print(json.dumps(results))
     return 0
 

@@ -379,6 +379,17 @@ class _CoreSettings(BaseSettings):
         3600.0, 0, 30 * 86400, "Seconds a finished SparkApplication is kept before removal."
     )
 
+    # -- Spark sessions (@spark_session_task, nsqworker.spark.session, docs/spark.md)
+    spark_remote: str | None = Field(
+        None, pattern=r"^sc://\S+$", description="Spark Connect server of sessions: sc://host:15002"
+    )
+    spark_session_start: Literal["first_message", "worker_start"] = Field(
+        "first_message", description="When a worker starts its Spark session."
+    )
+    spark_session_conf: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="Spark conf of the session (spark.* keys)."
+    )
+
     def __init__(self, **values: Any) -> None:
         """Build settings from ``values``, the environment and defaults; see ``load``."""
         try:

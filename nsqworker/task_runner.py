@@ -116,6 +116,11 @@ class TaskRunner:
         # then carries bind_settings(settings) -> the handler to run.
         bind = getattr(spec.func, "bind_settings", None)
         func = bind(worker.settings) if callable(bind) else spec.func
+        #: What the bound handler holds open (@spark_session_task's session), closed by
+        #: the Worker once it has drained: ``async close()`` on the handler, or None.
+        self.close_handler: Callable[[], Coroutine[Any, Any, None]] | None = getattr(
+            func, "close", None
+        )
         if spec.body is not None:  # a typed body: validated before the handler
             func = typed_handler(func, spec.body, Reject)
         hooks: Hooks = getattr(worker.registry, "hooks", Hooks()) + spec.hooks

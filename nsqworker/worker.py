@@ -220,6 +220,13 @@ class Worker:
         stuck = sum(p.alive() for p in pools)
         if stuck:
             log.warning("sync handlers still running after the drain", threads=stuck)
+        # 2b. What bound handlers hold open (a Spark session), now that none runs.
+        for runner in self._runners:
+            if runner.close_handler is not None:
+                try:
+                    await runner.close_handler()
+                except Exception:
+                    log.exception("closing the task's resources failed", task=runner.spec.name)
         # 3. The transport's publishers, the watchdog, the OpenTelemetry view of our stats.
         if self.watchdog is not None:
             self.watchdog.stop()

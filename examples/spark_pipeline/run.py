@@ -3,8 +3,12 @@
 Starts nsqlookupd and nsqd (as `make run` does), generates three days of clicks,
 runs ``nsqworker run examples.spark_pipeline.tasks`` with the local Spark runner,
 publishes one ``clicks_batches`` message a day, waits for the three ``reports_ready``
-messages and prints them with the reports read back from Parquet. Everything lands
-in .run/spark_pipeline/ (worker.log has the worker's and Spark's output).
+messages and prints them with the reports read back from Parquet. Then the same
+three days again with the session form (``examples.spark_pipeline.session_tasks``:
+one long-lived SparkSession in the worker), checks that it wrote the same reports,
+and prints each day's job time with spark-submit and with the session side by side.
+Everything lands in .run/spark_pipeline/ (worker.log and worker-session.log have the
+workers' and Spark's output).
 """
 
 from __future__ import annotations
@@ -28,37 +32,67 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / ".run" / "spark_pipeline"
 DAYS = [date(2026, 11, 21) + timedelta(days=n) for n in range(3)]
 TIMEOUT = 600.0
+#: The session's conf: what tasks.py gives each spark-submit (a session-wide setting
+#: here, since every message's jobs share the session).
+SESSION_CONF = json.dumps({"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"})
 
 
 def say(text: str) -> None:
     print(f"run-spark: {text}", flush=True)
 
 
-def start_worker(lookupd: NsqlookupdProcess, log_path: Path) -> subprocess.Popen[bytes]:
+def start_worker(
+    lookupd: NsqlookupdProcess, log_path: Path, module: str, output: Path
+) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.update(
         NSQWORKER_LOOKUPD_HTTP_ADDRESSES=lookupd.http_address,
         NSQWORKER_LOOKUPD_POLL_INTERVAL="1",
         NSQWORKER_SPARK_MASTER="local[2]",
+        NSQWORKER_SPARK_SESSION_CONF=SESSION_CONF,
         NSQWORKER_HEALTH_PORT="0",
         NSQWORKER_LOG_FORMAT="console",
-        SPARK_PIPELINE_OUTPUT=str(RUN / "reports"),
+        SPARK_PIPELINE_OUTPUT=str(output),
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
     )
-    argv = [str(Path(sys.executable).parent / "nsqworker"), "run", "examples.spark_pipeline.tasks"]
-    say(f"starting the worker; its log: {log_path.relative_to(ROOT)}")
+    argv = [str(Path(sys.executable).parent / "nsqworker"), "run", module]
+    say(f"starting the worker ({module}); its log: {log_path.relative_to(ROOT)}")
     out = log_path.open("wb")
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=out, start_new_session=True)
 
 
-def read_reports(nsqd: NsqdProcess, count: int) -> list[dict[str, object]]:
-    """The first ``count`` reports_ready messages (nsq_tail on a channel of its own)."""
-    tail = subprocess.run(
+def stop_worker(worker: subprocess.Popen[bytes]) -> None:
+    worker.send_signal(signal.SIGTERM)
+    try:
+        worker.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+
+
+def read_reports(
+    nsqd: NsqdProcess, count: int, worker: subprocess.Popen[bytes]
+) -> list[dict[str, object]]:
+    """The first ``count`` reports_ready messages (nsq_tail on a channel of its own);
+    fails at once if the worker exits first."""
+    tail = subprocess.Popen(
         [find_binary("nsq_tail"), f"--nsqd-tcp-address={nsqd.tcp_address}",
          "--topic=reports_ready", "--channel=run-spark", f"-n={count}"],
-        capture_output=True, timeout=TIMEOUT, check=True,
+        stdout=subprocess.PIPE,
     )  # fmt: skip
-    return [json.loads(line) for line in tail.stdout.decode().splitlines() if line.strip()]
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while tail.poll() is None:
+            if worker.poll() is not None:
+                raise SystemExit(f"run-spark: the worker exited ({worker.returncode}); see its log")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"run-spark: no {count} reports in {TIMEOUT:g}s")
+            time.sleep(0.2)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+    assert tail.stdout is not None
+    lines = tail.stdout.read().decode().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def show(report: dict[str, object]) -> None:
@@ -75,6 +109,43 @@ def show(report: dict[str, object]) -> None:
     print("   top pages: " + ", ".join(f"{r['page']} ({r['views']})" for r in top[:5]))
 
 
+def run_form(
+    nsqd: NsqdProcess, lookupd: NsqlookupdProcess, inputs: dict[date, Path], form: str
+) -> list[dict[str, object]]:
+    """One day a message through the worker of ``form`` (submit or session); its reports."""
+    module, log_name, output = FORMS[form]
+    worker = start_worker(lookupd, RUN / log_name, module, RUN / output)
+    started = time.monotonic()
+    try:
+        for day, path in inputs.items():
+            nsqd.publish("clicks_batches", json.dumps({"day": str(day), "input": str(path)}))
+        say(f"published {len(inputs)} clicks_batches messages; waiting for reports_ready")
+        reports = sorted(read_reports(nsqd, len(inputs), worker), key=lambda r: str(r["day"]))
+        say(f"{form}: {len(reports)} reports in {time.monotonic() - started:.1f}s")
+        return reports
+    finally:
+        stop_worker(worker)
+
+
+#: form -> (task module, worker log, output directory under RUN)
+FORMS = {
+    "submit": ("examples.spark_pipeline.tasks", "worker.log", "reports"),
+    "session": ("examples.spark_pipeline.session_tasks", "worker-session.log", "reports-session"),
+}
+
+
+def same_reports(day: str) -> bool:
+    """Whether both forms wrote the same rows for ``day`` (every table, order aside)."""
+    for table in ("sessions", "daily", "top_pages"):
+        rows = [
+            sorted(map(str, pq.read_table(RUN / out / table / f"day={day}").to_pylist()))
+            for out in ("reports", "reports-session")
+        ]
+        if rows[0] != rows[1]:
+            return False
+    return True
+
+
 def main() -> int:
     shutil.rmtree(RUN, ignore_errors=True)
     RUN.mkdir(parents=True)
@@ -84,31 +155,25 @@ def main() -> int:
     )
     lookupd = NsqlookupdProcess(data_path=RUN / "nsqlookupd")
     nsqd = NsqdProcess([lookupd], data_path=RUN / "nsqd")
-    worker = None
-    started = time.monotonic()
     try:
         lookupd.start()
         nsqd.start()
         say(f"nsqd on {nsqd.tcp_address}, nsqlookupd on {lookupd.http_address}")
         nsqd.create_channel("reports_ready", "run-spark")
         nsqd.create_topic("clicks_batches")
-        worker = start_worker(lookupd, RUN / "worker.log")
-        for day, path in inputs.items():
-            nsqd.publish("clicks_batches", json.dumps({"day": str(day), "input": str(path)}))
-        say(f"published {len(inputs)} clicks_batches messages; waiting for reports_ready")
-        reports = read_reports(nsqd, len(inputs))
-        say(f"{len(reports)} reports in {time.monotonic() - started:.1f}s")
-        for report in sorted(reports, key=lambda r: str(r["day"])):
+        submitted = run_form(nsqd, lookupd, inputs, "submit")
+        for report in submitted:
             show(report)
         print()
-        return 0
+        in_session = run_form(nsqd, lookupd, inputs, "session")
+        print("\n   day          spark-submit   session   same reports")
+        for a, b in zip(submitted, in_session, strict=True):
+            day = str(a["day"])
+            print(f"   {day}   {a['seconds']:>10}s   {b['seconds']:>6}s   {same_reports(day)}")
+        print("   (the session's first day includes starting its driver's JIT; its job")
+        print("    times are inside one worker process, spark-submit's include a JVM each)\n")
+        return 0 if all(same_reports(str(r["day"])) for r in submitted) else 1
     finally:
-        if worker is not None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
         nsqd.stop()
         lookupd.stop()
 

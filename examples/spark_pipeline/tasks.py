@@ -22,17 +22,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from nsqworker import Message, Producer, Reject
+from examples.spark_pipeline.reports import OUTPUT, REPORTS_TOPIC, producer_for
+from nsqworker import Message, Reject
 from nsqworker.spark import JobResult, SparkJob, spark_task
 
 HERE = Path(__file__).resolve().parent
 APP = os.environ.get("SPARK_PIPELINE_APP", str(HERE / "jobs" / "sessionize.py"))
-OUTPUT = os.environ.get(
-    "SPARK_PIPELINE_OUTPUT", str(HERE.parents[1] / ".run/spark_pipeline/reports")
-)
-REPORTS_TOPIC = "reports_ready"
-
-_producers: dict[str, Producer] = {}
 
 
 async def publish_report(msg: Message, job: SparkJob, result: JobResult) -> None:
@@ -43,10 +38,7 @@ async def publish_report(msg: Message, job: SparkJob, result: JobResult) -> None
     if counts.is_file():  # a local output; on object storage the job's log has them
         report["rows"] = json.loads(counts.read_text())
     report["seconds"] = round(result.duration, 1)
-    producer = _producers.get(msg.nsqd_address)
-    if producer is None:
-        producer = _producers[msg.nsqd_address] = Producer([msg.nsqd_address])
-    await producer.publish_json(REPORTS_TOPIC, report)
+    await producer_for(msg).publish_json(REPORTS_TOPIC, report)
 
 
 @spark_task(

@@ -11,6 +11,9 @@
 
 The runner is chosen by ``Settings.spark_runner``: ``local`` (spark-submit of the
 installed pyspark, the default) or ``kubernetes`` (a SparkApplication).
+
+``@spark_session_task`` runs a handler ``def f(msg, spark)`` in the worker process's
+long-lived SparkSession instead: a local driver, or Spark Connect (``spark_remote``).
 """
 
 from nsqworker.spark.job import (
@@ -23,6 +26,8 @@ from nsqworker.spark.job import (
     job_problems,
 )
 from nsqworker.spark.runner import Runner, runner_for
+from nsqworker.spark.session import SessionHolder, holder_for
+from nsqworker.spark.session_task import spark_session_task
 from nsqworker.spark.task import run_spark_job, spark_task
 
 __all__ = [
@@ -31,10 +36,13 @@ __all__ = [
     "JobState",
     "Runner",
     "SecretRef",
+    "SessionHolder",
     "SparkJob",
     "SparkJobFailed",
+    "holder_for",
     "job_problems",
     "run_spark_job",
     "runner_for",
+    "spark_session_task",
     "spark_task",
 ]

@@ -34,13 +34,22 @@ def main() -> None:
     args = parser.parse_args()
 
     spark = SparkSession.builder.appName(f"sessionize-{args.day}").getOrCreate()
+    counts = sessionize_day(spark, args.input, args.day, args.output)
+    print(f"sessionize {args.day}: {json.dumps(counts)}")
+    spark.stop()
+
+
+def sessionize_day(spark: SparkSession, source: str, day: str, output: str) -> dict[str, int]:
+    """Sessionize ``day`` of the clicks in ``source`` into ``output``; returns the row
+    counts. Also what the session form of the task (session_tasks.py) calls, in the
+    worker's long-lived session: so both write the same Parquet."""
     spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     clicks = (
-        spark.read.json(args.input)
+        spark.read.json(source)
         .withColumn("ts", F.to_timestamp("ts"))
         .withColumn("day", F.to_date("ts").cast("string"))
-        .where(F.col("day") == args.day)
+        .where(F.col("day") == day)
     )
     by_user = Window.partitionBy("user").orderBy("ts")
     sessions = (
@@ -69,16 +78,16 @@ def main() -> None:
     counts = {}
     for name, frame in (("sessions", sessions), ("daily", daily), ("top_pages", top_pages)):
         frame.coalesce(1).write.mode("overwrite").partitionBy("day").parquet(
-            os.path.join(args.output, name)
+            os.path.join(output, name)
         )
         counts[name] = frame.count()
-    if "://" not in args.output or args.output.startswith("file://"):
-        folder = os.path.join(args.output.removeprefix("file://"), "_counts")
+    sessions.unpersist()  # a long-lived session would keep every day's cache
+    if "://" not in output or output.startswith("file://"):
+        folder = os.path.join(output.removeprefix("file://"), "_counts")
         os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, f"day={args.day}.json"), "w") as out:
+        with open(os.path.join(folder, f"day={day}.json"), "w") as out:
             json.dump(counts, out)
-    print(f"sessionize {args.day}: {json.dumps(counts)}")
-    spark.stop()
+    return counts
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@ number as a float, which would print 1000000 as 1e+06), lists comma-joined.
 {{- $parts := list }}
 {{- range $v }}{{ $parts = append $parts (include "nsqworker.envValue" .) }}{{ end }}
 {{- join "," $parts }}
+{{- else if kindIs "map" $v }}
+{{- toJson $v }}
 {{- else if and (kindIs "float64" $v) (eq $v (float64 (int64 $v))) }}
 {{- int64 $v }}
 {{- else }}
