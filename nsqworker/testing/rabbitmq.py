@@ -12,6 +12,7 @@ fixture at a RabbitMQ you already run instead (its stream plugin enabled).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -35,6 +36,15 @@ RABBITMQ_HINT = (
 )
 READY_TIMEOUT = 90.0
 _MARK = "NSQWORKER_RABBITMQ_INSTANCE"
+_LIVE: set[RabbitMQProcess] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """Never leave a RabbitMQ behind when the interpreter exits."""
+    for server in list(_LIVE):
+        with contextlib.suppress(Exception):
+            server.kill()
 
 
 def find_rootfs(start: Path | None = None) -> Path:
@@ -119,6 +129,7 @@ class RabbitMQProcess:
             env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
+        _LIVE.add(self)
         self.wait_ready()
         return self
 
@@ -166,6 +177,7 @@ class RabbitMQProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+        _LIVE.discard(self)
 
     def kill(self) -> None:
         """SIGKILL every process, like a crash."""
