@@ -62,6 +62,7 @@ def retry_stream(topic: str, channel: str) -> str:
 class _Reader:
     stream: str
     retry: bool
+    prefix: bytes = b""  # b"<stream>:", the start of each message id
     watermark: Watermark = field(default_factory=Watermark)
     subscription_id: int | None = None
     active: bool = False
@@ -91,9 +92,10 @@ class StreamSubscription:
         self.window = max_in_flight
         self.in_flight = 0
         self.readers = [
-            _Reader(topic, retry=False),
-            _Reader(check_stream(retry_stream(topic, channel)), retry=True),
-        ]
+            _Reader(topic, retry=False, prefix=f"{topic}:".encode()),
+            _Reader(check_stream(retry_stream(topic, channel)), retry=True,
+                    prefix=f"{retry_stream(topic, channel)}:".encode()),
+        ]  # fmt: skip
         self._flow = Flow.OPEN
         self._stopping = False
         self._subscribed = False
@@ -289,7 +291,7 @@ class StreamSubscription:
         offset = context.offset
         mark = reader.watermark
         msg = Message(
-            f"{reader.stream}:{offset}".encode(), body, context.timestamp * 1_000_000,
+            reader.prefix + str(offset).encode(), body, context.timestamp * 1_000_000,
             attempts if type(attempts) is int else 1, self.topic, self.channel,
             self._address, self._receiver, (reader, mark, offset), _monotonic(),
         )  # fmt: skip

@@ -24,7 +24,7 @@ from nsqworker.nsq.producer import Producer
 from nsqworker.settings import Settings
 from nsqworker.streams import StreamProducer
 from nsqworker.testing import NsqdFactory, wait_until
-from nsqworker.transport import Publisher, Transport
+from nsqworker.transport import Capabilities, Publisher, Transport, create_transport
 
 TRANSPORTS = ["nsq", "memory", "nats", "rabbitmq-stream"]
 
@@ -35,8 +35,6 @@ class Harness:
     name: str
     virtual_time = False
     """Delays pass without waiting (the memory transport's clock)."""
-    keep_alive = True
-    """Deliveries have a deadline that keep-alives extend (``Capabilities.keep_alive``)."""
 
     def __init__(self) -> None:
         self.topic = f"contract_{uuid.uuid4().hex[:8]}"
@@ -62,6 +60,11 @@ class Harness:
     def transport(self) -> Transport | None:
         """The transport instance to hand the Worker; None: built from the settings."""
         return None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the transport under test declares (building one connects nowhere)."""
+        return (self.transport() or create_transport(self.settings())).capabilities
 
     async def publish(self, topic: str, bodies: list[bytes]) -> None:
         raise NotImplementedError
@@ -201,7 +204,6 @@ class StreamHarness(ClientHarness):
     """The session's real RabbitMQ with the stream plugin; a fresh stream per test."""
 
     name = "rabbitmq-stream"
-    keep_alive = False
 
     def __init__(self, uri: str) -> None:
         super().__init__()

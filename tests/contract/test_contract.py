@@ -172,7 +172,7 @@ async def test_a_long_handler_is_kept_alive_and_delivered_once(broker: Harness) 
         await asyncio.sleep(1.5)  # a delivery that timed out would come back meanwhile
     assert len(done) == 2, done
     assert all(attempts == 1 for _, attempts, _ in done), done
-    if broker.keep_alive:  # kept alive past the deadline, not redelivered
+    if broker.capabilities.keep_alive:  # kept alive past the deadline, not redelivered
         assert all(touches >= 2 for _, _, touches in done), done
     else:  # no deadline to extend (a stream): nothing sent, and still delivered once
         assert all(touches == 0 for _, _, touches in done), done
