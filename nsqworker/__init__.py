@@ -1,4 +1,4 @@
-"""nsqworker: run Python task handlers on NSQ topics.
+"""nsqworker: run Python task handlers on NSQ, NATS JetStream or RabbitMQ Streams.
 
 Mark functions with ``@task("topic", channel=...)`` and run them with
 ``nsqworker run myservice.tasks``; publish with :class:`Producer` or
@@ -22,7 +22,6 @@ from nsqworker.errors import (
     UndecodableBody,
 )
 from nsqworker.message import Message
-from nsqworker.nsq import publishing as _publishing
 from nsqworker.task import (  # eager: `task` must not resolve to the submodule nsqworker.task
     Registry,
     Reject,
@@ -67,15 +66,6 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
-
-def _producer_instrumentation(envelope: bool) -> _publishing.Instrumentation:
-    # Imported on the first Producer, not with the package: the SDK costs ~0.3 s.
-    from nsqworker.telemetry.tracing import producer_instrumentation
-
-    return producer_instrumentation(envelope=envelope)
-
-
-_publishing.set_instrumentation_factory(_producer_instrumentation)
 
 __all__ = [  # noqa: RUF022 - grouped by theme, not sorted
     # tasks

@@ -53,9 +53,9 @@ OTEL_LABELS = (
 
 # (snapshot key, metric name without _total, help): summed over processes, retired kept.
 COUNTERS = (
-    ("received", "nsqworker_messages_received", "Messages nsqd delivered to the task."),
-    ("finished", "nsqworker_messages_finished", "Messages answered with FIN after success."),
-    ("requeued", "nsqworker_messages_requeued", "Messages answered with REQ (retry later)."),
+    ("received", "nsqworker_messages_received", "Messages the broker delivered to the task."),
+    ("finished", "nsqworker_messages_finished", "Messages acknowledged after success (NSQ: FIN)."),
+    ("requeued", "nsqworker_messages_requeued", "Messages given back to retry later (NSQ: REQ)."),
     (
         "dead_lettered",
         "nsqworker_messages_dead_lettered",
@@ -65,8 +65,13 @@ COUNTERS = (
 # (snapshot key, metric name, help, how processes combine): live processes only.
 GAUGES = (
     ("in_flight", "nsqworker_messages_in_flight", "Messages received and not yet answered.", sum),
-    ("rdy", "nsqworker_rdy", "RDY count granted to nsqd, over all connections.", sum),
-    ("connections", "nsqworker_connections", "Open nsqd connections of the task.", sum),
+    (
+        "rdy",
+        "nsqworker_rdy",
+        "Deliveries the broker may have outstanding (NSQ RDY, credits, pulls), summed.",
+        sum,
+    ),
+    ("connections", "nsqworker_connections", "Open broker connections of the task.", sum),
     (
         "buffered",
         "nsqworker_nsqd_buffered",
@@ -210,7 +215,7 @@ class WorkerMetrics(Collector):
         yield self._duration_family(totals)
         errors = CounterMetricFamily(
             "nsqworker_connection_errors",
-            "nsqd connection failures and non-fatal nsqd errors, by reason"
+            "Broker connection failures and non-fatal broker errors, by reason"
             " (docs/reliability.md lists the reasons).",
             labels=(*TASK_LABELS, "reason"),
         )

@@ -1,14 +1,65 @@
-"""What the producers of the transports other than NSQ share: ``async with``, JSON
-bodies, and the checks of their arguments."""
+"""What every transport's producer shares: the telemetry seam of a publish call
+(:class:`PublishCall`, :func:`instrumentation_for`), and for the producers other than
+NSQ's, ``async with``, JSON bodies and the checks of their arguments.
+
+Telemetry seam: a producer asks :func:`instrumentation_for` once, with its transport's
+:class:`~nsqworker.transport.Capabilities`, for a hook, and runs each public publish
+call inside ``hook(PublishCall(...))``: a context manager that may start a ``send
+<topic>`` span (``messaging.system`` from the capabilities) and replace ``call.bodies``
+(the trace envelope). A hook may also offer ``quiet() -> bool`` and ``count(topic, sent,
+failed, error)``: when ``quiet()`` says no span or envelope is needed, a producer may skip
+the context manager and only report the outcome to ``count`` (NSQ's PUB does).
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any, Self
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 from nsqworker.errors import ConfigurationError
 
-__all__ = ["ProducerBase"]
+if TYPE_CHECKING:
+    from nsqworker.transport import Capabilities
+
+__all__ = ["NO_HOOK", "Instrumentation", "ProducerBase", "PublishCall", "instrumentation_for"]
+
+Operation = Literal["PUB", "MPUB", "DPUB"]
+"""One message, a batch, one message held back (NSQ's command names, on every broker)."""
+
+
+@dataclass(slots=True)
+class PublishCall:
+    """One public publish call, as the telemetry hook sees it.
+
+    The hook may replace ``bodies`` (e.g. wrap them in the trace envelope) when it is
+    entered; the producer fills ``nsqd_address`` with the broker address that
+    acknowledged the last command (when it knows one) and ``published`` with how many
+    messages were acknowledged.
+    """
+
+    topic: str
+    bodies: list[bytes]
+    operation: Operation
+    delay_ms: int | None = None
+    envelope: bool = False
+    nsqd_address: str | None = None
+    published: int = 0
+
+
+Instrumentation = Callable[[PublishCall], AbstractContextManager[object]]
+NO_HOOK: Final[AbstractContextManager[object]] = nullcontext()
+
+
+def instrumentation_for(capabilities: Capabilities, envelope: bool) -> Instrumentation:
+    """The telemetry hook of one new producer of the transport ``capabilities`` names:
+    ``send`` spans, the trace envelope when ``envelope``, the sent-messages count."""
+    # Imported on the first producer, not with the package: the SDK costs ~0.3 s.
+    from nsqworker.telemetry.tracing import producer_instrumentation
+
+    return producer_instrumentation(envelope=envelope, capabilities=capabilities)
 
 
 class ProducerBase:

@@ -40,6 +40,7 @@ __all__ = [
     "Timer",
     "Transport",
     "TransportFactory",
+    "capabilities_of",
     "create_transport",
     "other_producer",
     "register_transport",
@@ -231,31 +232,37 @@ _REGISTRY: dict[str, str | TransportFactory] = {
 }
 
 
-# name -> "module:attribute" of the producer class ``Producer(settings=...)`` becomes when
-# ``settings.transport`` names a transport other than NSQ.
-_PRODUCERS: dict[str, str] = {
-    "nats": "nsqworker.nats.producer:NatsProducer",
-    "rabbitmq-stream": "nsqworker.streams.producer:StreamProducer",
-}
-
-
 def other_producer(settings: Any, timeout: float) -> Any | None:
     """The producer ``Producer(settings=settings)`` becomes when the settings name a
-    transport other than NSQ; None for NSQ."""
+    transport other than NSQ (its factory's ``producer_class``); None for NSQ."""
     name = getattr(settings, "transport", "nsq")
     if name == "nsq":
         return None
-    entry = _PRODUCERS.get(name)
-    if entry is None:
-        raise ConfigurationError(f"transport {name!r} has no producer; publish with NSQ")
-    module, _, attribute = entry.partition(":")
-    return getattr(importlib.import_module(module), attribute)(settings=settings, timeout=timeout)
+    cls = getattr(_factory(name), "producer_class", None)
+    if cls is None:
+        raise ConfigurationError(
+            f"transport {name!r} has no producer of its own: publish through the Worker's "
+            "transport, or with NSQ"
+        )
+    return cls(settings=settings, timeout=timeout)
+
+
+def capabilities_of(name: str) -> Capabilities:
+    """What the transport registered as ``name`` declares (its factory's
+    ``capabilities``), without building one."""
+    caps = getattr(_factory(name), "capabilities", None)
+    if not isinstance(caps, Capabilities):
+        raise ConfigurationError(f"transport {name!r} declares no Capabilities")
+    return caps
 
 
 def register_transport(name: str, factory: str | TransportFactory) -> None:
     """Make ``Settings(transport=name)`` build transports with ``factory(settings)``.
 
-    ``factory`` may be a ``"module:attribute"`` string, imported on first use.
+    ``factory`` may be a ``"module:attribute"`` string, imported on first use. A class
+    with a ``capabilities`` attribute lets telemetry and checks read them without an
+    instance; one with ``producer_class`` (built as ``cls(settings=..., timeout=...)``)
+    is what ``Producer(settings=...)`` gives for this transport.
     """
     if not name or not name.replace("-", "").replace("_", "").isalnum():
         raise ConfigurationError(f"transport name {name!r}: use letters, digits, - and _")

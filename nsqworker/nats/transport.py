@@ -40,6 +40,7 @@ class NatsTransport:
     """NATS from ``settings``: one connection shared by every subscription and publisher."""
 
     capabilities = CAPABILITIES
+    producer_class = NatsProducer
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

@@ -15,7 +15,7 @@ after such an error; the producer redials it, so the next publish works.
 
 nsqd's size limits are not told in IDENTIFY: given, or learned from a first "too big"
 answer, they make an oversized body raise ``MessageTooLarge`` before anything is sent.
-Publish calls go through the telemetry seam of :mod:`nsqworker.nsq.publishing`.
+Publish calls go through the telemetry seam of :mod:`nsqworker.producing`.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from nsqworker.errors import (
 )
 from nsqworker.nsq import protocol
 from nsqworker.nsq.backoff import reconnect_delay
+from nsqworker.nsq.capabilities import CAPABILITIES
 from nsqworker.nsq.connection import Connection, ConnectionConfig
 from nsqworker.nsq.handshake import connect_adapting
 from nsqworker.nsq.publishing import (
@@ -49,12 +50,12 @@ from nsqworker.nsq.publishing import (
     Instrumentation,
     PublishCall,
     delay_to_ms,
-    load_instrumentation,
     nsqd_addresses,
     parse_size_limit,
     split_batches,
     to_bytes,
 )
+from nsqworker.producing import instrumentation_for
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -109,8 +110,7 @@ class Producer:
             from nsqworker.transport import other_producer
 
             settings = options.get("settings") or _Settings()
-            other = other_producer(settings, options.get("timeout", 5.0))
-            if other is not None:
+            if (other := other_producer(settings, options.get("timeout", 5.0))) is not None:
                 return other
         return super().__new__(cls)
 
@@ -150,7 +150,7 @@ class Producer:
         self._hook: Instrumentation | None = None
         self._quiet: Callable[[], bool] | None = None
         self._count: Callable[[str, int, int, BaseException | None], None] | None = None
-        self._instrument = load_instrumentation(envelope)
+        self._instrument = instrumentation_for(CAPABILITIES, envelope)
         self._nodes = [_Node(a) for a in self.addresses]
         self._next = 0
         self._started = False

@@ -1,49 +1,36 @@
-"""What publishing needs besides connections: pure helpers for bodies, delays, MPUB
-batches and size limits, and the seam the telemetry layer hooks into (:class:`PublishCall`,
-:func:`set_instrumentation_factory`).
-
-Telemetry seam: when the layer above installed an instrumentation factory
-(``nsqworker`` installs :mod:`nsqworker.telemetry`'s), every public publish call of the
-:class:`~nsqworker.nsq.producer.Producer` runs inside ``instrumentation(PublishCall(...))``,
-a context manager that may start a ``send <topic>`` span and replace ``call.bodies``
-(the trace envelope). None (tracing off) costs one attribute test per call. A hook may
-also offer ``quiet() -> bool`` and ``count(topic, sent, failed, error)``: when
-``quiet()`` says no span or envelope is needed, a PUB skips the context manager and
-only reports its outcome to ``count``.
-"""
+"""What publishing to nsqd needs besides connections: pure helpers for bodies, delays,
+MPUB batches and size limits. The telemetry seam of a publish call (:class:`PublishCall`)
+is every producer's: :mod:`nsqworker.producing`."""
 
 from __future__ import annotations
 
 import math
 import re
 import struct
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 from nsqworker.errors import ConfigurationError, LocalProtocolError
 from nsqworker.message import to_bytes
+from nsqworker.producing import NO_HOOK, Instrumentation, Operation, PublishCall
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
 __all__ = [
+    "NO_HOOK",
     "Body",
     "Instrumentation",
+    "Operation",
     "PublishCall",
     "delay_to_ms",
-    "load_instrumentation",
     "nsqd_addresses",
     "parse_size_limit",
-    "set_instrumentation_factory",
     "split_batches",
     "to_bytes",
 ]
 
 Body = bytes | bytearray | memoryview | str | Any
 """bytes, str, or a pydantic model (published as its JSON)."""
-Operation = Literal["PUB", "MPUB", "DPUB"]
 
 MAX_DELAY: Final = 3600.0
 """Longest DPUB delay in seconds (nsqd's default ``--max-req-timeout``)."""
@@ -117,48 +104,3 @@ def nsqd_addresses(given: list[str] | str | None, settings: Settings | None) -> 
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigurationError(f"nsqd address {address!r} must be host:port")
     return addresses
-
-
-# --- telemetry seam ---------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class PublishCall:
-    """One public publish call, as the telemetry hook sees it.
-
-    The hook may replace ``bodies`` (e.g. wrap them in the trace envelope) when it is
-    entered; the producer fills ``nsqd_address`` with the nsqd that acknowledged the
-    last command and ``published`` with how many messages were acknowledged.
-    """
-
-    topic: str
-    bodies: list[bytes]
-    operation: Operation
-    delay_ms: int | None = None
-    envelope: bool = False
-    nsqd_address: str | None = None
-    published: int = 0
-
-
-Instrumentation = Callable[[PublishCall], AbstractContextManager[object]]
-NO_HOOK: Final[AbstractContextManager[object]] = nullcontext()
-
-
-InstrumentationFactory = Callable[[bool], "Instrumentation | None"]
-"""``factory(envelope)``: the hook for one new Producer, or None for none."""
-_factory: InstrumentationFactory | None = None
-
-
-def set_instrumentation_factory(factory: InstrumentationFactory | None) -> None:
-    """Install what every new Producer calls once for its telemetry hook.
-
-    The ``nsq`` layer knows no telemetry SDK; ``nsqworker/__init__.py`` installs
-    :mod:`nsqworker.telemetry`'s factory, imported lazily on the first Producer.
-    """
-    global _factory
-    _factory = factory
-
-
-def load_instrumentation(envelope: bool) -> Instrumentation | None:
-    """The hook for a new Producer from the installed factory (None without one)."""
-    return None if _factory is None else _factory(envelope)

@@ -12,35 +12,22 @@ from typing import TYPE_CHECKING
 
 from nsqworker.message import Message
 from nsqworker.nsq import protocol
+from nsqworker.nsq.capabilities import CAPABILITIES
 from nsqworker.nsq.connection import ConnectionConfig
 from nsqworker.nsq.producer import Producer
 from nsqworker.nsq.subscription import NsqSubscription
-from nsqworker.transport import Capabilities
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
 __all__ = ["CAPABILITIES", "NsqTransport"]
 
-CAPABILITIES = Capabilities(
-    name="nsq",
-    system="nsq",
-    attribute_prefix="messaging.nsq",
-    counts_attempts=True,
-    native_retry_delay=True,
-    max_retry_delay=protocol.DEFAULT_MAX_REQ_TIMEOUT_MS / 1000,
-    keep_alive=True,
-    max_hold=None,  # per connection: nsqd's --max-msg-timeout (Message.max_hold)
-    headers=False,
-    delayed_publish=True,
-    reply_address=True,
-)
-
 
 class NsqTransport:
     """NSQ from ``settings``: one connection config shared by every subscription."""
 
     capabilities = CAPABILITIES
+    producer_class = Producer
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

@@ -40,6 +40,7 @@ class StreamTransport:
     """RabbitMQ Streams from ``settings``: shared connections and producer."""
 
     capabilities = CAPABILITIES
+    producer_class = StreamProducer
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

@@ -19,14 +19,10 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from nsqworker._version import __version__
 
-__all__ = ["SCOPE", "SYSTEM_ATTRS", "hub", "register_worker_metrics"]
+__all__ = ["SCOPE", "hub", "register_worker_metrics"]
 
 SCOPE = "nsqworker"
 """The instrumentation scope of every tracer and meter nsqworker makes."""
-SYSTEM_ATTRS = {"messaging.system": "nsq"}
-"""The producers' system: the NSQ ``Producer`` is the one that reports sends here
-(a task's spans and metrics take the system from its transport's capabilities)."""
-_SYSTEM = SYSTEM_ATTRS
 
 
 # --- metrics, read from the worker's own stats -------------------------------------
@@ -34,12 +30,18 @@ _SYSTEM = SYSTEM_ATTRS
 # (WorkerStats.as_dict() task key, instrument, kind, unit, description)
 _WORKER_INSTRUMENTS = (
     ("received", "messaging.client.consumed.messages", "counter", "{message}", "Delivered."),
-    ("finished", "nsqworker.messages.finished", "counter", "{message}", "Answered with FIN."),
-    ("requeued", "nsqworker.messages.requeued", "counter", "{message}", "Answered with REQ."),
+    ("finished", "nsqworker.messages.finished", "counter", "{message}", "Acknowledged (NSQ: FIN)."),
+    (
+        "requeued",
+        "nsqworker.messages.requeued",
+        "counter",
+        "{message}",
+        "Given back to retry (NSQ: REQ).",
+    ),
     ("dead_lettered", "nsqworker.messages.dead_lettered", "counter", "{message}", "Given up."),
     ("in_flight", "nsqworker.messages.in_flight", "updown", "{message}", "Not yet answered."),
-    ("rdy", "nsqworker.rdy", "updown", "{message}", "RDY granted, all connections."),
-    ("connections", "nsqworker.connections", "updown", "{connection}", "Open nsqd connections."),
+    ("rdy", "nsqworker.rdy", "updown", "{message}", "Flow-control window granted (NSQ: RDY)."),
+    ("connections", "nsqworker.connections", "updown", "{connection}", "Open broker connections."),
     (
         "backoff_level",
         "nsqworker.backoff.level",
@@ -108,12 +110,14 @@ class _Hub:
         return read
 
     def _read_sent(self, options: CallbackOptions) -> Iterator[Observation]:
-        totals: dict[tuple[str, str | None], int] = {}
+        totals: dict[tuple[str, str, str | None], int] = {}
         for producer in list(self.producers):
-            for key, n in producer.sent_counts().items():
+            system = producer.system
+            for (topic, error_type), n in producer.sent_counts().items():
+                key = (system, topic, error_type)
                 totals[key] = totals.get(key, 0) + n
-        for (topic, error_type), n in totals.items():
-            attrs = {**_SYSTEM, "messaging.operation.name": "send"}
+        for (system, topic, error_type), n in totals.items():
+            attrs = {"messaging.system": system, "messaging.operation.name": "send"}
             attrs["messaging.destination.name"] = topic
             if error_type is not None:
                 attrs["error.type"] = error_type

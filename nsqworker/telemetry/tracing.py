@@ -22,8 +22,9 @@ nest under it and log lines carry its trace_id and span_id. Call ``end`` for eve
 token; for a None token too when ``inst.timed`` (an SDK MeterProvider is installed
 and ``end`` records the duration histogram). Calling it anyway is harmless.
 
-Producer side: :func:`producer_instrumentation` is the hook ``nsqworker.nsq.producer``
-loads (see :class:`ProducerInstrumentation`). Metrics: :mod:`nsqworker.telemetry.metrics`.
+Producer side: :func:`producer_instrumentation` is the hook every transport's producer
+loads through :func:`nsqworker.producing.instrumentation_for` (see
+:class:`ProducerInstrumentation`). Metrics: :mod:`nsqworker.telemetry.metrics`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from random import getrandbits
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
@@ -43,12 +44,11 @@ from nsqworker._version import __version__
 from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.telemetry import envelope as _envelope
 from nsqworker.telemetry.envelope import ENVELOPE_MAGIC, unwrap_envelope, wrap_envelope
-from nsqworker.telemetry.metrics import SCOPE, SYSTEM_ATTRS, hub
+from nsqworker.telemetry.metrics import SCOPE, hub
 from nsqworker.telemetry.sampling import _no_sdk, _PresetIds, _sampling_plan, is_proxy
 from nsqworker.telemetry.shortcuts import context_with
 
 if TYPE_CHECKING:
-    from nsqworker.nsq.publishing import PublishCall
     from nsqworker.settings import Settings
     from nsqworker.task import TaskSpec
     from nsqworker.transport import Capabilities
@@ -73,14 +73,9 @@ RECHECK_EVERY = 256
 """Messages between looks at the global providers while one of them is not installed."""
 _LIMIT = (1 << 64) - 1  # TraceIdRatioBased compares the low 64 bits of the trace id
 _DISABLED, _GENERIC, _RATIO = 0, 1, 2
-_SYSTEM = SYSTEM_ATTRS
 _CONSUMER = SpanKind.CONSUMER
 _ROOT = otel_context.Context()
 _OK = Status(StatusCode.OK)
-OUTCOME = "messaging.nsq.outcome"
-"""Span attribute on NSQ (``<prefix>.outcome`` on others): ``fin``, ``req`` or
-``dead_letter``. Set with ``set_attributes({k: v})``, which is what ``set_attribute``
-calls in the SDK."""
 """The parent of a process span without a remote parent: none. Whatever span is
 current where the worker runs (one around its startup, say) is not a message's parent."""
 
@@ -152,8 +147,7 @@ class TaskInstrumentation:
         capabilities: Capabilities | None = None,
     ) -> None:
         self.spec = spec
-        system = capabilities.system if capabilities is not None else _SYSTEM["messaging.system"]
-        prefix = capabilities.attribute_prefix if capabilities is not None else "messaging.nsq"
+        system, prefix = _system_of(capabilities)
         self._attempts_key = f"{prefix}.message.attempts"
         self._touches_key = f"{prefix}.message.touches"
         self._outcome_key = f"{prefix}.outcome"
@@ -357,9 +351,10 @@ class TaskInstrumentation:
 class ProducerInstrumentation:
     """``send <topic>`` spans, the trace envelope and the sent-messages count.
 
-    ``nsqworker.nsq.producer`` runs each publish inside ``with inst(call):``. By hand:
+    A producer runs each publish inside ``with inst(call):``. By hand:
     ``span = inst.start_send(topic, n)``; ``bodies = inst.wrap(bodies, span)`` when
     ``envelope``; send; ``inst.end_send(span, error, topic=topic, sent=n)``.
+    ``capabilities``: the producer's transport, for ``messaging.system`` (default NSQ's).
     """
 
     def __init__(
@@ -368,8 +363,11 @@ class ProducerInstrumentation:
         envelope: bool = False,
         tracer_provider: trace.TracerProvider | None = None,
         meter_provider: metrics.MeterProvider | None = None,
+        capabilities: Capabilities | None = None,
     ) -> None:
         self.envelope = envelope
+        self.system, self.prefix = _system_of(capabilities)
+        self._system_attrs = {"messaging.system": self.system}
         self._fixed = tracer_provider
         self._provider: trace.TracerProvider | None = None
         self._tracer: trace.Tracer = trace.NoOpTracer()
@@ -404,7 +402,7 @@ class ProducerInstrumentation:
         if not self._tracing_now():
             return None
         attrs: dict[str, Any] = {
-            **_SYSTEM,
+            **self._system_attrs,
             "messaging.operation.name": "send",
             "messaging.operation.type": "send",
             "messaging.destination.name": topic,
@@ -469,12 +467,33 @@ class ProducerInstrumentation:
         """Messages sent so far by ``(topic, error type or None)``."""
         return dict(self._sent)
 
-    def __call__(self, call: PublishCall) -> _SendScope:
-        """The ``nsqworker.nsq.producer`` seam: span, envelope and count of one call.
+    def __call__(self, call: _Call) -> _SendScope:
+        """The producers' seam (:mod:`nsqworker.producing`): span, envelope and count of
+        one call.
 
         A context manager; entering it gives the span (or None).
         """
         return _SendScope(self, call)
+
+
+class _Call(Protocol):
+    """What a send scope reads and writes of :class:`nsqworker.producing.PublishCall`
+    (described here, not imported: the producers import this module lazily)."""
+
+    bodies: list[bytes]
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def operation(self) -> str: ...
+    @property
+    def delay_ms(self) -> int | None: ...
+    @property
+    def envelope(self) -> bool: ...
+    @property
+    def nsqd_address(self) -> str | None: ...
+    @property
+    def published(self) -> int: ...
 
 
 class _SendScope:
@@ -484,7 +503,7 @@ class _SendScope:
 
     __slots__ = ("_call", "_inst", "_span")
 
-    def __init__(self, inst: ProducerInstrumentation, call: PublishCall) -> None:
+    def __init__(self, inst: ProducerInstrumentation, call: _Call) -> None:
         self._inst = inst
         self._call = call
         self._span: Span | None = None
@@ -494,7 +513,7 @@ class _SendScope:
         batch = call.operation == "MPUB"
         span = inst.start_send(call.topic, len(call.bodies), call.nsqd_address, batch=batch)
         if span is not None and call.delay_ms is not None:
-            span.set_attribute("messaging.nsq.message.delay", call.delay_ms / 1000)
+            span.set_attribute(f"{inst.prefix}.message.delay", call.delay_ms / 1000)
         if call.envelope:
             call.bodies = inst.wrap(call.bodies, span, getattr(call, "content_type", None))
         self._span = span
@@ -512,6 +531,18 @@ class _SendScope:
                             sent=call.published, failed=unsent)  # fmt: skip
 
 
-def producer_instrumentation(envelope: bool = False) -> ProducerInstrumentation:
-    """The hook ``nsqworker.nsq.producer`` calls once per Producer."""
-    return ProducerInstrumentation(envelope=envelope)
+def producer_instrumentation(
+    envelope: bool = False, capabilities: Capabilities | None = None
+) -> ProducerInstrumentation:
+    """The hook a producer of the transport ``capabilities`` names asks for once (see
+    :func:`nsqworker.producing.instrumentation_for`); NSQ's by default."""
+    return ProducerInstrumentation(envelope=envelope, capabilities=capabilities)
+
+
+def _system_of(capabilities: Capabilities | None) -> tuple[str, str]:
+    """``messaging.system`` and the prefix of broker-specific attributes."""
+    if capabilities is None:
+        from nsqworker.transport import capabilities_of
+
+        capabilities = capabilities_of("nsq")  # the default transport
+    return capabilities.system, capabilities.attribute_prefix

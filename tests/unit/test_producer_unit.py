@@ -26,7 +26,7 @@ from nsqworker.errors import (
     NSQDError,
     PublishError,
 )
-from nsqworker.nsq import protocol, publishing
+from nsqworker.nsq import protocol
 from nsqworker.nsq.producer import Producer
 from nsqworker.nsq.publishing import (
     PublishCall,
@@ -473,20 +473,13 @@ async def test_instrumentation_wraps_each_call(nsqds: dict[str, FakeNsqd]) -> No
     assert pubs(nsqds["a:1"]) == [b"env:x"]
 
 
-def test_telemetry_hook_comes_from_the_installed_factory(monkeypatch: pytest.MonkeyPatch) -> None:
-    hook = object()
-    monkeypatch.setattr(publishing, "_factory", lambda envelope: hook if envelope else None)
-    assert Producer("a:1", envelope=True)._instrument is hook
-    assert Producer("a:1", envelope=False)._instrument is None
-    monkeypatch.setattr(publishing, "_factory", None)
-    assert Producer("a:1", envelope=True)._instrument is None
-
-
-def test_nsqworker_installs_the_telemetry_factory() -> None:
+def test_a_producer_gets_its_telemetry_hook_with_its_transports_system() -> None:
     from nsqworker.telemetry.tracing import ProducerInstrumentation
 
     hook = Producer("a:1", envelope=True)._instrument
     assert isinstance(hook, ProducerInstrumentation) and hook.envelope
+    assert hook.system == "nsq"
+    assert isinstance(Producer("a:1", envelope=False)._instrument, ProducerInstrumentation)
 
 
 # --- SyncProducer -------------------------------------------------------------------

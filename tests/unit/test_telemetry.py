@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import SpanKind, StatusCode
 
 from nsqworker.message import FINISH, GiveUp, Message, Requeue
-from nsqworker.nsq.publishing import PublishCall
+from nsqworker.producing import PublishCall
 from nsqworker.task import Reject, Retry, TaskSpec
 from nsqworker.telemetry import tracing as telemetry
 from nsqworker.telemetry.envelope import wrap_envelope
