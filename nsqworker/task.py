@@ -32,7 +32,15 @@ from typing import Any, Generic, Never, ParamSpec, Protocol, TypeVar, cast
 
 from nsqworker.bodies import BodySpec, body_spec
 from nsqworker.errors import ConfigurationError, InvalidName
-from nsqworker.hooks import AfterHook, BeforeHook, DeadLetterHook, ErrorHook, Hooks, hooks_of
+from nsqworker.hooks import (
+    AfterHook,
+    BeforeHook,
+    DeadLetterHook,
+    ErrorHook,
+    Hooks,
+    hooks_of,
+    is_async_callable,
+)
 from nsqworker.message import Message
 from nsqworker.names import check_channel, check_topic
 from nsqworker.outcomes import (
@@ -226,12 +234,6 @@ def _name(func: object) -> str:
     return str(getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or func)
 
 
-def _is_async(func: object) -> bool:
-    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
-        getattr(func, "__call__", None)  # noqa: B004 - async callable objects count too
-    )
-
-
 def _check_handler(where: str, func: object) -> BodySpec | None:
     """Check the handler; return its typed body, if it declares one."""
     if not callable(func):
@@ -393,7 +395,7 @@ class Registry:
                 topic=topic,
                 channel=channel,
                 func=cast("Callable[[Message], Any]", func),
-                is_async=_is_async(func),
+                is_async=is_async_callable(func),
                 max_in_flight=max_in_flight,
                 max_attempts=max_attempts,
                 requeue_delay=None if requeue_delay is None else float(requeue_delay),
