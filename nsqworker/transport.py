@@ -70,9 +70,13 @@ class Capabilities:
     attribute_prefix: str
     """Prefix of broker-specific span attributes, e.g. ``messaging.nsq``."""
     counts_attempts: bool = True
-    """The broker counts deliveries (else the transport carries the count itself)."""
+    """The broker counts deliveries (else the transport carries the count itself).
+    Information for users (docs/transports.md): every transport hands the task layer a
+    count either way, so the dispatcher does not branch on it."""
     native_retry_delay: bool = True
-    """Retry after a delay is the broker's own (else the transport emulates it)."""
+    """Retry after a delay is the broker's own (else the transport emulates it).
+    Information, like ``counts_attempts``: ``Subscription.retry(msg, delay)`` works on
+    every transport; the dispatcher reads only ``max_retry_delay``."""
     max_retry_delay: float = 3600.0
     """Longest retry delay in seconds the transport can honour; longer ones are capped."""
     keep_alive: bool = True
