@@ -74,6 +74,10 @@ class ProducerBase:
             raise ConfigurationError(f"timeout must be positive seconds, got {timeout!r}")
         self.timeout = timeout
 
+    def start(self) -> None:
+        """Begin connecting in the background, if the producer can (the first publish
+        connects anyway): nothing here; NSQ's Producer dials each nsqd."""
+
     async def connect(self, timeout: float | None = None) -> None:
         """Connect now (optional: the first publish connects)."""
         raise NotImplementedError

@@ -1,7 +1,7 @@
 """One TCP connection to nsqd: after the handshake, frames in and commands out.
 
 :class:`Connection` is an :class:`asyncio.Protocol` (streams cost too much per
-message). The handshake (:mod:`nsqworker.nsq.handshake`) pulls frames one at a time;
+message). After the dial, a :class:`~nsqworker.nsq.handshake.Handshake` pulls frames one at a time;
 after it, ``data_received`` decodes every frame of a chunk, hands messages to
 ``on_message`` inline, matches answers to requests in order, and flushes what the
 callbacks wrote once per chunk. It knows nothing about tasks, RDY policy or backoff.
@@ -25,9 +25,10 @@ from nsqworker.errors import (
     RemoteProtocolError,
 )
 from nsqworker.nsq import protocol
-from nsqworker.nsq.handshake import ASSUMED_HEARTBEAT, Handshake
+from nsqworker.nsq.handshake import ASSUMED_HEARTBEAT, Handshake, connect_error
 from nsqworker.nsq.options import ConnectionConfig, ServerInfo
 from nsqworker.nsq.protocol import ErrorFrame, Frame, Response
+from nsqworker.nsq.tls import import_snappy
 
 __all__ = ["Connection", "ConnectionConfig", "ServerInfo"]
 
@@ -68,7 +69,7 @@ def _ignore(*_: Any) -> None:
     pass
 
 
-class Connection(Handshake):
+class Connection(asyncio.Protocol):
     """One connection to one nsqd.
 
     ``on_message(timestamp, attempts, id, body)`` runs inline in the read loop for every message;
@@ -142,6 +143,53 @@ class Connection(Handshake):
     def __repr__(self) -> str:
         state = "closed" if self.closed else "connected" if self.connected else "new"
         return f"<Connection {self.address} {state}>"
+
+    async def connect(self) -> ServerInfo:
+        """Dial, then negotiate (magic, IDENTIFY, TLS and compression as agreed, AUTH if
+        nsqd requires it); return what nsqd answered.
+
+        Raises :class:`NSQDError` / :class:`AuthError` as nsqd answered, and
+        :class:`ConnectionClosed` for network failures and timeouts (the dial, then
+        the negotiation, are each bounded by ``dial_timeout``).
+        """
+        if self._started:
+            raise NSQWorkerError(f"connect() was already called on {self!r}")
+        self._started = True
+        cfg = self.config
+        try:
+            snappy = import_snappy() if cfg.compression == "snappy" else None
+            async with asyncio.timeout(cfg.dial_timeout):
+                await self._loop.create_connection(lambda: self, self.host, self.port)
+            if self._closing:
+                raise ConnectionClosed(
+                    f"connection to nsqd at {self.address} closed while connecting"
+                )
+            async with asyncio.timeout(cfg.dial_timeout):
+                self.server = await Handshake(self).negotiate(snappy)
+        except BaseException as exc:
+            error = connect_error(self.address, cfg.dial_timeout, exc)
+            if self._transport is not None:
+                self._transport.abort()
+            reason = error if isinstance(error, ConnectionClosed) else None
+            self._finish(
+                reason or ConnectionClosed(f"connecting to {self.address} failed: {error!r}")
+            )
+            if error is exc:
+                raise
+            raise error from exc
+        self._handshaking = False
+        self._established = self._open = True
+        heartbeat = ASSUMED_HEARTBEAT if cfg.heartbeat_interval is None else cfg.heartbeat_interval
+        if heartbeat > 0:
+            self._liveness = self._loop.call_later(heartbeat, self._check_liveness)
+        if len(self._decoder):  # frames that came with the last answer of the handshake
+            self._in_read = True
+            try:
+                self.messages_received += self._decode(b"")
+            finally:
+                self._in_read = False
+            self._flush()
+        return self.server
 
     @property
     def connected(self) -> bool:

@@ -1,8 +1,9 @@
-"""Opening a connection: dial, magic, IDENTIFY, TLS, compression, AUTH.
+"""Opening a connection: magic, IDENTIFY, TLS, compression, AUTH.
 
-:class:`Handshake` is the first phase of :class:`~nsqworker.nsq.connection.Connection`
-(its base class): it pulls frames one at a time until nsqd has answered every step.
-After it, the connection's read loop takes over.
+A :class:`~nsqworker.nsq.connection.Connection` dials, then hands itself to a
+:class:`Handshake`, which pulls frames one at a time until nsqd has answered every step
+(what it needs of the connection is the :class:`Negotiating` protocol). After it, the
+connection's read loop takes over.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import logging
 import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import httpx
 
@@ -22,7 +23,6 @@ from nsqworker.errors import (
     ConfigurationError,
     ConnectionClosed,
     NSQDError,
-    NSQWorkerError,
     RemoteProtocolError,
 )
 from nsqworker.nsq import protocol
@@ -35,10 +35,7 @@ from nsqworker.nsq.options import (
 from nsqworker.nsq.protocol import ErrorFrame, MessageFrame, Response
 from nsqworker.nsq.tls import compression_codecs, import_snappy
 
-if TYPE_CHECKING:
-    from collections import deque
-
-__all__ = ["Handshake", "connect_adapting"]
+__all__ = ["Handshake", "Negotiating", "connect_adapting", "connect_error"]
 
 log = logging.getLogger("nsqworker.nsq.connection")
 _NOP = protocol.nop()
@@ -49,104 +46,59 @@ _warned_unused_secret = False
 ASSUMED_HEARTBEAT = 60.0
 
 
-class Handshake(asyncio.Protocol):
-    """The negotiation phase of a connection; the attributes are the connection's."""
+def connect_error(address: str, dial_timeout: float, exc: BaseException) -> BaseException:
+    """What a failed dial or negotiation raises: nsqd's own errors as they are, network
+    failures and timeouts as :class:`ConnectionClosed` naming the nsqd."""
+    if isinstance(exc, NSQDError | ConnectionClosed | ConfigurationError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return ConnectionClosed(
+            f"nsqd at {address} did not connect and negotiate within {dial_timeout} s"
+        )
+    if isinstance(exc, OSError):
+        return ConnectionClosed(f"cannot connect to nsqd at {address}: {exc}")
+    if isinstance(exc, RemoteProtocolError):
+        return ConnectionClosed(f"nsqd at {address} sent garbage: {exc}")
+    return exc
+
+
+class Negotiating(Protocol):
+    """What a :class:`Handshake` reads and drives of the connection it negotiates: the
+    connection is the asyncio protocol of the socket, so the handshake reads the frames
+    its decoder holds, waits on its waiter, and writes through its buffer."""
 
     address: str
     host: str
-    port: int
     config: ConnectionConfig
-    server: ServerInfo
-    messages_received: int
     _loop: asyncio.AbstractEventLoop
     _decoder: protocol.Decoder
     _transport: asyncio.Transport | None
     _wbuf: list[bytes]
     _compress: Callable[[bytes], bytes] | None
     _decompress: Callable[[bytes], bytes] | None
-    _handshaking: bool
     _waiter: asyncio.Future[None] | None
-    _started: bool
-    _established: bool
-    _open: bool
-    _closing: bool
     _lost: bool
-    _in_read: bool
-    _liveness: asyncio.TimerHandle | None
-    if TYPE_CHECKING:
-        _pending: deque[Any]
 
-        def _flush(self) -> None: ...
-        def _finish(self, reason: ConnectionClosed) -> None: ...
-        def _decode(self, data: bytes) -> int: ...
-        def _check_liveness(self) -> None: ...
-        def _closed_error(self) -> ConnectionClosed: ...
+    def _flush(self) -> None: ...
+    def _closed_error(self) -> ConnectionClosed: ...
 
-    async def connect(self) -> ServerInfo:
-        """Dial, send the magic and IDENTIFY, upgrade to TLS and compression as
-        negotiated, AUTH if nsqd requires it; return what nsqd answered.
 
-        Raises :class:`NSQDError` / :class:`AuthError` as nsqd answered, and
-        :class:`ConnectionClosed` for network failures and timeouts (the dial, then
-        the negotiation, are each bounded by ``dial_timeout``).
-        """
-        if self._started:
-            raise NSQWorkerError(f"connect() was already called on {self!r}")
-        self._started = True
-        cfg = self.config
-        try:
-            snappy = import_snappy() if cfg.compression == "snappy" else None
-            async with asyncio.timeout(cfg.dial_timeout):
-                await self._loop.create_connection(lambda: self, self.host, self.port)
-            if self._closing:
-                raise ConnectionClosed(
-                    f"connection to nsqd at {self.address} closed while connecting"
-                )
-            async with asyncio.timeout(cfg.dial_timeout):
-                self.server = await self._negotiate(snappy)
-        except BaseException as exc:
-            error = self._connect_error(exc)
-            if self._transport is not None:
-                self._transport.abort()
-            if isinstance(error, ConnectionClosed):
-                self._finish(error)
-            else:
-                self._finish(ConnectionClosed(f"connecting to {self.address} failed: {error!r}"))
-            if error is exc:
-                raise
-            raise error from exc
-        self._handshaking = False
-        self._established = self._open = True
-        heartbeat = ASSUMED_HEARTBEAT if cfg.heartbeat_interval is None else cfg.heartbeat_interval
-        if heartbeat > 0:
-            self._liveness = self._loop.call_later(heartbeat, self._check_liveness)
-        if len(self._decoder):
-            self._in_read = True
-            try:
-                self.messages_received += self._decode(b"")
-            finally:
-                self._in_read = False
-            self._flush()
-        return self.server
+class Handshake:
+    """One negotiation of ``conn`` after its dial; :meth:`negotiate` returns what nsqd
+    answered (its IDENTIFY, with AUTH's identity when it asked for AUTH)."""
 
-    def _connect_error(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, NSQDError | ConnectionClosed | ConfigurationError):
-            return exc
-        if isinstance(exc, TimeoutError):
-            return ConnectionClosed(
-                f"nsqd at {self.address} did not connect and negotiate within "
-                f"{self.config.dial_timeout} s"
-            )
-        if isinstance(exc, OSError):
-            return ConnectionClosed(f"cannot connect to nsqd at {self.address}: {exc}")
-        if isinstance(exc, RemoteProtocolError):
-            return ConnectionClosed(f"nsqd at {self.address} sent garbage: {exc}")
-        return exc
+    def __init__(self, conn: Negotiating) -> None:
+        self.conn = conn
+        self.address = conn.address
+
+    async def negotiate(self, snappy: Any) -> ServerInfo:
+        """Magic and IDENTIFY, then TLS, compression and AUTH as nsqd answers."""
+        return await self._negotiate(snappy)
 
     async def _negotiate(self, snappy: Any) -> ServerInfo:
-        cfg = self.config
-        assert self._transport is not None
-        self._transport.write(protocol.MAGIC_V2 + protocol.identify(cfg.identify_body()))
+        cfg = self.conn.config
+        assert self.conn._transport is not None
+        self.conn._transport.write(protocol.MAGIC_V2 + protocol.identify(cfg.identify_body()))
         server = ServerInfo.from_identify((await self._next_response()).data)
         if cfg.tls_v1:
             if not server.tls_v1:
@@ -173,21 +125,21 @@ class Handshake(asyncio.Protocol):
         """The next answer during negotiation; heartbeats are answered and skipped."""
         while True:
             try:
-                frame = self._decoder.next_frame()
+                frame = self.conn._decoder.next_frame()
             except RemoteProtocolError as exc:
                 raise ConnectionClosed(f"nsqd at {self.address} sent garbage: {exc}") from exc
             if frame is None:
-                if self._lost:
-                    raise self._closed_error()
-                self._waiter = self._loop.create_future()
-                await self._waiter
+                if self.conn._lost:
+                    raise self.conn._closed_error()
+                self.conn._waiter = self.conn._loop.create_future()
+                await self.conn._waiter
             elif isinstance(frame, ErrorFrame):
                 raise NSQDError.from_frame(frame.data)
             elif isinstance(frame, MessageFrame):
                 raise ConnectionClosed(f"nsqd at {self.address} sent a message before SUB")
             elif frame.data == protocol.HEARTBEAT:
-                self._wbuf.append(_NOP)
-                self._flush()
+                self.conn._wbuf.append(_NOP)
+                self.conn._flush()
             else:
                 return frame
 
@@ -197,50 +149,50 @@ class Handshake(asyncio.Protocol):
             raise ConnectionClosed(f"nsqd at {self.address} answered {frame.data!r} after {step}")
 
     async def _start_tls(self) -> None:
-        if len(self._decoder):
+        if len(self.conn._decoder):
             raise ConnectionClosed(f"nsqd at {self.address} sent data before the TLS handshake")
-        cfg = self.config
+        cfg = self.conn.config
         context = cfg.ssl_context or ssl.create_default_context()
-        assert self._transport is not None
-        transport = await self._loop.start_tls(
-            self._transport,
-            self,
+        assert self.conn._transport is not None
+        transport = await self.conn._loop.start_tls(
+            self.conn._transport,
+            cast(asyncio.BaseProtocol, self.conn),
             context,
-            server_hostname=cfg.tls_server_name or self.host,
+            server_hostname=cfg.tls_server_name or self.conn.host,
             ssl_handshake_timeout=cfg.dial_timeout,
         )
         if transport is None:
             raise ConnectionClosed(f"TLS handshake with nsqd at {self.address} failed")
-        self._transport = transport
+        self.conn._transport = transport
 
     def _install_compression(self, server: ServerInfo, snappy: Any) -> None:
         # nsqd may have sent the compressed OK in the same segment as the plain
         # IDENTIFY answer: those bytes sit undecoded in the decoder.
-        leftover = self._decoder.take_buffer()
+        leftover = self.conn._decoder.take_buffer()
         if server.snappy and snappy is None:
             snappy = import_snappy()
-        self._compress, self._decompress = compression_codecs(
+        self.conn._compress, self.conn._decompress = compression_codecs(
             snappy if server.snappy else None, server.deflate_level
         )
         if leftover:
-            self._decoder.receive(self._decompress(leftover))
+            self.conn._decoder.receive(self.conn._decompress(leftover))
 
     async def _auth(self, server: ServerInfo) -> ServerInfo:
-        secret = self.config.auth_secret
+        secret = self.conn.config.auth_secret
         if not secret:
             raise AuthError(
                 f"nsqd at {self.address} requires AUTH and no secret is set: "
                 "set NSQWORKER_AUTH_SECRET (Settings.auth_secret)"
             )
-        if self.config.auth_requires_tls:
+        if self.conn.config.auth_requires_tls:
             raise AuthError(
                 f"nsqd at {self.address}, found through nsqlookupd, asks for AUTH over plain "
                 "TCP: the secret is not sent (lookupd is unauthenticated). Set tls_v1, list "
                 "the nsqd in nsqd_tcp_addresses, or set lookupd_auth_without_tls on a "
                 "trusted network"
             )
-        self._wbuf.append(protocol.auth(secret))
-        self._flush()
+        self.conn._wbuf.append(protocol.auth(secret))
+        self.conn._flush()
         data = (await self._next_response()).data
         try:
             info = json.loads(data)

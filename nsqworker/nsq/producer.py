@@ -155,7 +155,7 @@ class Producer:
         self._next = 0
         self._started = False
         self._closed = False
-        self._loop: asyncio.AbstractEventLoop  # set by _start(), before any publish
+        self._loop: asyncio.AbstractEventLoop  # set by start(), before any publish
         self._changed: asyncio.Event | None = None
         self._inflight = 0
         # Created by close() when calls are in flight; the last one to end resolves it.
@@ -202,8 +202,8 @@ class Producer:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def _start(self) -> None:
-        """Start a keeper task per address (needs the running loop); returns at once."""
+    def start(self) -> None:
+        """Begin connecting, a keeper task per address (the first publish calls it)."""
         if self._closed:
             raise ConnectionClosed("the producer is closed")
         if self._started:
@@ -221,7 +221,7 @@ class Producer:
             NoConnection: none connected within ``timeout`` (default: the producer's);
                 the producer keeps redialling in the background until closed.
         """
-        self._start()
+        self.start()
         timeout = timeout or self.timeout
         await self._pick(asyncio.get_running_loop().time() + timeout, None, timeout)
 
@@ -378,7 +378,7 @@ class Producer:
         if type(body) is not bytes:
             body = to_bytes(body)
         if not self._started or self._closed:
-            self._start()
+            self.start()
         timeout = timeout or self.timeout
         self._inflight += 1
         call = None
@@ -472,7 +472,7 @@ class Producer:
     async def _run(self, call: PublishCall, timeout: float | None) -> None:
         """Send ``call`` inside the telemetry hook (if any), counting it as in flight."""
         if not self._started or self._closed:
-            self._start()
+            self.start()
         self._inflight += 1
         try:
             if self._instrument is None:

@@ -49,9 +49,7 @@ class SyncProducer(BlockingClient):
         )
         self.timeout = timeout
         self._runner = LoopThread("SyncProducer", "Producer", "the producer", self.close)
-        start = getattr(self._producer, "_start", None)  # NSQ's; others start on first use
-        if start is not None:
-            self._runner.loop.call_soon_threadsafe(start)
+        self._runner.loop.call_soon_threadsafe(self._producer.start)
         self._call = self._runner.call
 
     def __repr__(self) -> str:
