@@ -89,7 +89,8 @@ class Capabilities:
     delayed_publish: bool = False
     """A publish may ask the broker to hold the message back."""
     reply_address: bool = False
-    """A request may name the broker address its reply goes to (RPC over NSQ)."""
+    """A request may name the broker address its reply goes to: the RPC-over-NSQ wire
+    format (an nsqd host and port in the request), so NSQ's alone; ``@rpc`` needs it."""
 
 
 @dataclass
