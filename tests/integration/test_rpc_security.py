@@ -148,6 +148,27 @@ async def test_a_reply_nsqd_listed_by_lookupd_is_trusted(
     assert not letters
 
 
+async def test_a_reply_nsqd_outside_lookupd_allowed_nsqd_is_not_trusted(
+    nsqlookupd: NsqlookupdProcess, nsqd_factory: NsqdFactory
+) -> None:
+    requests_nsqd, other_nsqd = nsqd_factory(nsqlookupd), nsqd_factory(nsqlookupd)
+    registry, letters = Registry(), list[str]()
+    endpoint(registry, letters)
+    settings = settings_for(
+        lookupd_http_addresses=[nsqlookupd.http_address],
+        lookupd_allowed_nsqd=[f"127.0.0.1:{requests_nsqd.tcp_port}"],
+    )
+    other_nsqd.publish("warmup", b"x")  # both registered with lookupd
+    requests_nsqd.publish("sec_rpc", b"x")  # dead-lettered too: not a request
+    await wait_until(lambda: len(nsqlookupd.nodes()) == 2, message="both nsqd registered")
+    async with Worker(registry, settings):
+        await wait_until(lambda: letters, message="the warm-up dead-lettered")
+        requests_nsqd.publish("sec_rpc", request_to(other_nsqd.tcp_port))
+        await wait_until(lambda: len(letters) == 2, message="the request dead-lettered")
+    assert f"reply nsqd 127.0.0.1:{other_nsqd.tcp_port} is not trusted" in letters[1]
+    assert "rpc_attacker" not in [t["topic_name"] for t in other_nsqd.stats()["topics"]]
+
+
 async def test_nested_json_is_rejected_without_backoff(nsqd: NsqdProcess) -> None:
     registry, letters = Registry(), list[str]()
     endpoint(registry, letters)
