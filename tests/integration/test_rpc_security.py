@@ -190,6 +190,26 @@ async def test_nested_json_is_rejected_without_backoff(nsqd: NsqdProcess) -> Non
     assert any("deeper than 64 levels" in r for r in letters)
 
 
+async def test_a_msgpack_body_of_empty_maps_is_rejected_without_backoff(
+    nsqd: NsqdProcess,
+) -> None:
+    pytest.importorskip("msgpack")
+    registry, letters = Registry(), list[str]()
+    endpoint(registry, letters)
+    settings = settings_for(nsqd, backoff_multiplier=1.0)
+    count = 1_000_000  # one byte each: 64 MB of dicts if decoded
+    bomb = b"\xdd" + count.to_bytes(4, "big") + b"\x80" * count
+    async with Worker(registry, settings):
+        nsqd.publish("sec_rpc", codec.encode_request(
+            b"M" * 16, codec.MSGPACK, "127.0.0.1", nsqd.tcp_port, "rpc_bomb", bomb))  # fmt: skip
+        await wait_until(lambda: letters, message="dead-lettered")
+        started = time.monotonic()
+        async with RpcClient([nsqd.tcp_address], settings=settings_for(nsqd)) as client:
+            assert await client.call("sec_rpc", 1, timeout=10, encoding="msgpack") == {"ok": 1}
+        assert time.monotonic() - started < 3.0  # no backoff level to wait out
+    assert "MiB of lists and maps" in letters[0]
+
+
 async def test_a_request_over_max_request_size_is_rejected(nsqd: NsqdProcess) -> None:
     registry, letters = Registry(), list[str]()
     endpoint(registry, letters, max_request_size=1000)
