@@ -218,6 +218,11 @@ class Connections:
         assert config is not None
         if not link.direct:  # security: found through lookupd (options.for_discovered)
             config = config.for_discovered()
+            if config.auth_secret and not config.tls_v1 and config.lookupd_auth_without_tls:
+                self._tell_once(link.address, "auth", logging.WARNING,
+                                "%s: %s was found through lookupd and lookupd_auth_without_tls "
+                                "is set: it gets the AUTH secret over plain TCP if it asks",
+                                self.name, link.address)  # fmt: skip
 
         def make(config: ConnectionConfig) -> Connection:
             session.conn = Connection(
@@ -233,11 +238,6 @@ class Connections:
             http = self.poller.http_addresses.get(link.address) if self.poller else None
             conn = await connect_adapting(link.address, config, make, http)
             info = conn.server
-            if not link.direct and info.auth_required and not info.tls_v1:
-                self._tell_once(link.address, "auth", logging.WARNING,
-                                "%s: sent the AUTH secret over plain TCP to %s, an nsqd found "
-                                "through lookupd (lookupd_auth_without_tls is set)",
-                                self.name, link.address)  # fmt: skip
             await conn.subscribe(self.topic, self.channel)
         except ConfigurationError:
             raise  # a setting this nsqd refuses: retrying cannot help
