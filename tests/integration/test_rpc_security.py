@@ -249,3 +249,32 @@ async def test_error_replies_are_generic_unless_the_author_chose_the_text(
         with pytest.raises(RpcError) as info:
             await client.call("fails", "user", timeout=10)
         assert (info.value.type, info.value.message) == ("OutOfStock", "sku A1 is out of stock")
+
+
+async def test_the_functions_own_publishing_errors_are_generic(nsqd: NsqdProcess) -> None:
+    from nsqworker.nsq.producer import Producer
+    from nsqworker.rpc import RpcError
+
+    registry = Registry()
+
+    @rpc("publishes", registry=registry)
+    async def publishes(request: str) -> Any:
+        if request == "result":
+            return {1, 2}  # a set: not JSON; the caller hears what went wrong
+        async with Producer([nsqd.tcp_address]) as producer:
+            await producer.publish("internal.billing/ledger", b"x")  # InvalidName
+
+    async with (
+        Worker(registry, settings_for(nsqd)),
+        RpcClient([nsqd.tcp_address], settings=settings_for(nsqd)) as client,
+    ):
+        with pytest.raises(RpcError) as info:
+            await client.call("publishes", "publish", timeout=10)
+        assert info.value.type == "EndpointError"
+        assert "billing" not in str(info.value) and "error id " in info.value.message
+        with pytest.raises(RpcError) as info:
+            await client.call("publishes", "result", timeout=10)
+        assert (info.value.type, info.value.message) == (
+            "LocalProtocolError",
+            "cannot encode set as JSON: Object of type set is not JSON serializable",
+        )
