@@ -79,7 +79,10 @@ class RpcClient:
         nsqd_tcp_addresses: nsqd to publish requests to; the first is the reply nsqd.
             Default: ``settings.nsqd_tcp_addresses``.
         lookupd_http_addresses: instead of nsqd addresses, find every nsqd through
-            nsqlookupd's ``/nodes`` (the first listed becomes the reply nsqd).
+            nsqlookupd's ``/nodes`` (the first listed becomes the reply nsqd). The
+            answer is checked like the worker's discovery, ``lookupd_allowed_nsqd``
+            applies, and those nsqd get the AUTH secret only over TLS unless
+            ``lookupd_auth_without_tls``.
         settings: connection settings (TLS, AUTH, timeouts); default from the
             environment.
         reply_nsqd: the nsqd (TCP ``host:port``) to receive responses on, as
@@ -186,9 +189,10 @@ class RpcClient:
         await asyncio.shield(self._starting)
 
     async def _start(self) -> None:
+        given = self.reply_nsqd  # the caller's choice, not lookupd's: a direct nsqd
         if not self._nsqd:
             await self._discover()
-            self.reply_nsqd = self.reply_nsqd or self._nsqd[0]
+            self.reply_nsqd = given or self._nsqd[0]
         host, port = _split(self.reply_nsqd)
         self._reply = codec.ReplyAddress(host, port, self.reply_topic)
         settings = self._settings.model_copy(
@@ -207,7 +211,7 @@ class RpcClient:
             config = config.for_discovered()
             subscription = self._consumer.subscription
             assert isinstance(subscription, NsqSubscription)
-            subscription.connections.found_through_lookupd(self._discovered)
+            subscription.connections.found_through_lookupd(self._discovered - {given})
         self._producer = Producer(
             self._nsqd, settings=self._settings, connection_config=config, envelope=False
         )
