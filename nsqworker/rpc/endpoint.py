@@ -72,7 +72,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 #: Bytes of a request's body an endpoint accepts by default (nsqd's default
-#: --max-msg-size); decoded msgpack may take ~70 times its size in memory.
+#: --max-msg-size); decoded msgpack is bounded by codec.MSGPACK_MEMORY_FACTOR.
 MAX_REQUEST_SIZE: Final = 1024 * 1024
 #: The error type a caller sees for an exception whose text is not sent.
 GENERIC_ERROR: Final = "EndpointError"
