@@ -76,17 +76,29 @@ class Connections:
         """Counters of nsqd that left lookupd and were closed."""
         self.errors: dict[str, int] = {}
         """Connection failures and non-fatal nsqd errors by reason (see :data:`REASONS`)."""
+        self._found_elsewhere: set[str] = set()
+        self._told: set[tuple[str, str]] = set()  # (address, what) logged once already
 
     # --- lifecycle -------------------------------------------------------------
 
+    def found_through_lookupd(self, addresses: set[str]) -> None:
+        """Treat these of the settings' ``nsqd_tcp_addresses`` as found through
+        nsqlookupd by the caller (RpcClient's reply nsqd): they get the options for
+        discovered nsqd (``ConnectionConfig.for_discovered``) and refusing our
+        IDENTIFY is not fatal at start. Call before :meth:`start`."""
+        self._found_elsewhere |= addresses
+
     async def start(self) -> None:
         """Connect to the direct nsqd and poll lookupd once; returns after those first
-        attempts (failed ones keep retrying in the background)."""
+        attempts (failed ones keep retrying in the background). A direct nsqd that
+        refuses a setting raises ConfigurationError; one lookupd lists does not."""
         self.started = True
         settings = self._settings
         for address in settings.nsqd_tcp_addresses:
-            link = self.links.setdefault(address, Link(address, direct=True))
-            link.direct = True
+            direct = address not in self._found_elsewhere
+            link = self.links.setdefault(address, Link(address, direct=direct))
+            link.direct = direct
+            link.listed = link.listed or not direct
         for link in list(self.links.values()):
             self._maintain(link)
         if settings.lookupd_http_addresses:
@@ -169,6 +181,17 @@ class Connections:
                     session = await self._open(link)
                 except ConfigurationError as exc:
                     self._count_error("refused_setting")
+                    if not link.direct:
+                        # Security: anyone can get an nsqd listed by lookupd; its refusal
+                        # must not stop the worker. Retried with backoff like a failure.
+                        self._tell_once(link.address, "refused", logging.ERROR,
+                                        "%s: not consuming from %s (found through lookupd) "
+                                        "while it refuses our settings; retrying: %s",
+                                        self.name, link.address, exc)  # fmt: skip
+                        if not first.done():
+                            first.set_result(None)
+                        failures += 1
+                        continue
                     log.error("%s: not consuming from %s: %s", self.name, link.address, exc)
                     if not first.done():
                         first.set_exception(exc)
@@ -195,6 +218,11 @@ class Connections:
         assert config is not None
         if not link.direct:  # security: found through lookupd (options.for_discovered)
             config = config.for_discovered()
+            if config.auth_secret and not config.tls_v1 and config.lookupd_auth_without_tls:
+                self._tell_once(link.address, "auth", logging.WARNING,
+                                "%s: %s was found through lookupd and lookupd_auth_without_tls "
+                                "is set: it gets the AUTH secret over plain TCP if it asks",
+                                self.name, link.address)  # fmt: skip
 
         def make(config: ConnectionConfig) -> Connection:
             session.conn = Connection(
@@ -252,6 +280,13 @@ class Connections:
         session.open = False
         if not self.stopping and not session.slot.retiring and not conn.closing:
             self._count_error(error_reason(reason))
+
+    def _tell_once(self, address: str, what: str, level: int, text: str, *args: Any) -> None:
+        """Log ``text`` the first time only for this nsqd and kind (then at debug)."""
+        told = (address, what) in self._told
+        if not told and len(self._told) < 4096:  # a lookupd listing ever new nsqd
+            self._told.add((address, what))
+        log.log(logging.DEBUG if told else level, text, *args)
 
     def _count_error(self, reason: str) -> None:
         self.errors[reason] = self.errors.get(reason, 0) + 1

@@ -26,6 +26,7 @@ from nsqworker.errors import (
     RemoteProtocolError,
 )
 from nsqworker.nsq import protocol
+from nsqworker.nsq.lookupd import get_json
 from nsqworker.nsq.options import (
     NEGOTIABLE,
     ConnectionConfig,
@@ -257,12 +258,13 @@ async def _clamp(field: str, asked: Any, http_address: str | None, cfg: Connecti
 
 
 async def _info(http_address: str | None, cfg: ConnectionConfig) -> dict[str, Any] | None:
-    """nsqd's ``GET /info`` answer, or None."""
+    """nsqd's ``GET /info`` answer, or None (also for one over lookupd's size cap, or
+    nested too deeply: the address came from lookupd, which anyone may answer as)."""
     if http_address is None:
         return None
     try:
         async with httpx.AsyncClient(timeout=cfg.dial_timeout, trust_env=False) as client:
-            info = (await client.get(f"{http_address}/info")).json()
+            info = await get_json(client, f"{http_address}/info")
     except (httpx.HTTPError, ValueError) as exc:
         log.debug("nsqd %s/info: %s", http_address, exc)
         return None

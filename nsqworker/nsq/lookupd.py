@@ -26,6 +26,7 @@ __all__ = [
     "LookupdPoller",
     "format_address",
     "get_json",
+    "listed_nsqd",
     "matches_address",
     "parse_producers",
     "split_address",
@@ -120,22 +121,23 @@ def parse_producers(payload: Any) -> set[str]:
     (``{"status_code": 200, "data": {"producers": [...]}}``). Entries that are not a
     host and a port are skipped; an answer that is not this shape raises ValueError.
     """
-    found = set()
+    return set(listed_nsqd(payload))
+
+
+def listed_nsqd(payload: Any) -> dict[str, str | None]:
+    """``{tcp host:port: http host:port or None}`` of the producers in a /lookup or
+    /nodes answer, in lookupd's order; validated like :func:`parse_producers`."""
+    found: dict[str, str | None] = {}
     for producer in _producer_list(payload):
-        hp = _host_port(producer, "tcp_port")
-        if hp is not None:
-            found.add(format_address(*hp))
+        tcp, http = _host_port(producer, "tcp_port"), _host_port(producer, "http_port")
+        if tcp is not None:
+            found.setdefault(format_address(*tcp), None if http is None else format_address(*http))
     return found
 
 
 def http_addresses(payload: Any) -> dict[str, str]:
     """``{tcp address: "http://host:http_port"}`` of the producers in a /lookup answer."""
-    found: dict[str, str] = {}
-    for producer in _producer_list(payload):
-        tcp, http = _host_port(producer, "tcp_port"), _host_port(producer, "http_port")
-        if tcp is not None and http is not None:
-            found[format_address(*tcp)] = f"http://{format_address(*http)}"
-    return found
+    return {tcp: f"http://{web}" for tcp, web in listed_nsqd(payload).items() if web is not None}
 
 
 class LookupdPoller:
@@ -180,9 +182,10 @@ class LookupdPoller:
         self._empty = False  # the last answer had no producers
         self._told_empty = False
         self.answered = 0
-        self.http_addresses: dict[str, str] = {}
-        """nsqd HTTP API (``http://host:port``) by TCP address, as lookupd listed them."""
         """Rounds in which at least one lookupd answered."""
+        self.http_addresses: dict[str, str] = {}
+        """nsqd HTTP API (``http://host:port``) by TCP address, as lookupd listed them
+        (the producers of the last round only)."""
         self._failing: dict[str, str] = {}  # lookupd -> the error last logged for it
 
     def next_wait(self) -> float:
@@ -211,6 +214,8 @@ class LookupdPoller:
         if self.allow:
             union = self._allowed(union)
         self.last_producers = union
+        # Only the nsqd in use: a lookupd listing ever new ones cannot grow this.
+        self.http_addresses = {a: h for a, h in self.http_addresses.items() if a in union}
         self._note_empty(not union)
         self.on_update(union)
         return union

@@ -36,8 +36,10 @@ from nsqworker.errors import (
     RpcTimeout,
 )
 from nsqworker.message import FINISH, Message, Outcome
-from nsqworker.nsq.lookupd import format_address
+from nsqworker.nsq.lookupd import get_json, listed_nsqd, matches_address
+from nsqworker.nsq.options import ConnectionConfig
 from nsqworker.nsq.producer import Producer
+from nsqworker.nsq.subscription import NsqSubscription
 from nsqworker.rpc import codec
 from nsqworker.rpc.codec import Response
 
@@ -77,7 +79,10 @@ class RpcClient:
         nsqd_tcp_addresses: nsqd to publish requests to; the first is the reply nsqd.
             Default: ``settings.nsqd_tcp_addresses``.
         lookupd_http_addresses: instead of nsqd addresses, find every nsqd through
-            nsqlookupd's ``/nodes`` (the first listed becomes the reply nsqd).
+            nsqlookupd's ``/nodes`` (the first listed becomes the reply nsqd). The
+            answer is checked like the worker's discovery, ``lookupd_allowed_nsqd``
+            applies, and those nsqd get the AUTH secret only over TLS unless
+            ``lookupd_auth_without_tls``.
         settings: connection settings (TLS, AUTH, timeouts); default from the
             environment.
         reply_nsqd: the nsqd (TCP ``host:port``) to receive responses on, as
@@ -127,6 +132,7 @@ class RpcClient:
             )
         self._settings = settings
         self._nsqd = list(nsqd_tcp_addresses or [])
+        self._discovered: set[str] = set()  # nsqd lookupd named: no secret in plain TCP
         self._lookupd = list(lookupd_http_addresses or [])
         self.nsqd_http_address = nsqd_http_address
         self.timeout = timeout
@@ -183,9 +189,10 @@ class RpcClient:
         await asyncio.shield(self._starting)
 
     async def _start(self) -> None:
+        given = self.reply_nsqd  # the caller's choice, not lookupd's: a direct nsqd
         if not self._nsqd:
             await self._discover()
-            self.reply_nsqd = self.reply_nsqd or self._nsqd[0]
+            self.reply_nsqd = given or self._nsqd[0]
         host, port = _split(self.reply_nsqd)
         self._reply = codec.ReplyAddress(host, port, self.reply_topic)
         settings = self._settings.model_copy(
@@ -199,7 +206,15 @@ class RpcClient:
             self.reply_topic, REPLY_CHANNEL, self._on_reply, settings,
             max_in_flight=self.max_in_flight, name=f"rpc replies {self.reply_topic}",
         )  # fmt: skip
-        self._producer = Producer(self._nsqd, settings=self._settings, envelope=False)
+        config = ConnectionConfig.from_settings(self._settings)
+        if self._discovered:  # security: lookupd is unauthenticated (docs/security.md)
+            config = config.for_discovered()
+            subscription = self._consumer.subscription
+            assert isinstance(subscription, NsqSubscription)
+            subscription.connections.found_through_lookupd(self._discovered - {given})
+        self._producer = Producer(
+            self._nsqd, settings=self._settings, connection_config=config, envelope=False
+        )
         await self._consumer.start()
         if not self._consumer.subscribed:
             await self._consumer.stop(0)
@@ -210,28 +225,41 @@ class RpcClient:
         self._ready = True
 
     async def _discover(self) -> None:
-        """Find the nsqd through nsqlookupd's /nodes."""
-        found: list[tuple[str, int]] = []
-        async with httpx.AsyncClient(timeout=self.timeout) as http:
+        """Find the nsqd through nsqlookupd's /nodes, validated like the worker's
+        discovery (size cap, entries checked, ``lookupd_allowed_nsqd``)."""
+        allow = list(getattr(self._settings, "lookupd_allowed_nsqd", []) or [])
+        found: dict[str, str | None] = {}
+        problems: list[str] = []
+        headers = {"Accept": "application/vnd.nsq; version=1.0"}
+        async with httpx.AsyncClient(timeout=self.timeout, headers=headers) as http:
             for lookupd in self._lookupd:
                 url = lookupd if "://" in lookupd else f"http://{lookupd}"
                 try:
-                    answer = (await http.get(f"{url}/nodes")).raise_for_status().json()
-                except (httpx.HTTPError, ValueError):
+                    payload = await get_json(http, f"{url.rstrip('/')}/nodes")
+                    listed = listed_nsqd(payload)
+                except (httpx.HTTPError, ValueError) as exc:
+                    problems.append(f"{lookupd}: {type(exc).__name__}: {exc}")
                     continue
-                data = answer.get("data", answer) if isinstance(answer, dict) else {}
-                for node in data.get("producers") or []:
-                    host = node.get("broadcast_address")
-                    tcp, web = node.get("tcp_port"), node.get("http_port")
-                    if host and isinstance(tcp, int):
-                        address = format_address(host, tcp)
-                        if address not in self._nsqd:
-                            self._nsqd.append(address)
-                            found.append((host, web if isinstance(web, int) else 0))
-        if not self._nsqd:
-            raise NoConnection(f"no nsqd registered with nsqlookupd {', '.join(self._lookupd)}")
-        if self.nsqd_http_address is None and not self.reply_nsqd and found[0][1]:
-            self.nsqd_http_address = format_address(*found[0])
+                refused = [a for a in listed if allow and not matches_address(a, allow)]
+                if refused:
+                    problems.append(
+                        f"{lookupd} lists {', '.join(refused[:5])}, not matched by "
+                        "lookupd_allowed_nsqd"
+                    )
+                if not listed:
+                    problems.append(f"{lookupd} lists no usable nsqd: {payload!r:.200}")
+                for address, web in listed.items():
+                    if address not in refused:
+                        found.setdefault(address, web)
+        if not found:
+            raise NoConnection(
+                f"no nsqd found through nsqlookupd {', '.join(self._lookupd)}"
+                + (f" ({'; '.join(problems)})" if problems else "")
+            )
+        self._nsqd = list(found)
+        self._discovered = set(found)
+        if self.nsqd_http_address is None and not self.reply_nsqd:
+            self.nsqd_http_address = found[self._nsqd[0]]
 
     async def close(self, timeout: float = 5.0) -> None:
         """Fail pending calls with :class:`ConnectionClosed`, unsubscribe, close the

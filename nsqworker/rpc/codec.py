@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from collections.abc import Iterable
 from typing import Any, Final, NamedTuple
 
@@ -192,8 +193,17 @@ def decode_value(encoding: int, body: bytes, max_depth: int | None = MAX_DEPTH) 
     elif encoding == BINARY:
         return body
     elif encoding == MSGPACK and msgpack is not None:
+        budget = _Budget(MSGPACK_MEMORY_BASE + MSGPACK_MEMORY_FACTOR * len(body))
         try:
-            value = msgpack.unpackb(body, raw=False, strict_map_key=False)
+            value = msgpack.unpackb(
+                body, raw=False, strict_map_key=False,
+                object_hook=budget.take, list_hook=budget.take,
+            )  # fmt: skip
+        except _OverBudget:
+            raise RpcDecodeError(
+                f"RPC msgpack body of {len(body)} bytes decodes to more than "
+                f"{budget.limit // 2**20} MiB of lists and maps; send it as JSON"
+            ) from None
         except Exception as exc:  # msgpack raises several unrelated types
             raise RpcDecodeError(
                 f"RPC body is not msgpack: {type(exc).__name__}: {exc} ({body[:60]!r})"
@@ -203,6 +213,33 @@ def decode_value(encoding: int, body: bytes, max_depth: int | None = MAX_DEPTH) 
     if max_depth is not None and _deeper_than(value, max_depth):
         raise RpcDecodeError(f"RPC body nests lists and maps deeper than {max_depth} levels")
     return value
+
+
+#: A msgpack body may decode to at most BASE + FACTOR x its size bytes of lists and maps
+#: (their own memory, as sys.getsizeof counts it). One byte of msgpack is an empty map,
+#: 64 bytes in Python; ordinary records take under 10 times their size.
+MSGPACK_MEMORY_BASE: Final = 4 * 2**20
+MSGPACK_MEMORY_FACTOR: Final = 12
+
+
+class _OverBudget(Exception):
+    pass
+
+
+class _Budget:
+    """msgpack's object_hook and list_hook: counts the memory of each container as it is
+    made, and stops the decoding once it passes ``limit`` bytes."""
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = self.left = limit
+
+    def take(self, value: Any) -> Any:
+        self.left -= sys.getsizeof(value)
+        if self.left < 0:
+            raise _OverBudget
+        return value
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

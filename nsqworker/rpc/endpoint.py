@@ -72,13 +72,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 #: Bytes of a request's body an endpoint accepts by default (nsqd's default
-#: --max-msg-size); decoded msgpack may take ~70 times its size in memory.
+#: --max-msg-size); decoded msgpack is bounded by codec.MSGPACK_MEMORY_FACTOR.
 MAX_REQUEST_SIZE: Final = 1024 * 1024
 #: The error type a caller sees for an exception whose text is not sent.
 GENERIC_ERROR: Final = "EndpointError"
 # Errors whose text is meant for the caller: about its own request, or chosen by the
-# endpoint's author.
-_CALLER_ERRORS: Final = (RpcUserError, RpcDecodeError, Reject, LocalProtocolError)
+# endpoint's author. Not LocalProtocolError: the function's own publishing raises it
+# (InvalidName, MessageTooLarge), with topics and sizes the caller has no business
+# reading; a result that cannot be encoded is shown by serve() itself.
+_CALLER_ERRORS: Final = (RpcUserError, RpcDecodeError, Reject)
 
 
 def error_value(exc: BaseException, details: bool = True, error_id: str = "") -> dict[str, Any]:
@@ -289,8 +291,8 @@ class _Endpoint:
             return
         try:
             body = codec.encode_value(request.encoding, result)
-        except LocalProtocolError as exc:
-            await reply.error(exc)
+        except LocalProtocolError as exc:  # the result's type, named: the caller may say
+            await reply.error(exc, shown=True)
             return
         await reply.send(codec.encode_response(request.id, request.encoding, body))
 
@@ -311,10 +313,10 @@ class _Reply:
         self.pool, self.policy, self.request, self.config = pool, policy, request, config
         self.error_id = error_id
 
-    async def error(self, exc: BaseException) -> None:
+    async def error(self, exc: BaseException, shown: bool = False) -> None:
         request = self.request
         encoding = codec.JSON if request.encoding == codec.BINARY else request.encoding
-        value = error_value(exc, self.policy.error_details, self.error_id)
+        value = error_value(exc, shown or self.policy.error_details, self.error_id)
         body = codec.encode_value(encoding, value)
         await self.send(codec.encode_response(request.id, encoding, body))
 

@@ -6,7 +6,8 @@ untrusted input (docs/security.md):
 
 * **address**: only an nsqd the worker already trusts is ever dialled: the one the
   request came in on, the worker's ``nsqd_tcp_addresses``, the nsqd its nsqlookupd
-  list (``/nodes``, cached), and ``rpc_reply_addresses`` (``host:port`` patterns).
+  list (``/nodes``, cached, validated, only those ``lookupd_allowed_nsqd`` matches
+  when set), and ``rpc_reply_addresses`` (``host:port`` patterns).
   Anything else: the request is dead-lettered with a reason naming the address, and
   no connection is opened.
 * **credentials**: the AUTH secret and the TLS client certificate go only to the
@@ -87,6 +88,7 @@ class ReplyPolicy:
         self.topics = list(settings.rpc_reply_topics)
         self.error_details = settings.rpc_error_details
         self.lookupd = [a if "://" in a else f"http://{a}" for a in settings.lookupd_http_addresses]
+        self.allowed_nsqd = list(settings.lookupd_allowed_nsqd)
         full = ConnectionConfig.from_settings(settings)
         dial = min(full.dial_timeout, REPLY_TIMEOUT)
         self.credentialed = dataclasses.replace(full, dial_timeout=dial)
@@ -160,6 +162,10 @@ class ReplyPolicy:
             await asyncio.shield(self._refresh)
         return address in self.nodes
 
+    def _allowed(self, address: str) -> bool:
+        """Whether ``lookupd_allowed_nsqd`` (when set) lets the worker use this nsqd."""
+        return not self.allowed_nsqd or matches_address(address, self.allowed_nsqd)
+
     async def _fetch_nodes(self) -> None:
         found: set[str] = set()
         answered = False
@@ -168,7 +174,8 @@ class ReplyPolicy:
             for base in self.lookupd:
                 try:
                     payload = await get_json(client, f"{base.rstrip('/')}/nodes")
-                    found |= {normalize_address(*_split(a)) for a in parse_producers(payload)}
+                    listed = parse_producers(payload)
+                    found |= {normalize_address(*_split(a)) for a in listed if self._allowed(a)}
                     answered = True
                 except (httpx.HTTPError, ValueError) as exc:
                     log.warning("lookupd /nodes failed", lookupd=base, error=str(exc))

@@ -5,9 +5,13 @@ lists gets the AUTH secret only over TLS unless the operator allows it."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
+from nsqworker.nsq import handshake
+from nsqworker.nsq.lookupd import MAX_ANSWER_BYTES, LookupdPoller
+from nsqworker.nsq.options import ConnectionConfig
 from nsqworker.testing import NsqdFactory
 from nsqworker.testing.faults import AuthAskingServer, HttpFaultServer
 from nsqworker.worker import Worker
@@ -104,3 +108,50 @@ async def test_lookupd_allowed_nsqd_ignores_the_rest(nsqd_factory: NsqdFactory, 
         async with Worker(kit.registry(seen), settings):
             await kit.until(lambda: seen.bodies["good"], 10, "the allowed nsqd not consumed")
         assert impostor.accepted == 0
+
+
+async def test_auth_over_plain_tcp_to_a_listed_nsqd_is_warned_once(
+    kit, caplog: pytest.LogCaptureFixture
+) -> None:
+    with AuthAskingServer() as impostor, HttpFaultServer(mode="fixed") as lookupd:
+        lookupd.body = producers(nsqd_entry(impostor.port))
+        settings = kit.fast(
+            lookupd_http_addresses=[lookupd.address], lookupd_poll_interval=0.1,
+            auth_secret=SECRET, lookupd_auth_without_tls=True,
+        )  # fmt: skip
+        with caplog.at_level(logging.WARNING, logger="nsqworker.nsq.consumer"):
+            async with Worker(kit.registry(kit.Seen()), settings):
+                await kit.until(lambda: impostor.accepted >= 2, 15, "no redial")
+    warned = [r.getMessage() for r in caplog.records if "over plain TCP" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert f"127.0.0.1:{impostor.port}" in warned[0] and "lookupd_auth_without_tls" in warned[0]
+    assert SECRET not in warned[0]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * 100_000, b'{"a": "' + b"x" * (MAX_ANSWER_BYTES + 1) + b'"}'],
+    ids=["deep", "huge"],
+)
+async def test_an_nsqd_info_answer_too_deep_or_too_large_is_ignored(body: bytes) -> None:
+    with HttpFaultServer(mode="fixed") as info:
+        info.body = b'{"max_heartbeat_interval": 10000000000}'
+        assert await handshake._info(info.address, ConnectionConfig()) == {
+            "max_heartbeat_interval": 10_000_000_000
+        }
+        info.body = body
+        assert await handshake._info(info.address, ConnectionConfig()) is None
+
+
+async def test_the_poller_keeps_the_http_addresses_of_current_producers_only() -> None:
+    with HttpFaultServer(mode="fixed") as lookupd:
+        lookupd.body = producers(nsqd_entry(4150), nsqd_entry(4250))
+        poller = LookupdPoller([lookupd.address], "t", lambda found: None)
+        try:
+            await poller.poll()
+            assert set(poller.http_addresses) == {"127.0.0.1:4150", "127.0.0.1:4250"}
+            lookupd.body = producers(nsqd_entry(4250))
+            await poller.poll()
+            assert poller.http_addresses == {"127.0.0.1:4250": "http://127.0.0.1:1"}
+        finally:
+            await poller.close()

@@ -148,6 +148,27 @@ async def test_a_reply_nsqd_listed_by_lookupd_is_trusted(
     assert not letters
 
 
+async def test_a_reply_nsqd_outside_lookupd_allowed_nsqd_is_not_trusted(
+    nsqlookupd: NsqlookupdProcess, nsqd_factory: NsqdFactory
+) -> None:
+    requests_nsqd, other_nsqd = nsqd_factory(nsqlookupd), nsqd_factory(nsqlookupd)
+    registry, letters = Registry(), list[str]()
+    endpoint(registry, letters)
+    settings = settings_for(
+        lookupd_http_addresses=[nsqlookupd.http_address],
+        lookupd_allowed_nsqd=[f"127.0.0.1:{requests_nsqd.tcp_port}"],
+    )
+    other_nsqd.publish("warmup", b"x")  # both registered with lookupd
+    requests_nsqd.publish("sec_rpc", b"x")  # dead-lettered too: not a request
+    await wait_until(lambda: len(nsqlookupd.nodes()) == 2, message="both nsqd registered")
+    async with Worker(registry, settings):
+        await wait_until(lambda: letters, message="the warm-up dead-lettered")
+        requests_nsqd.publish("sec_rpc", request_to(other_nsqd.tcp_port))
+        await wait_until(lambda: len(letters) == 2, message="the request dead-lettered")
+    assert f"reply nsqd 127.0.0.1:{other_nsqd.tcp_port} is not trusted" in letters[1]
+    assert "rpc_attacker" not in [t["topic_name"] for t in other_nsqd.stats()["topics"]]
+
+
 async def test_nested_json_is_rejected_without_backoff(nsqd: NsqdProcess) -> None:
     registry, letters = Registry(), list[str]()
     endpoint(registry, letters)
@@ -167,6 +188,26 @@ async def test_nested_json_is_rejected_without_backoff(nsqd: NsqdProcess) -> Non
         assert time.monotonic() - started < 3.0  # no backoff level to wait out
     assert sum("nested too deeply" in r for r in letters) == 4
     assert any("deeper than 64 levels" in r for r in letters)
+
+
+async def test_a_msgpack_body_of_empty_maps_is_rejected_without_backoff(
+    nsqd: NsqdProcess,
+) -> None:
+    pytest.importorskip("msgpack")
+    registry, letters = Registry(), list[str]()
+    endpoint(registry, letters)
+    settings = settings_for(nsqd, backoff_multiplier=1.0)
+    count = 1_000_000  # one byte each: 64 MB of dicts if decoded
+    bomb = b"\xdd" + count.to_bytes(4, "big") + b"\x80" * count
+    async with Worker(registry, settings):
+        nsqd.publish("sec_rpc", codec.encode_request(
+            b"M" * 16, codec.MSGPACK, "127.0.0.1", nsqd.tcp_port, "rpc_bomb", bomb))  # fmt: skip
+        await wait_until(lambda: letters, message="dead-lettered")
+        started = time.monotonic()
+        async with RpcClient([nsqd.tcp_address], settings=settings_for(nsqd)) as client:
+            assert await client.call("sec_rpc", 1, timeout=10, encoding="msgpack") == {"ok": 1}
+        assert time.monotonic() - started < 3.0  # no backoff level to wait out
+    assert "MiB of lists and maps" in letters[0]
 
 
 async def test_a_request_over_max_request_size_is_rejected(nsqd: NsqdProcess) -> None:
@@ -208,3 +249,32 @@ async def test_error_replies_are_generic_unless_the_author_chose_the_text(
         with pytest.raises(RpcError) as info:
             await client.call("fails", "user", timeout=10)
         assert (info.value.type, info.value.message) == ("OutOfStock", "sku A1 is out of stock")
+
+
+async def test_the_functions_own_publishing_errors_are_generic(nsqd: NsqdProcess) -> None:
+    from nsqworker.nsq.producer import Producer
+    from nsqworker.rpc import RpcError
+
+    registry = Registry()
+
+    @rpc("publishes", registry=registry)
+    async def publishes(request: str) -> Any:
+        if request == "result":
+            return {1, 2}  # a set: not JSON; the caller hears what went wrong
+        async with Producer([nsqd.tcp_address]) as producer:
+            await producer.publish("internal.billing/ledger", b"x")  # InvalidName
+
+    async with (
+        Worker(registry, settings_for(nsqd)),
+        RpcClient([nsqd.tcp_address], settings=settings_for(nsqd)) as client,
+    ):
+        with pytest.raises(RpcError) as info:
+            await client.call("publishes", "publish", timeout=10)
+        assert info.value.type == "EndpointError"
+        assert "billing" not in str(info.value) and "error id " in info.value.message
+        with pytest.raises(RpcError) as info:
+            await client.call("publishes", "result", timeout=10)
+        assert (info.value.type, info.value.message) == (
+            "LocalProtocolError",
+            "cannot encode set as JSON: Object of type set is not JSON serializable",
+        )
