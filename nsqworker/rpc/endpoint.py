@@ -47,11 +47,10 @@ from nsqworker.errors import (
 from nsqworker.hooks import call, is_async_callable
 from nsqworker.logging import get_logger
 from nsqworker.message import Message
-from nsqworker.nsq.options import ConnectionConfig
 from nsqworker.outcomes import TIME_LIMIT
 from nsqworker.rpc import codec
 from nsqworker.rpc.codec import Request
-from nsqworker.rpc.replies import ReplyPolicy, ReplyPool, normalize_address
+from nsqworker.rpc.replies import ReplyOptions, ReplyPolicy, ReplyPool, normalize_address
 from nsqworker.task import (
     DeadLetterHook,
     Registry,
@@ -307,7 +306,7 @@ class _Reply:
         pool: ReplyPool,
         policy: ReplyPolicy,
         request: Request,
-        config: ConnectionConfig,
+        config: ReplyOptions,
         error_id: str,
     ) -> None:
         self.pool, self.policy, self.request, self.config = pool, policy, request, config

@@ -50,7 +50,7 @@ from nsqworker.task import Reject
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
-__all__ = ["REPLY_TIMEOUT", "ReplyPolicy", "ReplyPool", "normalize_address"]
+__all__ = ["REPLY_TIMEOUT", "ReplyOptions", "ReplyPolicy", "ReplyPool", "normalize_address"]
 
 log = get_logger("nsqworker.rpc")
 
@@ -64,6 +64,10 @@ DOWN_FOR: Final = 10.0
 NODES_TTL: Final = 60.0
 NODES_MIN_REFRESH: Final = 5.0
 NODES_TIMEOUT: Final = 2.0
+
+
+ReplyOptions = ConnectionConfig
+"""The connection options a reply is sent with (opaque to the endpoint: nsqd's)."""
 
 
 def normalize_address(host: str, port: int | str) -> str:

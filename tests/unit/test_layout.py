@@ -31,7 +31,12 @@ TRANSPORTS = ("nsqworker.nsq", "nsqworker.memory", "nsqworker.nats", "nsqworker.
 BUILT_ON_NSQ = (
     "nsqworker",  # the public surface re-exports NSQ's Producer and SyncProducer
     "nsqworker.cli",  # `nsqworker publish` and `rpc call` talk to nsqd
-    "nsqworker.rpc",  # the RPC-over-NSQ wire format (shared/protocol/rpc-over-nsq.md)
+    # the RPC-over-NSQ wire format (shared/protocol/rpc-over-nsq.md): its codec, the
+    # reply dialer and the clients; the endpoint (a task) goes through replies only
+    "nsqworker.rpc.codec",
+    "nsqworker.rpc.replies",
+    "nsqworker.rpc.client",
+    "nsqworker.rpc.sync",
     "nsqworker.testing",  # starts real nsqd for users' tests
 )
 """Modules that are NSQ features by design, not part of the task layer."""
