@@ -203,3 +203,40 @@ async def test_a_model_published_is_what_a_typed_handler_reads(broker: Harness, 
         await broker.until(lambda: len(got) == 1 and len(dead) == 1, 10, "both")
     assert got == [Click(id=7, url="u")]
     assert json.dumps(got[0].model_dump()) == '{"id": 7, "url": "u"}'
+
+
+async def test_running_handlers_are_in_flight_and_a_slow_one_logged_once(
+    broker: Harness, log_lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    """``Worker.inflight()`` (what /inflight serves) lists an async handler that awaits
+    and a sync one in its thread; past ``slow_handler_after`` each is logged once."""
+    release_async = asyncio.Event()
+    release_sync = threading.Event()
+    reg = Registry()
+
+    @reg.task(broker.topic, channel=CHANNEL)
+    async def waits(msg: Message) -> None:
+        await release_async.wait()
+
+    @reg.task(broker.topic, channel=f"{CHANNEL}_sync")
+    def blocks(msg: Message) -> None:
+        release_sync.wait(30)
+
+    async with worker(broker, reg, slow_handler_after=0.3) as w:
+        await broker.publish(broker.topic, [b"x"])
+
+        def both_old() -> bool:
+            rows = w.inflight()
+            return len(rows) == 2 and all(row["age_s"] > 0.6 for row in rows)
+
+        await broker.until(both_old, 15, "both handlers in flight for 0.6 s")
+        rows = {row["task"]: row for row in w.inflight()}
+        assert rows[waits.spec.name]["handler"].startswith("task ")
+        assert rows[blocks.spec.name]["handler"].startswith("thread nsqworker-blocks-")
+        assert {row["state"] for row in rows.values()} == {"running"}
+        await asyncio.sleep(0.6)  # more sweeps: still one warning per message
+        release_async.set()
+        release_sync.set()
+        await broker.until(lambda: not w.inflight(), 10, "both done")
+    slow = [line for line in log_lines() if line["event"] == "handler still running"]
+    assert sorted(line["task"] for line in slow) == sorted([waits.spec.name, blocks.spec.name])
