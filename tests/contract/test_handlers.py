@@ -9,10 +9,12 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
+from typing_extensions import TypedDict
 
 from nsqworker.message import Message, Outcome
 from nsqworker.task import Registry, Reject
@@ -27,6 +29,17 @@ CHANNEL = "handlers"
 class Click(BaseModel):
     id: int
     url: str
+
+
+@dataclass
+class View:
+    id: int
+    url: str
+
+
+class Tag(TypedDict):
+    id: int
+    name: str
 
 
 def worker(broker: Harness, registry: Registry, **settings: Any) -> Worker:
@@ -240,3 +253,57 @@ async def test_running_handlers_are_in_flight_and_a_slow_one_logged_once(
         await broker.until(lambda: not w.inflight(), 10, "both done")
     slow = [line for line in log_lines() if line["event"] == "handler still running"]
     assert sorted(line["task"] for line in slow) == sorted([waits.spec.name, blocks.spec.name])
+
+
+@pytest.mark.parametrize(
+    ("body_type", "good", "bad", "error"),
+    [
+        (View, b'{"id": 1, "url": "u"}', b'{"id": 1}', "body is not a valid View: url: "),
+        (
+            Tag,
+            b'{"id": 1, "name": "n"}',
+            b'{"id": "x", "name": "n"}',
+            "body is not a valid Tag: id: ",
+        ),
+        (list[int], b"[1, 2]", b'[1, "two"]', "body is not a valid list[int]: 1: "),
+    ],
+    ids=["dataclass", "TypedDict", "list[int]"],
+)
+async def test_other_typed_bodies_are_validated_too(
+    broker: Harness, body_type: Any, good: bytes, bad: bytes, error: str
+) -> None:
+    """What pydantic's TypeAdapter validates besides models: a dataclass, a TypedDict,
+    ``list[int]``; an invalid body is a dead letter at once, with the errors."""
+    got: list[Any] = []
+    dead: list[tuple[str, int]] = []
+    reg = Registry()
+
+    async def handle(body: Any) -> None:
+        got.append(body)
+
+    handle.__annotations__["body"] = body_type  # the annotation under test
+    reg.task(
+        broker.topic, channel=CHANNEL, max_attempts=5,
+        on_dead_letter=lambda m, r: dead.append((r, m.attempts)),
+    )(handle)  # fmt: skip
+    async with worker(broker, reg):
+        await broker.publish(broker.topic, [good, bad])
+        await broker.until(lambda: len(got) == 1 and len(dead) == 1, 15, "1 handled, 1 dead")
+    assert got == [TypeAdapter(body_type).validate_json(good)]
+    ((reason, attempts),) = dead
+    assert reason.startswith(error) and attempts == 1
+
+
+async def test_a_dataclass_published_is_what_a_typed_handler_reads(broker: Harness) -> None:
+    got: list[View] = []
+    reg = Registry()
+
+    @reg.task(broker.topic, channel=CHANNEL)
+    async def archive(view: View) -> None:
+        got.append(view)
+
+    publisher = broker.publisher()
+    await publisher.publish(broker.topic, View(id=7, url="u"))
+    async with worker(broker, reg):
+        await broker.until(lambda: len(got) == 1, 10, "the view")
+    assert got == [View(id=7, url="u")]
