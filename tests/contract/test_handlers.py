@@ -307,3 +307,77 @@ async def test_a_dataclass_published_is_what_a_typed_handler_reads(broker: Harne
     async with worker(broker, reg):
         await broker.until(lambda: len(got) == 1, 10, "the view")
     assert got == [View(id=7, url="u")]
+
+
+async def test_on_error_hooks_see_a_time_limit_async_and_sync(broker: Harness) -> None:
+    """An async handler cancelled at its limit, and a sync one past it (its thread still
+    running), both reach the on_error hooks with the TaskTimeout."""
+    seen: list[tuple[str, str, float]] = []
+    release = threading.Event()
+    reg = Registry()
+
+    @reg.on_error
+    def report(msg: Message, error: BaseException) -> None:
+        seen.append((msg.body.decode(), type(error).__name__, getattr(error, "limit", 0.0)))
+
+    @reg.task(broker.topic, channel=CHANNEL, timeout=0.2, max_attempts=1)
+    async def waits(msg: Message) -> None:
+        await asyncio.sleep(30)
+
+    @reg.task(broker.topic, channel=f"{CHANNEL}_sync", timeout=0.2, max_attempts=1)
+    def blocks(msg: Message) -> None:
+        release.wait(30)
+
+    async with worker(broker, reg) as w:
+        await broker.publish(broker.topic, [b"x"])
+        await broker.until(lambda: len(seen) == 2, 15, "both time limits reported")
+        release.set()
+        await broker.until(lambda: not w.inflight(), 10, "the thread returned")
+    assert sorted(seen) == [("x", "TaskTimeout", 0.2)] * 2
+
+
+async def test_hooks_that_raise_around_a_sync_handler_change_nothing(
+    broker: Harness, log_lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    """before (in the handler's thread), on_error and after hooks that raise: each is
+    logged once per message, and the messages are settled as the handler said."""
+    dead: list[bytes] = []
+    handled: list[bytes] = []
+
+    class Broken:
+        def before(self, msg: Message) -> None:
+            raise RuntimeError("before")
+
+        def on_error(self, msg: Message, error: BaseException) -> None:
+            raise RuntimeError("on_error")
+
+        async def after(
+            self, msg: Message, outcome: Outcome | None, error: BaseException | None, d: float
+        ) -> None:
+            raise RuntimeError("after")
+
+    reg = Registry()
+
+    @reg.task(
+        broker.topic, channel=CHANNEL, hooks=[Broken()], max_attempts=1,
+        on_dead_letter=lambda m, r: dead.append(m.body),
+    )  # fmt: skip
+    def handle(msg: Message) -> None:
+        handled.append(msg.body)
+        if msg.body == b"bad":
+            raise ValueError("bad")
+
+    async with worker(broker, reg) as w:
+        await broker.publish(broker.topic, [b"ok", b"bad"])
+        await broker.until(lambda: dead == [b"bad"], 15, "bad dead-lettered")
+        await broker.until(lambda: w.stats().tasks[handle.spec.name].finished == 1, 10, "ok")
+        await asyncio.sleep(0.2)  # the async after-hooks have run
+    assert sorted(handled) == [b"bad", b"ok"]
+    failures = sorted(
+        (line["hook"].rpartition(".")[2], line["id"])
+        for line in log_lines()
+        if line["event"].startswith("hook failed")
+    )
+    ids = {line["id"] for line in log_lines() if line["event"].startswith("hook failed")}
+    assert len(ids) == 2
+    assert [hook for hook, _ in failures] == ["after"] * 2 + ["before"] * 2 + ["on_error"]
