@@ -21,7 +21,8 @@ from nsqworker.errors import (
     PublishError,
     UndecodableBody,
 )
-from nsqworker.message import Message
+from nsqworker.hooks import AfterHook, BeforeHook, DeadLetterHook, ErrorHook
+from nsqworker.message import Message, Outcome
 from nsqworker.task import (  # eager: `task` must not resolve to the submodule nsqworker.task
     Registry,
     Reject,
@@ -78,6 +79,12 @@ __all__ = [  # noqa: RUF022 - grouped by theme, not sorted
     "default_registry",
     "load_registry",
     "task",
+    # hooks (for annotations)
+    "AfterHook",
+    "BeforeHook",
+    "DeadLetterHook",
+    "ErrorHook",
+    "Outcome",
     # running
     "Settings",
     "Worker",

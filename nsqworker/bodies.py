@@ -22,6 +22,7 @@ the dead-letter reason: retrying cannot fix it. A handler that takes ``msg: Mess
 from __future__ import annotations
 
 import inspect
+import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Any
 
 from nsqworker.message import Message
 
-__all__ = ["BodySpec", "body_spec", "typed_handler", "validation_reason"]
+__all__ = ["BodySpec", "body_spec", "type_name", "typed_handler", "validation_reason"]
 
 MAX_REASON = 1000
 """Characters of pydantic's errors kept in a dead-letter reason."""
@@ -44,8 +45,26 @@ class BodySpec:
 
     @property
     def name(self) -> str:
-        """The type's name, for ``nsqworker tasks`` and errors."""
-        return getattr(self.type, "__name__", None) or repr(self.type)
+        """The type's name, for ``nsqworker tasks`` and errors: ``Click``,
+        ``list[int]``, ``dict[str, Click]``, ``Click | None``."""
+        return type_name(self.type)
+
+
+def type_name(annotation: Any) -> str:
+    """A type as its annotation is written, without module paths."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is None or not args:
+        if isinstance(annotation, type):
+            return annotation.__name__
+        return repr(annotation).replace("typing.", "")
+    if origin is typing.Union or origin is types.UnionType:
+        return " | ".join("None" if a is type(None) else type_name(a) for a in args)
+    if origin is typing.Annotated:
+        return type_name(args[0])
+    if origin is typing.Literal:
+        return f"Literal[{', '.join(repr(a) for a in args)}]"
+    inner = ", ".join("..." if a is Ellipsis else type_name(a) for a in args)
+    return f"{type_name(origin)}[{inner}]"
 
 
 def _is_message(annotation: Any) -> bool:
@@ -53,7 +72,10 @@ def _is_message(annotation: Any) -> bool:
     ``object``): the parameter takes the message, not its body."""
     if annotation is inspect.Parameter.empty or annotation is Any:
         return True
-    return isinstance(annotation, type) and issubclass(Message, annotation)
+    try:
+        return isinstance(annotation, type) and issubclass(Message, annotation)
+    except TypeError:  # a TypedDict refuses class checks: it is a body type
+        return False
 
 
 def body_spec(func: Callable[..., Any]) -> BodySpec | str | None:

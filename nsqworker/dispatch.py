@@ -134,6 +134,9 @@ class Dispatcher:
         self.on_slow: Callable[[Message, float], None] | None = None
         self.slow_after: Callable[[], float] = lambda: float("inf")
         self._slow: set[Message] = set()
+        #: When each tracked handler started (its slowness counts from there, not from
+        #: receipt: a message that waited for a slot is not a slow handler).
+        self._began: dict[Message, float] = {}
         self._stop_task: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -294,8 +297,9 @@ class Dispatcher:
         if not running:
             return
         after = self.slow_after()
+        began = self._began
         for msg in running:
-            age = now - msg.received_at
+            age = now - began.get(msg, msg.received_at)
             if age > after and msg not in self._slow and not msg.answered:
                 self._slow.add(msg)
                 assert self.on_slow is not None
@@ -394,6 +398,7 @@ class Dispatcher:
                 return _PENDING
             if result is DEFERRED:
                 self._deferred.add(msg)
+                self._began[msg] = self._clock()
                 return _PENDING
             if result is not None and not isinstance(result, _OUTCOMES):
                 self._track(msg, asyncio.ensure_future(result))
@@ -408,14 +413,17 @@ class Dispatcher:
 
         Ignored if the message was already answered (e.g. retried by a drain)."""
         self._deferred.discard(msg)
+        self._began.pop(msg, None)
         self._ran(msg, outcome)
 
     def _track(self, msg: Message, future: asyncio.Future[Any]) -> None:
         self._tasks[msg] = future
+        self._began[msg] = self._clock()
         future.add_done_callback(partial(self._future_done, msg))
 
     def _future_done(self, msg: Message, future: asyncio.Future[Any]) -> None:
         del self._tasks[msg]
+        self._began.pop(msg, None)
         if future.cancelled():
             result: Any = _DRAIN_REQUEUE
         elif (exc := future.exception()) is not None:

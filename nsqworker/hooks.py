@@ -31,6 +31,9 @@ on the loop and waited for). ``after`` runs on the loop once the outcome is deci
 ``async def`` after-hook runs as its own task and does not hold the message back. A hook
 that raises is logged once, with its traceback, and changes nothing: the message is
 settled as the handler's outcome says. A task with no hooks pays nothing for them.
+
+A handler past its time limit reaches ``on_error`` with the ``TaskTimeout``: an async one
+once cancelled (in its Task), a sync one at the limit, on the loop (its thread is busy).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ __all__ = [
     "hooks_of",
     "is_async_callable",
     "run_after",
+    "run_on_error",
     "with_hooks",
 ]
 
@@ -179,18 +183,25 @@ def with_hooks(
     return hooked_sync
 
 
+async def run_on_error(hooks: tuple[ErrorHook, ...], msg: Message, error: BaseException) -> None:
+    """The ``on_error`` hooks for an async handler the worker cancelled at its time
+    limit (``error`` is the TaskTimeout), in the handler's Task, one after the other."""
+    for hook in hooks:
+        await _call_async(hook, msg, error)
+
+
 def run_after(
-    hooks: tuple[AfterHook, ...],
+    hooks: tuple[Callable[..., Any], ...],
     msg: Message,
-    outcome: Outcome | None,
-    error: BaseException | None,
-    duration: float,
+    *args: Any,
     loop: asyncio.AbstractEventLoop,
 ) -> None:
-    """The ``after`` hooks, on the loop: plain ones now, ``async def`` ones as tasks."""
+    """``after`` hooks (``args``: outcome, error, duration), or the ``on_error`` hooks of
+    a sync handler past its time limit (``args``: the TaskTimeout), on the loop: plain
+    ones now, ``async def`` ones as tasks."""
     for hook in hooks:
         try:
-            result = hook(msg, outcome, error, duration)
+            result = hook(msg, *args)
             if inspect.isawaitable(result):
                 loop.create_task(_logged(hook, result, msg))
         except Exception as exc:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nsqworker.errors import ConfigurationError
-from nsqworker.message import Message
+from nsqworker.message import Message, to_bytes
 from nsqworker.names import check_channel, check_topic
 from nsqworker.transport import Capabilities, Flow, Receiver, SubscriptionStats
 
@@ -210,12 +210,10 @@ class MemoryTransport:
 
     def publish_nowait(self, topic: str, body: Any, delay: float | None = None) -> None:
         """:meth:`publish` for sync code (a test's setup, a sync handler); ``body`` is
-        bytes, str or a pydantic model."""
+        bytes, str, a pydantic model or a dataclass instance (its JSON, as the NSQ
+        producer sends it)."""
         check_topic(topic)
-        dump = getattr(body, "model_dump_json", None)
-        if callable(dump):  # a pydantic model: its JSON, as the NSQ producer sends it
-            body = str(dump())
-        data = body.encode() if isinstance(body, str) else bytes(body)
+        data = to_bytes(body)
         if not data:
             raise ValueError("message body is empty; a broker would refuse it")
         state = self._topics.setdefault(topic, _Topic())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from dataclasses import is_dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -233,7 +234,9 @@ class Message:
 
 def to_bytes(body: object) -> bytes:
     """A message body as bytes: bytes-like as is, str encoded as UTF-8, a pydantic model
-    as its JSON (what a handler typed with that model reads back).
+    or a dataclass instance as its JSON (what a handler typed with that type reads back).
+
+    A ``TypedDict``, a list or any other JSON value is plain data: ``publish_json()``.
 
     Raises:
         TypeError: anything else (name the type; encode it, or use ``publish_json``).
@@ -247,7 +250,22 @@ def to_bytes(body: object) -> bytes:
     dump = getattr(body, "model_dump_json", None)
     if callable(dump):
         return str(dump()).encode("utf-8")
+    if is_dataclass(body) and not isinstance(body, type):
+        return _dataclass_json(type(body), body)
     raise TypeError(
-        f"message body must be bytes, str or a pydantic model, got {type(body).__name__}; "
-        "encode it first or use publish_json()"
+        f"message body must be bytes, str, a pydantic model or a dataclass instance, got "
+        f"{type(body).__name__}; encode it first or use publish_json()"
     )
+
+
+_ADAPTERS: dict[type, Any] = {}
+
+
+def _dataclass_json(cls: type, body: object) -> bytes:
+    """A dataclass instance as pydantic dumps it (the adapter made once per class)."""
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        from pydantic import TypeAdapter  # not at import: `import nsqworker` stays light
+
+        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+    return bytes(adapter.dump_json(body))

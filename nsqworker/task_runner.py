@@ -26,7 +26,7 @@ from nsqworker.dead_letters import dead_letter_envelope, publish_dead_letter
 from nsqworker.dispatch import DEFERRED, Dispatcher
 from nsqworker.eager import resume
 from nsqworker.errors import ConfigurationError
-from nsqworker.hooks import Hooks, call, run_after, with_hooks
+from nsqworker.hooks import Hooks, call, run_after, run_on_error, with_hooks
 from nsqworker.logging import TrafficSummary, get_logger, histogram_quantile
 from nsqworker.message import FINISH, Message, Outcome, Requeue
 from nsqworker.outcomes import (
@@ -126,6 +126,7 @@ class TaskRunner:
         hooks: Hooks = getattr(worker.registry, "hooks", Hooks()) + spec.hooks
         self.func = with_hooks(func, hooks, spec.is_async, self.loop)
         self.after_hooks = hooks.after
+        self.error_hooks = hooks.on_error
         self.dead_letter_hooks = hooks.on_dead_letter
         self.timeout = spec.timeout if spec.timeout is not None else worker.settings.task_timeout
         # Messages whose handler ran past the time limit: cancelled (async) or given back
@@ -202,6 +203,8 @@ class TaskRunner:
                     current.uncancel()
                 assert self.timeout is not None
                 error = TaskTimeout(self.timeout)
+                if self.error_hooks:  # the handler saw a cancel; its hooks see why
+                    await run_on_error(self.error_hooks, msg, error)
             return self.failed(msg, error, perf_counter() - start, token, None)
         if self.expired and msg in self.expired:  # it answered its time limit itself (RPC)
             self.expired.discard(msg)
@@ -229,7 +232,7 @@ class TaskRunner:
             else:
                 self.log_done(msg, outcome, duration)
         if self.after_hooks:
-            run_after(self.after_hooks, msg, outcome, None, duration, self.loop)
+            run_after(self.after_hooks, msg, outcome, None, duration, loop=self.loop)
         if token is not None or self.inst.timed:
             self.inst.end(token, outcome, None, duration)
         return outcome
@@ -252,7 +255,10 @@ class TaskRunner:
             return
         assert self.timeout is not None
         self.expired.add(msg)
-        outcome = self.failed(msg, TaskTimeout(self.timeout), self.timeout, token, None)
+        error = TaskTimeout(self.timeout)
+        if self.error_hooks:  # on the loop: the handler's thread is still busy
+            run_after(self.error_hooks, msg, error, loop=self.loop)
+        outcome = self.failed(msg, error, self.timeout, token, None)
         self.log.warning(
             "a sync handler ran past its time limit; its thread cannot be stopped, so it "
             "keeps its slot until it returns, and this worker process is replaced after "
@@ -285,7 +291,7 @@ class TaskRunner:
             if self.log_debug:
                 ctx.run(run_traced, token, self.log_done, msg, outcome, duration)
             if self.after_hooks:
-                run_after(self.after_hooks, msg, outcome, None, duration, self.loop)
+                run_after(self.after_hooks, msg, outcome, None, duration, loop=self.loop)
             if token is not None or self.inst.timed:
                 self.inst.end(token, outcome, None, duration)
         self.dispatcher.complete(msg, outcome)
@@ -312,7 +318,7 @@ class TaskRunner:
         else:
             ctx.run(run_traced, token, self.log_failure, msg, exc, outcome, duration)
         if self.after_hooks:
-            run_after(self.after_hooks, msg, outcome, exc, duration, self.loop)
+            run_after(self.after_hooks, msg, outcome, exc, duration, loop=self.loop)
         self.inst.end(token, outcome, exc, duration)
         return outcome
 

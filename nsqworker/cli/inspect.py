@@ -57,7 +57,7 @@ def tasks(target: Target, config: ConfigFile = None, as_json: AsJson = False) ->
         ]
         name = row["name"]  # in full, as logs and metrics name it
         kind = row["kind"] if row["body"] is None else f"{row['kind']}, {row['body']}"
-        cells = [row["topic"], row["channel"], *resolved, _dead_letter_text(row), kind]
+        cells = [row["topic"], row["channel"], *resolved, _dead_letter_text(row), Text(kind)]
         table.add_row(name, *cells)
     console = Console()
     console.print(table)

@@ -9,10 +9,12 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
+from typing_extensions import TypedDict
 
 from nsqworker.message import Message, Outcome
 from nsqworker.task import Registry, Reject
@@ -27,6 +29,17 @@ CHANNEL = "handlers"
 class Click(BaseModel):
     id: int
     url: str
+
+
+@dataclass
+class View:
+    id: int
+    url: str
+
+
+class Tag(TypedDict):
+    id: int
+    name: str
 
 
 def worker(broker: Harness, registry: Registry, **settings: Any) -> Worker:
@@ -203,3 +216,168 @@ async def test_a_model_published_is_what_a_typed_handler_reads(broker: Harness, 
         await broker.until(lambda: len(got) == 1 and len(dead) == 1, 10, "both")
     assert got == [Click(id=7, url="u")]
     assert json.dumps(got[0].model_dump()) == '{"id": 7, "url": "u"}'
+
+
+async def test_running_handlers_are_in_flight_and_a_slow_one_logged_once(
+    broker: Harness, log_lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    """``Worker.inflight()`` (what /inflight serves) lists an async handler that awaits
+    and a sync one in its thread; past ``slow_handler_after`` each is logged once."""
+    release_async = asyncio.Event()
+    release_sync = threading.Event()
+    reg = Registry()
+
+    @reg.task(broker.topic, channel=CHANNEL)
+    async def waits(msg: Message) -> None:
+        await release_async.wait()
+
+    @reg.task(broker.topic, channel=f"{CHANNEL}_sync")
+    def blocks(msg: Message) -> None:
+        release_sync.wait(30)
+
+    async with worker(broker, reg, slow_handler_after=0.3) as w:
+        await broker.publish(broker.topic, [b"x"])
+
+        def both_old() -> bool:
+            rows = w.inflight()
+            return len(rows) == 2 and all(row["age_s"] > 0.6 for row in rows)
+
+        await broker.until(both_old, 15, "both handlers in flight for 0.6 s")
+        rows = {row["task"]: row for row in w.inflight()}
+        assert rows[waits.spec.name]["handler"].startswith("task ")
+        assert rows[blocks.spec.name]["handler"].startswith("thread nsqworker-blocks-")
+        assert {row["state"] for row in rows.values()} == {"running"}
+        await asyncio.sleep(0.6)  # more sweeps: still one warning per message
+        release_async.set()
+        release_sync.set()
+        await broker.until(lambda: not w.inflight(), 10, "both done")
+    slow = [line for line in log_lines() if line["event"] == "handler still running"]
+    assert sorted(line["task"] for line in slow) == sorted([waits.spec.name, blocks.spec.name])
+
+
+@pytest.mark.parametrize(
+    ("body_type", "good", "bad", "error"),
+    [
+        (View, b'{"id": 1, "url": "u"}', b'{"id": 1}', "body is not a valid View: url: "),
+        (
+            Tag,
+            b'{"id": 1, "name": "n"}',
+            b'{"id": "x", "name": "n"}',
+            "body is not a valid Tag: id: ",
+        ),
+        (list[int], b"[1, 2]", b'[1, "two"]', "body is not a valid list[int]: 1: "),
+    ],
+    ids=["dataclass", "TypedDict", "list[int]"],
+)
+async def test_other_typed_bodies_are_validated_too(
+    broker: Harness, body_type: Any, good: bytes, bad: bytes, error: str
+) -> None:
+    """What pydantic's TypeAdapter validates besides models: a dataclass, a TypedDict,
+    ``list[int]``; an invalid body is a dead letter at once, with the errors."""
+    got: list[Any] = []
+    dead: list[tuple[str, int]] = []
+    reg = Registry()
+
+    async def handle(body: Any) -> None:
+        got.append(body)
+
+    handle.__annotations__["body"] = body_type  # the annotation under test
+    reg.task(
+        broker.topic, channel=CHANNEL, max_attempts=5,
+        on_dead_letter=lambda m, r: dead.append((r, m.attempts)),
+    )(handle)  # fmt: skip
+    async with worker(broker, reg):
+        await broker.publish(broker.topic, [good, bad])
+        await broker.until(lambda: len(got) == 1 and len(dead) == 1, 15, "1 handled, 1 dead")
+    assert got == [TypeAdapter(body_type).validate_json(good)]
+    ((reason, attempts),) = dead
+    assert reason.startswith(error) and attempts == 1
+
+
+async def test_a_dataclass_published_is_what_a_typed_handler_reads(broker: Harness) -> None:
+    got: list[View] = []
+    reg = Registry()
+
+    @reg.task(broker.topic, channel=CHANNEL)
+    async def archive(view: View) -> None:
+        got.append(view)
+
+    publisher = broker.publisher()
+    await publisher.publish(broker.topic, View(id=7, url="u"))
+    async with worker(broker, reg):
+        await broker.until(lambda: len(got) == 1, 10, "the view")
+    assert got == [View(id=7, url="u")]
+
+
+async def test_on_error_hooks_see_a_time_limit_async_and_sync(broker: Harness) -> None:
+    """An async handler cancelled at its limit, and a sync one past it (its thread still
+    running), both reach the on_error hooks with the TaskTimeout."""
+    seen: list[tuple[str, str, float]] = []
+    release = threading.Event()
+    reg = Registry()
+
+    @reg.on_error
+    def report(msg: Message, error: BaseException) -> None:
+        seen.append((msg.body.decode(), type(error).__name__, getattr(error, "limit", 0.0)))
+
+    @reg.task(broker.topic, channel=CHANNEL, timeout=0.2, max_attempts=1)
+    async def waits(msg: Message) -> None:
+        await asyncio.sleep(30)
+
+    @reg.task(broker.topic, channel=f"{CHANNEL}_sync", timeout=0.2, max_attempts=1)
+    def blocks(msg: Message) -> None:
+        release.wait(30)
+
+    async with worker(broker, reg) as w:
+        await broker.publish(broker.topic, [b"x"])
+        await broker.until(lambda: len(seen) == 2, 15, "both time limits reported")
+        release.set()
+        await broker.until(lambda: not w.inflight(), 10, "the thread returned")
+    assert sorted(seen) == [("x", "TaskTimeout", 0.2)] * 2
+
+
+async def test_hooks_that_raise_around_a_sync_handler_change_nothing(
+    broker: Harness, log_lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    """before (in the handler's thread), on_error and after hooks that raise: each is
+    logged once per message, and the messages are settled as the handler said."""
+    dead: list[bytes] = []
+    handled: list[bytes] = []
+
+    class Broken:
+        def before(self, msg: Message) -> None:
+            raise RuntimeError("before")
+
+        def on_error(self, msg: Message, error: BaseException) -> None:
+            raise RuntimeError("on_error")
+
+        async def after(
+            self, msg: Message, outcome: Outcome | None, error: BaseException | None, d: float
+        ) -> None:
+            raise RuntimeError("after")
+
+    reg = Registry()
+
+    @reg.task(
+        broker.topic, channel=CHANNEL, hooks=[Broken()], max_attempts=1,
+        on_dead_letter=lambda m, r: dead.append(m.body),
+    )  # fmt: skip
+    def handle(msg: Message) -> None:
+        handled.append(msg.body)
+        if msg.body == b"bad":
+            raise ValueError("bad")
+
+    async with worker(broker, reg) as w:
+        await broker.publish(broker.topic, [b"ok", b"bad"])
+        await broker.until(lambda: dead == [b"bad"], 15, "bad dead-lettered")
+        await broker.until(lambda: w.stats().tasks[handle.spec.name].finished == 1, 10, "ok")
+        await asyncio.sleep(0.2)  # the async after-hooks have run
+    assert sorted(handled) == [b"bad", b"ok"]
+    failures = sorted(
+        (line["hook"].rpartition(".")[2], line["id"])
+        for line in log_lines()
+        if line["event"].startswith("hook failed")
+    )
+    ids = {line["id"] for line in log_lines() if line["event"].startswith("hook failed")}
+    assert len(ids) == 2
+    assert [hook for hook, _ in failures] == ["after"] * 2 + ["before"] * 2 + ["on_error"]

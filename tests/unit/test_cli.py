@@ -116,6 +116,47 @@ def test_tasks_json(runner: CliRunner, module: str) -> None:
     assert report["defaults"] == ["max_in_flight"]
 
 
+TYPED = """
+from nsqworker import Message
+from nsqworker.task import Registry
+from pydantic import BaseModel
+
+registry = Registry()
+
+class Click(BaseModel):
+    id: int
+
+@registry.task("clicks", channel="model")
+async def model(click: Click) -> None:
+    pass
+
+@registry.task("clicks", channel="generic")
+def generic(msg: Message, ids: list[int]) -> None:
+    pass
+
+@registry.task("clicks", channel="nested")
+async def nested(batch: dict[str, list[Click]] | None) -> None:
+    pass
+"""
+
+
+def test_tasks_show_a_typed_body_by_its_full_type(
+    runner: CliRunner, tmp_path: Path, module: str
+) -> None:
+    (tmp_path / f"{module}_typed.py").write_text(TYPED)
+    table = runner.invoke(app, ["tasks", f"{module}_typed:registry"])
+    assert table.exit_code == 0, table.output
+    assert row(table.stdout, f"{module}_typed.model")[-1] == "async, Click"
+    assert row(table.stdout, f"{module}_typed.generic")[-1] == "sync, list[int]"
+    as_json = runner.invoke(app, ["tasks", f"{module}_typed:registry", "--json"])
+    bodies = {task["name"].rpartition(".")[2]: task["body"] for task in json.loads(as_json.stdout)}
+    assert bodies == {
+        "model": "Click",
+        "generic": "list[int]",
+        "nested": "dict[str, list[Click]] | None",
+    }
+
+
 def test_tasks_import_error_exits_2(runner: CliRunner, tmp_path: Path, module: str) -> None:
     (tmp_path / "cli_broken.py").write_text("import os\n\nx = 1 / 0\n")
     result = runner.invoke(app, ["tasks", "cli_broken"])
