@@ -67,9 +67,11 @@ class SparkJob:
         py_files: extra ``.py``/``.zip``/``.egg`` files for ``--py-files``.
         env: environment variables for the driver (and, on Kubernetes, the executors);
             on Kubernetes a value may be a :class:`SecretRef` (a ``secretKeyRef``).
-        timeout: the longest the job is expected to run, in seconds. When it exceeds
-            nsqd's ``--max-msg-timeout`` the job is refused before it is submitted
-            (nsqd would redeliver the message while the job still runs).
+        timeout: the longest the job may run, in seconds, from its submission: past
+            it the worker stops the job and the attempt fails (retried with backoff,
+            dead-lettered after ``max_attempts``). When it exceeds nsqd's
+            ``--max-msg-timeout`` the job is refused before it is submitted (nsqd
+            would redeliver the message while the job still runs).
     """
 
     app: str

@@ -173,6 +173,11 @@ class SparkApplicationRef:
     adopted: bool
     submitted: float
 
+    @property
+    def job_id(self) -> str:
+        """The runner's id of the job: the application's name."""
+        return self.name
+
 
 class KubernetesRunner:
     """Runs each job as a SparkApplication in ``namespace``; see the module doc."""

@@ -22,7 +22,7 @@ __all__ = ["JobContext", "Runner", "runner_for"]
 class Runner(Protocol):
     """Runs Spark jobs. ``submit`` returns a handle once the job is accepted;
     ``wait`` returns its :class:`JobResult` when it has ended (success or failure);
-    ``cancel`` stops it and returns when it is gone."""
+    ``cancel`` stops it and returns when it is gone. A handle has a ``job_id``."""
 
     kind: RunnerKind
     #: True when a job keeps running without the worker (it is left running on
