@@ -49,7 +49,7 @@ def runner_for(settings: Settings) -> Runner:
     if settings.spark_runner == "kubernetes":
         key: tuple[Any, ...] = (
             "kubernetes", settings.spark_namespace, settings.spark_image,
-            settings.spark_service_account, settings.spark_ttl,
+            settings.spark_service_account, settings.spark_ttl, tuple(settings.spark_app_uris),
         )  # fmt: skip
     else:
         key = ("local", settings.spark_master, tuple(settings.spark_app_roots))

@@ -44,6 +44,7 @@ from nsqworker.spark.job import (
     SparkJobFailed,
     job_problems,
 )
+from nsqworker.spark.policy import DEFAULT_APP_URIS
 from nsqworker.spark.runner import Runner, runner_for
 from nsqworker.task import Registry, Reject, TaskFunction, default_registry
 
@@ -122,7 +123,10 @@ async def run_spark_job(
 ) -> None:
     """Describe, check, submit and wait for the job of ``msg``; see the module doc."""
     job: Any = await call(func, msg)  # async (callable objects too) on the loop, else a thread
-    problems = job_problems(job, runner.kind, roots=getattr(runner, "app_roots", ()))
+    problems = job_problems(
+        job, runner.kind, roots=getattr(runner, "app_roots", ()),
+        app_uris=getattr(runner, "app_uris", DEFAULT_APP_URIS),
+    )  # fmt: skip
     if problems:
         raise Reject("invalid SparkJob: " + "; ".join(problems))
     assert isinstance(job, SparkJob)
