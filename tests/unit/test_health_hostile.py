@@ -28,6 +28,20 @@ def livez(port: int, timeout: float = 5) -> int:
         return int(answer.status)
 
 
+def count_hung_up(clients: list[socket.socket], wait: float) -> int:
+    """How many of ``clients`` the server has closed (each waited on ``wait`` s);
+    closes them all."""
+    hung_up = 0
+    for sock in clients:
+        sock.settimeout(wait)
+        try:
+            hung_up += sock.recv(100) == b""
+        except TimeoutError:
+            pass
+        sock.close()
+    return hung_up
+
+
 def test_half_sent_requests_neither_pile_up_threads_nor_last(server: HealthServer) -> None:
     before = threading.active_count()
     clients = []
@@ -38,15 +52,7 @@ def test_half_sent_requests_neither_pile_up_threads_nor_last(server: HealthServe
     time.sleep(0.3)
     assert threading.active_count() - before <= health.MAX_CONNECTIONS + 2
     time.sleep(1.5)  # past the request timeout: the server hangs up on each of them
-    hung_up = 0
-    for sock in clients:
-        sock.settimeout(0.01)
-        try:
-            hung_up += sock.recv(100) == b""
-        except TimeoutError:
-            pass
-        sock.close()
-    assert hung_up >= 450  # the few left are being closed right now
+    assert count_hung_up(clients, 0.01) >= 450  # the few left are being closed right now
     assert livez(server.port) == 200
     deadline = time.monotonic() + 5
     while threading.active_count() > before + 1 and time.monotonic() < deadline:
@@ -112,15 +118,7 @@ def test_a_trickling_peer_neither_starves_livez_nor_keeps_its_connections(
 def test_one_peer_cannot_hold_more_than_its_share(server: HealthServer) -> None:
     held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(20)]
     time.sleep(0.3)
-    refused = 0
-    for sock in held:
-        sock.settimeout(0.05)
-        try:
-            refused += sock.recv(100) == b""
-        except TimeoutError:
-            pass
-        sock.close()
-    assert refused == 20 - health.MAX_PER_PEER
+    assert count_hung_up(held, 0.05) == 20 - health.MAX_PER_PEER
 
 
 def test_health_binds_loopback_by_default() -> None:
