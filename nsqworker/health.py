@@ -21,6 +21,7 @@ import json
 import math
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
@@ -284,11 +285,17 @@ def _bound_text(bound: float) -> str:
     return "+Inf" if math.isinf(bound) else repr(float(bound))
 
 
-#: Seconds a client may take to send its request (and to read the answer): a client
-#: that sends half a request is cut off instead of holding a thread.
+#: Seconds a connection may last from its accept to its close: sending the request,
+#: and reading the answer. Past it the server hangs up, so a client that trickles a
+#: byte at a time cannot hold a thread for longer (also the timeout of each read).
 REQUEST_TIMEOUT = 5.0
 #: Connections served at once; more are closed at once (each one is a thread).
 MAX_CONNECTIONS = 64
+#: Connections one peer address may hold open at once.
+MAX_PER_PEER = 8
+#: Of :data:`MAX_CONNECTIONS`, the slots kept for a peer that has no connection open
+#: (the kubelet's probe, a scrape), so peers with many connections cannot take them all.
+RESERVED_SLOTS = 8
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -302,35 +309,63 @@ class _QuietHandler(WSGIRequestHandler):
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     """One thread per request, so a slow scrape never blocks a probe; at most
-    :data:`MAX_CONNECTIONS` of them (docs/security.md)."""
+    :data:`MAX_CONNECTIONS` of them, :data:`MAX_PER_PEER` per peer address, the last
+    :data:`RESERVED_SLOTS` only for a peer with none open, and each connection closed
+    :data:`REQUEST_TIMEOUT` after its accept (docs/security.md)."""
 
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128  # the listen backlog: accepted (or refused) at once anyway
-    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)  # replaced per server
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that timed out or went away is not worth a traceback on stderr."""
 
     def server_activate(self) -> None:
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._guard = threading.Lock()
+        #: open connection -> (peer address, monotonic deadline)
+        self._open: dict[socket.socket, tuple[str, float]] = {}
+        self._per_peer: dict[str, int] = {}
         super().server_activate()
 
+    def _admit(self, request: socket.socket, peer: str) -> bool:
+        with self._guard:
+            mine, total = self._per_peer.get(peer, 0), len(self._open)
+            limit = MAX_CONNECTIONS if mine == 0 else MAX_CONNECTIONS - RESERVED_SLOTS
+            if mine >= MAX_PER_PEER or total >= limit:
+                return False
+            self._per_peer[peer] = mine + 1
+            self._open[request] = (peer, time.monotonic() + REQUEST_TIMEOUT)
+            return True
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):
+        peer = str(client_address[0]) if isinstance(client_address, tuple) else ""
+        if not self._admit(request, peer):
             self.shutdown_request(request)  # full: close rather than queue a thread
             return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()
-            raise
+        super().process_request(request, client_address)  # on error: shutdown_request
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
+    def shutdown_request(self, request: Any) -> None:
+        # Forgotten before the close, under the lock the deadline check holds: that
+        # check never shuts down a descriptor the kernel has given to a new socket.
+        with self._guard:
+            entry = self._open.pop(request, None)
+            if entry is not None:
+                left = self._per_peer.pop(entry[0]) - 1
+                if left:
+                    self._per_peer[entry[0]] = left
+            super().shutdown_request(request)
+
+    def service_actions(self) -> None:
+        """Each turn of ``serve_forever`` (every 0.1 s): hang up on connections past
+        their deadline; the thread blocked reading one sees the end and returns."""
+        now = time.monotonic()
+        with self._guard:
+            for request, (_, deadline) in self._open.items():
+                if deadline <= now:
+                    try:
+                        request.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass  # already gone
 
 
 class _IPv6Server(_ThreadingServer):

@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = [
+    "app_uri_pattern",
     "check_host",
     "check_port",
     "lookupd_address",
@@ -76,6 +77,14 @@ def reply_pattern(text: str) -> str:
     text = text.strip()
     if not text or any(c.isspace() for c in text):
         raise ValueError(f"{text!r} is not a pattern (no spaces, not empty)")
+    return text
+
+
+def app_uri_pattern(text: str) -> str:
+    """Check a Spark app URI pattern: ``scheme://...``, ``*`` and ``?`` allowed."""
+    text = text.strip()
+    if not re.match(r"^[a-z][a-z0-9+.-]*://\S*$", text):
+        raise ValueError(f"{text!r} is not a URI pattern like s3a://my-bucket/jobs/*")
     return text
 
 

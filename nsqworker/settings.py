@@ -46,6 +46,7 @@ from nsqworker.config_files import (
 )
 from nsqworker.errors import ConfigurationError
 from nsqworker.setting_values import (
+    app_uri_pattern,
     lookupd_address,
     nsqd_address,
     reply_address_pattern,
@@ -171,6 +172,7 @@ NsqdAddresses = Annotated[list[Annotated[str, AfterValidator(nsqd_address)]], No
 LookupdAddresses = Annotated[list[Annotated[str, AfterValidator(lookupd_address)]], NoDecode]
 ReplyPatterns = Annotated[list[Annotated[str, AfterValidator(reply_pattern)]], NoDecode]
 ReplyAddresses = Annotated[list[Annotated[str, AfterValidator(reply_address_pattern)]], NoDecode]
+AppUriPatterns = Annotated[list[Annotated[str, AfterValidator(app_uri_pattern)]], NoDecode]
 
 
 class _FileSource(PydanticBaseSettingsSource):
@@ -358,6 +360,10 @@ class _CoreSettings(BaseSettings):
     spark_app_roots: list[str] = Field(
         default_factory=list, description="Directories local Spark apps must be in; default: ."
     )
+    spark_app_uris: AppUriPatterns = Field(
+        default_factory=lambda: ["local://*"],
+        description="App URIs (patterns) the kubernetes runner may run; default: local://*.",
+    )
     spark_master: str = Field(
         "local[*]",
         min_length=1,
@@ -438,6 +444,7 @@ class _CoreSettings(BaseSettings):
         "rpc_reply_addresses",
         "rpc_reply_topics",
         "lookupd_allowed_nsqd",
+        "spark_app_uris",
         mode="before",
     )
     @classmethod

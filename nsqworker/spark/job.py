@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from nsqworker.spark.policy import denied_conf, denied_env, outside_root
+from nsqworker.spark.policy import (
+    DEFAULT_APP_URIS,
+    allowed_app_uri,
+    denied_conf,
+    denied_env,
+    outside_root,
+)
 
 __all__ = [
     "JobContext",
@@ -67,9 +73,11 @@ class SparkJob:
         py_files: extra ``.py``/``.zip``/``.egg`` files for ``--py-files``.
         env: environment variables for the driver (and, on Kubernetes, the executors);
             on Kubernetes a value may be a :class:`SecretRef` (a ``secretKeyRef``).
-        timeout: the longest the job is expected to run, in seconds. When it exceeds
-            nsqd's ``--max-msg-timeout`` the job is refused before it is submitted
-            (nsqd would redeliver the message while the job still runs).
+        timeout: the longest the job may run, in seconds, from its submission: past
+            it the worker stops the job and the attempt fails (retried with backoff,
+            dead-lettered after ``max_attempts``). When it exceeds nsqd's
+            ``--max-msg-timeout`` the job is refused before it is submitted (nsqd
+            would redeliver the message while the job still runs).
     """
 
     app: str
@@ -96,24 +104,26 @@ def job_problems(
     runner: RunnerKind,
     cwd: str | os.PathLike[str] = ".",
     roots: Sequence[str | os.PathLike[str]] = (),
+    app_uris: Sequence[str] = DEFAULT_APP_URIS,
 ) -> list[str]:
     """Everything wrong with ``job`` for ``runner``; empty when it can be submitted.
 
     Each problem names the field and what to change. The local runner also checks that
     ``app`` and ``py_files`` are files under ``roots`` (default: ``cwd``; relative paths
     are read from ``cwd``); the Kubernetes runner that they
-    are URIs the driver can fetch. Conf keys and env names that would let a message
+    are URIs the driver can fetch that match ``app_uris`` (``spark_app_uris``). Conf keys and env names that would let a message
     run code are refused (:mod:`nsqworker.spark.policy`).
     """
     if not isinstance(job, SparkJob):
         return [f"the handler returned {type(job).__name__}, not a SparkJob"]
     problems: list[str] = []
     where = [Path(r) for r in roots] or [Path(cwd)]
-    problems += _file_problems("app", [job.app], runner, cwd, where, single=True)
+    places = _Places(cwd, where, tuple(app_uris))
+    problems += _file_problems("app", [job.app], runner, places, single=True)
     if isinstance(job.py_files, str) or not isinstance(job.py_files, Sequence):
         problems.append(f"py_files must be a list of paths, got {job.py_files!r}")
     else:
-        problems += _file_problems("py_files", list(job.py_files), runner, cwd, where, False)
+        problems += _file_problems("py_files", list(job.py_files), runner, places, False)
     if isinstance(job.args, str) or not isinstance(job.args, Sequence):
         problems.append(f"args must be a list of strings, got {job.args!r}")
     else:
@@ -146,13 +156,18 @@ def job_problems(
     return problems
 
 
+@dataclass(frozen=True)
+class _Places:
+    """Where a job's files may be: the local runner's directory and roots, the
+    Kubernetes runner's URI patterns."""
+
+    cwd: str | os.PathLike[str]
+    roots: list[Path]
+    app_uris: tuple[str, ...]
+
+
 def _file_problems(
-    what: str,
-    values: list[object],
-    runner: RunnerKind,
-    cwd: str | os.PathLike[str],
-    roots: list[Path],
-    single: bool,
+    what: str, values: list[object], runner: RunnerKind, places: _Places, single: bool
 ) -> list[str]:
     problems = []
     for i, value in enumerate(values):
@@ -168,6 +183,12 @@ def _file_problems(
                     "local:///path/in/the/image or s3a://bucket/key (schemes: "
                     f"{', '.join(REMOTE_SCHEMES)})"
                 )
+            elif not allowed_app_uri(value, places.app_uris):
+                problems.append(
+                    f"{label} {value!r} is not allowed by spark_app_uris "
+                    f"({', '.join(places.app_uris) or 'none'}); add a pattern for it "
+                    "(like s3a://my-bucket/jobs/*) to that setting, or ship it in the image"
+                )
             continue
         path_text = value
         if scheme is not None:
@@ -178,10 +199,10 @@ def _file_problems(
                 )
                 continue
             path_text = value[len(scheme.group(0)) :]
-        path = Path(cwd, path_text)
-        if all(outside_root(path, root) for root in roots):
-            places = ", ".join(str(r) for r in roots)
-            problems.append(f"{label} {value!r} is outside spark_app_roots ({places})")
+        path = Path(places.cwd, path_text)
+        if all(outside_root(path, root) for root in places.roots):
+            where = ", ".join(str(r) for r in places.roots)
+            problems.append(f"{label} {value!r} is outside spark_app_roots ({where})")
         elif not path.is_file():
             problems.append(f"{label} {value!r}: no such file ({path.resolve()})")
     return problems

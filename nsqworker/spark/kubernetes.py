@@ -25,6 +25,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import get_logger
 from nsqworker.spark.job import JobContext, JobResult, JobState, RunnerKind, SecretRef, SparkJob
+from nsqworker.spark.policy import DEFAULT_APP_URIS
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -173,6 +175,11 @@ class SparkApplicationRef:
     adopted: bool
     submitted: float
 
+    @property
+    def job_id(self) -> str:
+        """The runner's id of the job: the application's name."""
+        return self.name
+
 
 class KubernetesRunner:
     """Runs each job as a SparkApplication in ``namespace``; see the module doc."""
@@ -184,10 +191,13 @@ class KubernetesRunner:
         self, api_client: Any, *, namespace: str, image: str, service_account: str,
         ttl: float, pool_size: int = 4, poll_interval: float = 5.0,
         watch_timeout: int = 300, spark_version: str | None = None,
+        app_uris: Sequence[str] = DEFAULT_APP_URIS,
     ) -> None:  # fmt: skip
         client: Any = importlib.import_module("kubernetes.client")
         self.api: Any = client.CustomObjectsApi(api_client)
         self.namespace = namespace
+        #: URI patterns a job's app and py_files must match (``spark_app_uris``).
+        self.app_uris = tuple(app_uris)
         self.image = image
         self.service_account = service_account
         self.ttl = ttl
@@ -222,6 +232,7 @@ class KubernetesRunner:
         return cls(
             client.ApiClient(), namespace=settings.spark_namespace, image=settings.spark_image,
             service_account=settings.spark_service_account, ttl=settings.spark_ttl,
+            app_uris=settings.spark_app_uris,
         )  # fmt: skip
 
     async def submit(self, job: SparkJob, ctx: JobContext) -> SparkApplicationRef:

@@ -22,7 +22,7 @@ __all__ = ["JobContext", "Runner", "runner_for"]
 class Runner(Protocol):
     """Runs Spark jobs. ``submit`` returns a handle once the job is accepted;
     ``wait`` returns its :class:`JobResult` when it has ended (success or failure);
-    ``cancel`` stops it and returns when it is gone."""
+    ``cancel`` stops it and returns when it is gone. A handle has a ``job_id``."""
 
     kind: RunnerKind
     #: True when a job keeps running without the worker (it is left running on
@@ -49,7 +49,7 @@ def runner_for(settings: Settings) -> Runner:
     if settings.spark_runner == "kubernetes":
         key: tuple[Any, ...] = (
             "kubernetes", settings.spark_namespace, settings.spark_image,
-            settings.spark_service_account, settings.spark_ttl,
+            settings.spark_service_account, settings.spark_ttl, tuple(settings.spark_app_uris),
         )  # fmt: skip
     else:
         key = ("local", settings.spark_master, tuple(settings.spark_app_roots))

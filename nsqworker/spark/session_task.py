@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
-from nsqworker.hooks import call
+from nsqworker.hooks import call, is_async_callable
 from nsqworker.logging import get_logger
 from nsqworker.message import Message
 from nsqworker.spark.session import SessionHolder, error_summary, group_name, holder_for
@@ -73,7 +73,7 @@ def spark_session_task(
     target = default_registry if registry is None else registry
 
     def decorate(func: SessionHandler) -> TaskFunction[[Message], Any]:
-        if asyncio.iscoroutinefunction(func) or not callable(func):
+        if is_async_callable(func) or not callable(func):
             raise TypeError(
                 f"@spark_session_task needs a plain function def f(msg, spark), got {func!r}"
             )

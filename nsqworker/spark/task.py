@@ -11,6 +11,10 @@ The handler returns a :class:`~nsqworker.spark.job.SparkJob`. The task then:
 3. returns on success (FIN) or raises :class:`~nsqworker.spark.job.SparkJobFailed`
    (REQ with backoff, dead letter after ``max_attempts``).
 
+A job running past ``SparkJob.timeout`` is stopped (``runner.cancel``) and the attempt
+fails like a failed job. At the task's own time limit (``@spark_task(timeout=...)``) the
+job is stopped on every runner and the message retried.
+
 When the worker stops, a job of a detached runner (Kubernetes) is left running and
 its message requeued at once: the redelivery adopts the job. A local job keeps running
 for ``drain_timeout``; then the worker cancels the handler, which stops the job's
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
+from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +35,7 @@ from opentelemetry import trace
 from nsqworker.hooks import call
 from nsqworker.logging import get_logger
 from nsqworker.message import Message
+from nsqworker.outcomes import TIME_LIMIT
 from nsqworker.spark.job import (
     JobContext,
     JobResult,
@@ -37,6 +44,7 @@ from nsqworker.spark.job import (
     SparkJobFailed,
     job_problems,
 )
+from nsqworker.spark.policy import DEFAULT_APP_URIS
 from nsqworker.spark.runner import Runner, runner_for
 from nsqworker.task import Registry, Reject, TaskFunction, default_registry
 
@@ -115,7 +123,10 @@ async def run_spark_job(
 ) -> None:
     """Describe, check, submit and wait for the job of ``msg``; see the module doc."""
     job: Any = await call(func, msg)  # async (callable objects too) on the loop, else a thread
-    problems = job_problems(job, runner.kind, roots=getattr(runner, "app_roots", ()))
+    problems = job_problems(
+        job, runner.kind, roots=getattr(runner, "app_roots", ()),
+        app_uris=getattr(runner, "app_uris", DEFAULT_APP_URIS),
+    )  # fmt: skip
     if problems:
         raise Reject("invalid SparkJob: " + "; ".join(problems))
     assert isinstance(job, SparkJob)
@@ -130,31 +141,9 @@ async def run_spark_job(
     ctx = JobContext(msg.topic, msg.channel, msg.id, msg.attempts, task)
     span = trace.get_current_span()
     handle = await runner.submit(job, ctx)
-    draining = msg.draining if runner.detached else None
-    waiting = asyncio.ensure_future(runner.wait(handle))
-    stop: asyncio.Future[Any] | None = None
-    try:
-        if draining is not None:
-            stop = asyncio.ensure_future(draining.wait())
-            done, _ = await asyncio.wait({waiting, stop}, return_when=asyncio.FIRST_COMPLETED)
-            if waiting not in done:
-                waiting.cancel()
-                log.info(
-                    "worker stopping: Spark job left running, message requeued",
-                    id=msg.id, task=task, runner=runner.kind,
-                )  # fmt: skip
-                msg.requeue(0, backoff=False)
-                return
-        result = await waiting
-    except asyncio.CancelledError:
-        waiting.cancel()
-        if not runner.detached:
-            log.info("worker stopping: stopping the Spark job", id=msg.id, task=task)
-            await runner.cancel(handle)
-        raise
-    finally:
-        if stop is not None:
-            stop.cancel()
+    result = await _wait_for_job(runner, handle, job, msg, task)
+    if result is None:  # the worker stops: a detached job was left running
+        return
     _record(span, runner, result)
     if result.state is not JobState.SUCCEEDED:
         raise SparkJobFailed(result)
@@ -164,6 +153,52 @@ async def run_spark_job(
     )  # fmt: skip
     if on_success is not None:
         await call(on_success, msg, job, result)
+
+
+async def _wait_for_job(
+    runner: Runner, handle: Any, job: SparkJob, msg: Message, task: str
+) -> JobResult | None:
+    """The job's result; None when the worker stops and a detached job is left running
+    (the message requeued at once). Past ``job.timeout`` the job is stopped and a
+    FAILED result naming the limit returned; at the task's time limit it is stopped on
+    every runner, and on a stop only a child job (local runner) is."""
+    draining = msg.draining if runner.detached else None
+    waiting = asyncio.ensure_future(runner.wait(handle))
+    stop = asyncio.ensure_future(draining.wait()) if draining is not None else None
+    started = time.monotonic()
+    try:
+        pending = {waiting} if stop is None else {waiting, stop}
+        done, _ = await asyncio.wait(pending, timeout=job.timeout, return_when=FIRST_COMPLETED)
+        if waiting in done:
+            return waiting.result()
+        waiting.cancel()
+        if stop is not None and stop in done:
+            log.info(
+                "worker stopping: Spark job left running, message requeued",
+                id=msg.id, task=task, runner=runner.kind,
+            )  # fmt: skip
+            msg.requeue(0, backoff=False)
+            return None
+        assert job.timeout is not None
+        log.warning(
+            "ran past its SparkJob timeout: stopping the Spark job",
+            id=msg.id, task=task, timeout=job.timeout,
+        )  # fmt: skip
+        await runner.cancel(handle)
+        error = f"ran past its SparkJob timeout of {job.timeout:g}s and was stopped"
+        return JobResult(JobState.FAILED, handle.job_id, time.monotonic() - started, error=error)
+    except asyncio.CancelledError as exc:
+        waiting.cancel()
+        if exc.args == (TIME_LIMIT,):
+            log.warning("ran past its time limit: stopping the Spark job", id=msg.id, task=task)
+            await runner.cancel(handle)
+        elif not runner.detached:
+            log.info("worker stopping: stopping the Spark job", id=msg.id, task=task)
+            await runner.cancel(handle)
+        raise
+    finally:
+        if stop is not None:
+            stop.cancel()
 
 
 def _record(span: trace.Span, runner: Runner, result: JobResult) -> None:

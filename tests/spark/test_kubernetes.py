@@ -96,14 +96,19 @@ def k8s_runner(settings: Settings, poll_interval: float = 0.5) -> KubernetesRunn
     return runner
 
 
-def declare(registry: Registry, dead: list[str], **options: Any) -> None:
+def declare(
+    registry: Registry, dead: list[str], job_timeout: float | None = None, **options: Any
+) -> None:
     @spark_task(
         TOPIC, channel=CHANNEL, registry=registry,
         on_dead_letter=lambda m, r: dead.append(r), **options,
     )  # fmt: skip
     def report(msg: Message) -> SparkJob:
         day = msg.json()["day"]
-        return SparkJob(APP, ["--day", day], conf={"spark.executor.instances": 2}, env={"DAY": day})
+        return SparkJob(
+            APP, ["--day", day], conf={"spark.executor.instances": 2}, env={"DAY": day},
+            timeout=job_timeout,
+        )  # fmt: skip
 
 
 def prepare(nsqd: NsqdProcess) -> NsqdProcess:
@@ -198,6 +203,48 @@ async def test_stop_leaves_the_job_running_and_redelivery_adopts_it(
         operator.set_state(name, "COMPLETED")
         await wait_until(lambda: client_count(nsqd, "finish_count") == 1, 15, "the FIN")
     assert dead == []
+
+
+@pytest.mark.parametrize("where", ["task", "job"])
+async def test_a_job_past_its_time_limit_is_deleted_retried_then_dead_lettered(
+    nsqd: NsqdProcess, namespace: str, operator: Operator, where: str
+) -> None:
+    """The runner is detached, yet at ``@spark_task(timeout=)`` or ``SparkJob(timeout=)``
+    the SparkApplication is deleted, not left running; each redelivery starts a new one
+    and after ``max_attempts`` the message is dead-lettered with nothing left behind."""
+    nsqd = prepare(nsqd)
+    registry, dead = Registry(), []
+    if where == "task":
+        declare(registry, dead, max_attempts=2, timeout=2.0)
+    else:
+        declare(registry, dead, job_timeout=2.0, max_attempts=2)
+    settings = settings_for(nsqd, namespace)
+    k8s_runner(settings)
+    seen: set[str] = set()
+
+    async def run_them() -> None:  # the operator: every application it sees runs
+        while True:
+            for app in await asyncio.to_thread(operator.applications):
+                uid = app["metadata"]["uid"]
+                if uid not in seen:
+                    seen.add(uid)
+                    await asyncio.to_thread(operator.set_state, app["metadata"]["name"], "RUNNING")
+            await asyncio.sleep(0.1)
+
+    running = asyncio.ensure_future(run_them())
+    try:
+        async with Worker(registry, settings):
+            nsqd.publish(TOPIC, b'{"day": "2026-11-26"}')
+            await wait_until(lambda: dead, 30, "the dead letter")
+            await wait_until(lambda: client_count(nsqd, "finish_count") == 1, 15, "the FIN")
+            left = operator.applications()
+            requeued = (nsqd.channel_stats(TOPIC, CHANNEL) or {})["requeue_count"]
+    finally:
+        running.cancel()
+    assert len(seen) == 2  # a new application per attempt: the first was deleted
+    assert left == []
+    assert requeued == 2
+    assert dead == ["max attempts exceeded"]
 
 
 async def test_broken_watch_falls_back_to_polling(

@@ -314,3 +314,61 @@ async def test_job_output_reaches_the_log_and_the_outcome_the_span(
     assert attributes["spark.runner"] == "local" and attributes["spark.job_id"] == mine["job_id"]
     assert 0 < float(attributes["spark.duration_s"]) < 60  # type: ignore[arg-type]
     assert "failing on purpose" in str(attributes["spark.error"])
+
+
+@pytest.mark.parametrize("where", ["task", "job"])
+async def test_a_job_past_its_time_limit_is_stopped_retried_then_dead_lettered(
+    nsqd: NsqdProcess, where: str
+) -> None:
+    """``@spark_task(timeout=)`` (the task's time limit) or ``SparkJob(timeout=)``: the
+    sleeping job's process group is stopped at the limit, the attempt fails, and after
+    ``max_attempts`` the message is dead-lettered."""
+    nsqd = prepare(nsqd)
+    registry = Registry()
+    dead: list[tuple[int, str]] = []
+    errors: list[BaseException | None] = []
+    limit = 6.0
+    task_limit = {"timeout": limit} if where == "task" else {}
+    job_limit = limit if where == "job" else None
+
+    @spark_task(
+        TOPIC, channel=CHANNEL, registry=registry, max_attempts=2,
+        on_dead_letter=lambda m, r: dead.append((m.attempts, r)), **task_limit,
+    )  # fmt: skip
+    def sleepy(msg: Message) -> SparkJob:
+        return SparkJob(str(APPS / "sleep.py"), ["/dev/null"], conf=FAST_CONF, timeout=job_limit)
+
+    @registry.after
+    def record(msg: Message, outcome: object, error: BaseException | None, took: float) -> None:
+        errors.append(error)
+
+    settings = settings_for(nsqd)
+    runner = runner_for(settings)
+    assert isinstance(runner, LocalRunner)
+    groups: set[int] = set()
+
+    async def watch_groups() -> None:
+        while True:
+            groups.update(job.process.pid for job in runner.jobs.values())
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.ensure_future(watch_groups())
+    try:
+        async with Worker(registry, settings):
+            nsqd.publish(TOPIC, b"{}")
+            await wait_until(lambda: dead, 90, "the dead letter")
+            await wait_until(lambda: finished(nsqd) == 1, 10, "the FIN after the dead letter")
+            stats = channel(nsqd)
+    finally:
+        watcher.cancel()
+    assert len(groups) == 2  # one job per attempt, each stopped at the limit
+    assert all(process_group_alive(pgid) == [] for pgid in groups)
+    assert runner.jobs == {}
+    assert stats["requeue_count"] == 2
+    assert dead == [(3, "max attempts exceeded")]
+    failures = errors[:2]
+    if where == "task":
+        assert [type(e).__name__ for e in failures] == ["TaskTimeout", "TaskTimeout"]
+    else:
+        assert [type(e).__name__ for e in failures] == ["SparkJobFailed", "SparkJobFailed"]
+        assert all("ran past its SparkJob timeout of 6s" in str(e) for e in failures)

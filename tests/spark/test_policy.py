@@ -27,6 +27,15 @@ def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         "spark.kubernetes.executor.podTemplateFile", "spark.plugins",
         "spark.executorEnv.LD_PRELOAD", "spark.kubernetes.container.image",
         "spark.kubernetes.authenticate.driver.serviceAccountName",
+        "spark.driver.defaultJavaOptions", "spark.executor.defaultJavaOptions",
+        "spark.driver.resource.gpu.discoveryScript", "spark.executor.resource.fpga.discoveryScript",
+        "spark.resources.discoveryPlugin", "spark.r.command", "spark.r.driver.command",
+        "spark.hadoop.fs.s3a.endpoint", "spark.hadoop.fs.s3a.bucket.data.endpoint",
+        "spark.hadoop.fs.s3a.endpoint.region", "spark.hadoop.fs.s3a.proxy.host",
+        "spark.hadoop.fs.defaultFS", "spark.hadoop.fs.gs.storage.root.url",
+        "spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net",
+        "spark.hadoop.hadoop.security.credential.provider.path",
+        "spark.hadoop.fs.s3a.aws.credentials.provider", "spark.security.credentials.hive.enabled",
     ],
 )  # fmt: skip
 def test_conf_that_runs_or_fetches_code_is_refused(app: str, key: str) -> None:
@@ -40,8 +49,13 @@ def test_ordinary_conf_is_accepted(app: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["LD_PRELOAD", "JAVA_TOOL_OPTIONS", "PYTHONPATH", "PATH", "NSQWORKER_AUTH_SECRET"]
-)
+    "name",
+    [
+        "LD_PRELOAD", "JAVA_TOOL_OPTIONS", "PYTHONPATH", "PATH", "NSQWORKER_AUTH_SECRET",
+        "GCONV_PATH", "OPENSSL_CONF", "OPENSSL_MODULES", "HTTP_PROXY", "HTTPS_PROXY",
+        "http_proxy", "https_proxy", "ALL_PROXY", "no_proxy",
+    ],
+)  # fmt: skip
 def test_env_that_changes_what_runs_is_refused(app: str, name: str) -> None:
     (problem,) = job_problems(SparkJob(app, env={name: "x"}), "local")
     assert f"env name {name!r} may not be set by a job" in problem
@@ -102,3 +116,33 @@ def test_secret_env_is_a_secret_key_ref_on_kubernetes(app: str) -> None:
         SparkJob("local:///r.py", env={"X": SecretRef("Bad_Name", "k")}), "kubernetes"
     )
     assert "not a Secret name and key" in bad
+
+
+def test_kubernetes_app_uris_must_match_spark_app_uris() -> None:
+    """Default: only files in the image (local://); other URIs need a pattern."""
+    assert job_problems(SparkJob("local:///opt/app/job.py"), "kubernetes") == []
+    for uri in ("s3a://data/jobs/r.py", "https://evil.example/job.py", "gs://x/y.py"):
+        (problem,) = job_problems(SparkJob(uri), "kubernetes")
+        assert f"app {uri!r} is not allowed by spark_app_uris (local://*)" in problem
+    allowed = ["local://*", "s3a://data/jobs/*"]
+    job = SparkJob("s3a://data/jobs/r.py", py_files=["s3a://data/other/lib.zip"])
+    (problem,) = job_problems(job, "kubernetes", app_uris=allowed)
+    assert "py_files[0] 's3a://data/other/lib.zip' is not allowed" in problem
+    (dots,) = job_problems(
+        SparkJob("s3a://data/jobs/../secret/r.py"), "kubernetes", app_uris=allowed
+    )
+    assert "is not allowed by spark_app_uris" in dots
+    assert job_problems(SparkJob("s3a://data/jobs/r.py"), "kubernetes", app_uris=allowed) == []
+
+
+def test_the_spark_app_uris_setting_is_a_list_of_uri_patterns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nsqworker.settings import Settings, SettingsError
+
+    monkeypatch.setenv("NSQWORKER_SPARK_APP_URIS", "local://*, s3a://data/jobs/*")
+    assert Settings().spark_app_uris == ["local://*", "s3a://data/jobs/*"]
+    monkeypatch.delenv("NSQWORKER_SPARK_APP_URIS")
+    assert Settings().spark_app_uris == ["local://*"]
+    with pytest.raises(SettingsError, match="spark_app_uris"):
+        Settings(spark_app_uris=["data/jobs/*"])

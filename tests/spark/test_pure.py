@@ -76,9 +76,8 @@ def test_other_fields_checked(app: str) -> None:
 
 def test_kubernetes_needs_uris() -> None:
     assert job_problems(SparkJob("local:///opt/app/job.py"), "kubernetes") == []
-    assert (
-        job_problems(SparkJob("s3a://b/job.py", py_files=["s3a://b/lib.zip"]), "kubernetes") == []
-    )
+    remote = SparkJob("s3a://b/job.py", py_files=["s3a://b/lib.zip"])
+    assert job_problems(remote, "kubernetes", app_uris=["local://*", "s3a://b/*"]) == []
     (problem,) = job_problems(SparkJob("jobs/report.py"), "kubernetes")
     assert "not a URI the driver can fetch" in problem and "local:///" in problem
 

@@ -39,6 +39,12 @@ def test_the_handler_must_be_a_plain_function() -> None:
 
     with pytest.raises(TypeError, match="plain function"):
         spark_session_task("t", channel="c", registry=Registry())(handler)
+
+    class AsyncCallable:  # its coroutine would never be awaited in a thread
+        async def __call__(self, msg: Message, spark: Any) -> None: ...
+
+    with pytest.raises(TypeError, match="plain function"):
+        spark_session_task("t", channel="c", registry=Registry())(AsyncCallable())
     with pytest.raises(TypeError, match="on_success"):
         spark_session_task("t", channel="c", registry=Registry(), on_success=3)
 
