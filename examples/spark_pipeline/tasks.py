@@ -55,5 +55,5 @@ def sessionize(msg: Message) -> SparkJob:
         args=["--input", str(body["input"]), "--day", str(body["day"]), "--output", OUTPUT],
         conf={"spark.sql.shuffle.partitions": 4, "spark.ui.enabled": False},
         name=f"sessionize-{body['day']}",
-        timeout=600,  # refused if nsqd's --max-msg-timeout is shorter
+        timeout=600,  # stopped and retried past it; refused if nsqd's --max-msg-timeout is shorter
     )

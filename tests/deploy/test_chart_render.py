@@ -24,6 +24,7 @@ SPARK_ENV = {
     "NSQWORKER_SPARK_IMAGE",
     "NSQWORKER_SPARK_SERVICE_ACCOUNT",
     "NSQWORKER_SPARK_TTL",
+    "NSQWORKER_SPARK_APP_URIS",
 }
 
 
@@ -131,7 +132,9 @@ def test_spark_env_names_are_settings(helm: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "values", [None, ci("keda"), ci("hpa")], ids=["default", "keda-values", "hpa-values"]
+    "values",
+    [None, ci("keda"), ci("hpa"), ci("spark-rbac")],
+    ids=["default", "keda-values", "hpa-values", "spark-rbac-values"],
 )
 def test_settings_accept_the_rendered_environment(
     helm: Any, values: Path | None, monkeypatch: pytest.MonkeyPatch
@@ -329,6 +332,7 @@ def test_spark_rbac(helm: Any) -> None:
         "NSQWORKER_SPARK_IMAGE": "registry.example.com/reports-spark:2.0.0",
         "NSQWORKER_SPARK_SERVICE_ACCOUNT": "spark-driver",
         "NSQWORKER_SPARK_TTL": "7200",
+        "NSQWORKER_SPARK_APP_URIS": '["local://*"]',
     }
 
 

@@ -177,6 +177,7 @@ NSQWORKER_SPARK_NAMESPACE: {{ include "nsqworker.sparkNamespace" . | quote }}
 NSQWORKER_SPARK_IMAGE: {{ .Values.spark.kubernetes.image | quote }}
 NSQWORKER_SPARK_SERVICE_ACCOUNT: {{ .Values.spark.kubernetes.serviceAccount | quote }}
 NSQWORKER_SPARK_TTL: {{ include "nsqworker.envValue" .Values.spark.kubernetes.ttlSeconds | quote }}
+NSQWORKER_SPARK_APP_URIS: {{ toJson .Values.spark.kubernetes.appUris | quote }}
 {{- end }}
 {{- range $name, $value := .Values.settings }}
 {{ printf "NSQWORKER_%s" (upper $name) }}: {{ include "nsqworker.envValue" $value | quote }}
