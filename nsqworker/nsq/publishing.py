@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 Body = bytes | bytearray | memoryview | str | Any
-"""bytes, str, or a pydantic model (published as its JSON)."""
+"""bytes, str, a pydantic model or a dataclass instance (published as its JSON)."""
 
 MAX_DELAY: Final = 3600.0
 """Longest DPUB delay in seconds (nsqd's default ``--max-req-timeout``)."""
