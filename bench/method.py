@@ -126,6 +126,15 @@ fields (the typed body validated from a 60-byte JSON body), the plain handler wi
 feature's cost is its time minus the plain handler's. A task with no typed body, hooks
 or limit runs exactly the plain path: those features cost it nothing.
 
+**The transport seam (bench/seam.py).** The tree of the last commit before the seam
+(dc43164, extracted with `git archive`) and this one, interleaved run by run on the same
+nsqd and `.venv`: `nsqworker run --workers 1` out of the box, the in-process Worker's
+async and sync no-op paths, and the offline feed's CPU microseconds per message; each
+"within 5% of before" target compares the two trees' medians. The ">= 15x pynsq" target
+is absolute: it moves with pynsq's own rate on the day, and Go's `bench_reader` (the
+consume section's limit) is itself at about 15-17x pynsq on this machine, so a run can
+miss it while after / before holds; both are shown.
+
 **NATS JetStream (bench/nats.py).** One nats-server v2.15.2 with JetStream, started for
 the section. Each contender runs in its own process and drains a backlog of
 {nats_count:,} messages of 100 bytes, published to a stream of its own before it starts;
