@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from nsqworker import __version__
+from nsqworker.cli.common import Command, Group
 from nsqworker.cli.inflight import inflight
 from nsqworker.cli.inspect import show_settings, tasks
 from nsqworker.cli.publish import publish
@@ -24,6 +25,7 @@ __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="nsqworker",
+    cls=Group,
     help="Run Python task handlers on NSQ topics.",
     no_args_is_help=True,
     add_completion=False,
@@ -56,11 +58,11 @@ def _root(
 
 
 # In this order in --help.
-app.command()(run)
-app.command()(tasks)
-app.command("settings")(show_settings)
-app.command()(inflight)
-app.command()(publish)
+app.command(cls=Command)(run)
+app.command(cls=Command)(tasks)
+app.command("settings", cls=Command)(show_settings)
+app.command(cls=Command)(inflight)
+app.command(cls=Command)(publish)
 app.add_typer(rpc_app)
 
 

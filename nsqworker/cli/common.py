@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -34,6 +35,27 @@ __all__ = [
 ]
 
 EXIT_USAGE = 2
+
+
+class Command(TyperCommand):
+    """A command whose ``-h/--help`` shows no ``<bool>`` placeholder (a flag takes no value)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class Group(TyperGroup):
+    """A command group whose ``-h/--help`` shows no ``<bool>`` placeholder."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
 
 Target = Annotated[
     str,

@@ -17,7 +17,7 @@ from typing import IO, Annotated, Any
 import typer
 from rich.console import Console
 
-from nsqworker.cli.common import EXIT_USAGE, ConfigFile, NsqdOption, load_settings
+from nsqworker.cli.common import EXIT_USAGE, Command, ConfigFile, Group, NsqdOption, load_settings
 from nsqworker.cli.publish import _quiet_library_logs
 
 __all__ = ["app", "call", "call_command"]
@@ -28,13 +28,14 @@ EXIT_FAILED = 4
 
 app = typer.Typer(
     name="rpc",
+    cls=Group,
     help="Call RPC endpoints over NSQ (docs/rpc.md).",
     no_args_is_help=True,
     rich_markup_mode="rich",
 )
 
 
-@app.command()
+@app.command(cls=Command)
 def call(
     topic: Annotated[str, typer.Argument(metavar="TOPIC", help="The endpoint's topic.")],
     request: Annotated[
@@ -53,7 +54,9 @@ def call(
     lookupd: Annotated[
         list[str] | None,
         typer.Option(
-            "--lookupd", metavar="HOST:PORT", help="nsqlookupd HTTP address, instead of --nsqd."
+            "--lookupd",
+            metavar="URL",
+            help="nsqlookupd HTTP address (http://host:port), instead of --nsqd.",
         ),
     ] = None,
     nsqd_http: Annotated[

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from nsqworker import __version__
@@ -334,3 +335,23 @@ def test_plain_flags_show_no_placeholder_in_help(runner: CliRunner) -> None:
     result = runner.invoke(app, ["run", "--help"], terminal_width=100)
     (line,) = [line for line in result.stdout.splitlines() if "--reload" in line]
     assert "<bool>" not in line
+
+
+def _command_paths() -> list[list[str]]:
+    """Every command and group of the app, as the words that reach it."""
+    paths: list[list[str]] = []
+
+    def walk(command: object, words: list[str]) -> None:
+        paths.append(words)
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            walk(sub, [*words, name])
+
+    walk(typer.main.get_command(app), [])
+    return paths
+
+
+@pytest.mark.parametrize("command", _command_paths(), ids=lambda c: " ".join(c) or "nsqworker")
+def test_no_help_shows_a_bool_placeholder(runner: CliRunner, command: list[str]) -> None:
+    result = runner.invoke(app, [*command, "--help"], terminal_width=100)
+    assert result.exit_code == 0, result.output
+    assert "-h" in result.stdout and "<bool>" not in result.stdout
