@@ -10,10 +10,12 @@ package files, the metadata and the console script.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -97,3 +99,22 @@ def test_installed_command_runs_from_the_wheel(venv: Path, tmp_path: Path) -> No
     env["COLUMNS"] = "200"
     listed = _run([bin_dir / "nsqworker", "tasks", "quickstart.tasks", "--json"], tmp_path, env)
     assert '"topic": "quickstart"' in listed, listed
+
+
+def test_the_wheel_declares_every_extra_of_pyproject(wheel: Path) -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    with zipfile.ZipFile(wheel) as archive:
+        meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = archive.read(meta).decode()
+    declared = {line.split(":", 1)[1].strip() for line in metadata.splitlines()
+                if line.startswith("Provides-Extra:")}  # fmt: skip
+    assert set(project["optional-dependencies"]) <= declared
+    # and what each extra installs: `pip install "nsq-worker[nats] @ file://..."` gets nats-py
+    for extra, requirements in project["optional-dependencies"].items():
+        for requirement in requirements:
+            name = re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0]
+            wanted = re.compile(
+                rf"^Requires-Dist: {re.escape(name)}\b.*extra == '{re.escape(extra)}'", re.M
+            )
+            assert wanted.search(metadata), f"extra {extra}: {name} not in the wheel's metadata"
+

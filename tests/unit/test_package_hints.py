@@ -11,6 +11,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 WRONG = re.compile(r"\bnsqworker\[")
 HINT = re.compile(r"nsq-worker\[([a-z0-9_,-]+)\]")
@@ -19,6 +21,7 @@ SOURCES = [
     *ROOT.joinpath("docs").rglob("*.md"),
     *ROOT.joinpath("examples").rglob("*"),
     *ROOT.joinpath("deploy").rglob("*"),
+    *ROOT.joinpath("scripts").rglob("*"),
     ROOT / "README.md",
     ROOT / "Dockerfile",
 ]
@@ -27,7 +30,7 @@ SOURCES = [
 def texts() -> dict[Path, str]:
     found = {}
     for path in SOURCES:
-        if path.is_file() and path.suffix in {".py", ".md", ".yaml", ".txt", ""}:
+        if path.is_file() and path.suffix in {".py", ".md", ".yaml", ".txt", ".tpl", ".json", ""}:
             try:
                 found[path] = path.read_text()
             except UnicodeDecodeError:
@@ -61,3 +64,19 @@ def test_every_extra_a_hint_names_exists() -> None:
 def test_the_check_catches_the_wrong_name() -> None:
     assert WRONG.search("pip install 'nsqworker[spark]'")
     assert not WRONG.search("pip install 'nsq-worker[spark]'")
+
+
+def _extras() -> set[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return set(project["optional-dependencies"]) - {"dev"}
+
+
+@pytest.mark.parametrize(
+    ("page", "lead"), [("README.md", "Extras:"), ("docs/getting-started.md", "Optional extras:")]
+)
+def test_the_install_docs_list_every_extra(page: str, lead: str) -> None:
+    text = (ROOT / page).read_text()
+    start = text.index(lead)
+    paragraph = text[start : text.index("\n\n", start)]
+    listed = set(re.findall(r"`([a-z0-9-]+)`", paragraph))
+    assert _extras() <= listed, f"{page} does not list the extras {sorted(_extras() - listed)}"
