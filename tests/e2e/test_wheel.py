@@ -117,4 +117,3 @@ def test_the_wheel_declares_every_extra_of_pyproject(wheel: Path) -> None:
                 rf"^Requires-Dist: {re.escape(name)}\b.*extra == '{re.escape(extra)}'", re.M
             )
             assert wanted.search(metadata), f"extra {extra}: {name} not in the wheel's metadata"
-
