@@ -229,6 +229,16 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"true", "1"}
 
 
+_MISSING: set[str] = set()  # why fixtures skipped: a binary or package missing
+
+
+def _skip_missing(reason: str) -> NoReturn:
+    """Skip for a missing binary (fail under CI=true is the caller's), remembered for the
+    summary at the end of the run."""
+    _MISSING.add(reason)
+    pytest.skip(reason)
+
+
 # ---------------------------------------------------------------------------- pytest plugin
 
 if _HAVE_PYTEST:
@@ -246,17 +256,21 @@ if _HAVE_PYTEST:
             ),
         )
 
-    _missing: dict[str, int] = {}  # why a fixture skipped (a binary missing) -> how often
-
-    def _skip_missing(reason: str) -> NoReturn:
-        """Skip for a missing binary, and count it for the summary at the end."""
-        _missing[reason] = _missing.get(reason, 0) + 1
-        pytest.skip(reason)
-
     def pytest_terminal_summary(terminalreporter: Any) -> None:
-        """Say why tests were skipped for a missing nsqd (``pytest -q`` shows only ``s``)."""
-        for reason, count in _missing.items():
+        """Say why tests were skipped for a missing binary (``pytest -q`` shows only ``s``).
+
+        Counted from the skipped reports: a session fixture skips once, and pytest reuses
+        that skip for every test that asks for it."""
+        counts: dict[str, int] = {}
+        for report in terminalreporter.stats.get("skipped", []):
+            longrepr = getattr(report, "longrepr", None)
+            text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else ""
+            reason = str(text).removeprefix("Skipped: ")
+            if reason in _MISSING:
+                counts[reason] = counts.get(reason, 0) + 1
+        if counts:
             terminalreporter.write_sep("-", "nsqworker.testing")
+        for reason, count in counts.items():
             terminalreporter.write_line(f"{count} test(s) skipped: {reason}")
 
     @pytest.hookimpl(tryfirst=True)

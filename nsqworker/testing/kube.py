@@ -475,7 +475,7 @@ if _HAVE_PYTEST:
         pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
     ) -> Iterator[KubeControlPlane]:
         """One etcd + kube-apiserver for the session; skips (fails under CI) when missing."""
-        from nsqworker.testing import _in_ci
+        from nsqworker.testing import _in_ci, _skip_missing
 
         try:
             binaries = find_kube_binaries(pytestconfig.getoption("nsqd_bin_dir", None))
@@ -490,7 +490,7 @@ if _HAVE_PYTEST:
         except FileNotFoundError as exc:
             if _in_ci():
                 pytest.fail(f"CI=true and the control plane cannot start: {exc}", pytrace=False)
-            pytest.skip(str(exc))
+            _skip_missing(str(exc))
         plane = KubeControlPlane(binaries=binaries, work_dir=tmp_path_factory.mktemp("kube"))
         plane.start()
         try:

@@ -19,11 +19,18 @@ def test_needs_nsqd(nsqd):
 """
 
 
+SECOND_TEST = """
+
+def test_also_needs_nsqd(nsqd):
+    nsqd.publish("t", b"y")
+"""
+
+
 def _run_user_suite(
-    tmp_path: Path, ci: str | None, *flags: str
+    tmp_path: Path, ci: str | None, *flags: str, tests: str = USER_TEST
 ) -> subprocess.CompletedProcess[str]:
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    (tmp_path / "test_user.py").write_text(USER_TEST)
+    (tmp_path / "test_user.py").write_text(tests)
     env = {k: v for k, v in os.environ.items() if k not in {"CI", "NSQWORKER_TOOLS_BIN"}}
     env["PATH"] = str(tmp_path / "no-bin")  # nothing on PATH, no .tools/bin above tmp_path
     if ci is not None:
@@ -59,6 +66,14 @@ def test_a_quiet_run_still_says_why_it_skipped_and_what_to_do(tmp_path: Path) ->
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 test(s) skipped: nsqd not found" in result.stdout
     assert "NSQWORKER_TOOLS_BIN" in result.stdout and "--nsqd-bin-dir" in result.stdout
+
+
+def test_the_summary_counts_every_test_the_missing_binary_skipped(tmp_path: Path) -> None:
+    """The nsqd fixture skips once per session; the summary counts the tests, not that."""
+    result = _run_user_suite(tmp_path, None, "-q", tests=USER_TEST + SECOND_TEST)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 skipped" in result.stdout
+    assert "2 test(s) skipped: nsqd not found" in result.stdout
 
 
 @pytest.mark.parametrize("ci", ["true", "1"])
