@@ -16,8 +16,6 @@ import ssl
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, cast
 
-import httpx
-
 from nsqworker.errors import (
     AuthError,
     ConfigurationError,
@@ -260,6 +258,8 @@ async def _clamp(field: str, asked: Any, http_address: str | None, cfg: Connecti
 async def _info(http_address: str | None, cfg: ConnectionConfig) -> dict[str, Any] | None:
     """nsqd's ``GET /info`` answer, or None (also for one over lookupd's size cap, or
     nested too deeply: the address came from lookupd, which anyone may answer as)."""
+    import httpx  # here, not at import: it costs ~60 ms
+
     if http_address is None:
         return None
     try:

@@ -18,9 +18,10 @@ import json
 import logging
 import random
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "LookupdPoller",
@@ -200,6 +201,8 @@ class LookupdPoller:
 
     async def poll(self) -> set[str] | None:
         """Query every lookupd once; the union of producers, or None if none answered."""
+        import httpx  # here, not at import: it costs ~60 ms
+
         if self._client is None:
             self._client = httpx.AsyncClient(
                 timeout=self.timeout, headers={"Accept": "application/vnd.nsq; version=1.0"}
@@ -243,6 +246,8 @@ class LookupdPoller:
         self._empty = empty
 
     async def _query(self, base: str) -> set[str] | None:
+        import httpx  # here, not at import: it costs ~60 ms
+
         assert self._client is not None
         url = f"{base.rstrip('/')}/lookup"
         try:

@@ -23,8 +23,6 @@ import uuid
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
-import httpx
-
 from nsqworker.consumer import Consumer
 from nsqworker.errors import (
     ConfigurationError,
@@ -227,6 +225,8 @@ class RpcClient:
     async def _discover(self) -> None:
         """Find the nsqd through nsqlookupd's /nodes, validated like the worker's
         discovery (size cap, entries checked, ``lookupd_allowed_nsqd``)."""
+        import httpx  # here, not at import: it costs ~60 ms
+
         allow = list(getattr(self._settings, "lookupd_allowed_nsqd", []) or [])
         found: dict[str, str | None] = {}
         problems: list[str] = []
@@ -279,6 +279,8 @@ class RpcClient:
             await self._delete_topic(timeout)
 
     async def _delete_topic(self, timeout: float) -> None:
+        import httpx  # here, not at import: it costs ~60 ms
+
         url = self.nsqd_http_address or ""
         url = url if "://" in url else f"http://{url}"
         try:

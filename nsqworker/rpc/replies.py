@@ -32,8 +32,6 @@ import weakref
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, ClassVar, Final
 
-import httpx
-
 from nsqworker.logging import get_logger
 from nsqworker.nsq.lookupd import (
     format_address,
@@ -171,6 +169,8 @@ class ReplyPolicy:
         return not self.allowed_nsqd or matches_address(address, self.allowed_nsqd)
 
     async def _fetch_nodes(self) -> None:
+        import httpx  # here, not at import: it costs ~60 ms
+
         found: set[str] = set()
         answered = False
         headers = {"Accept": "application/vnd.nsq; version=1.0"}

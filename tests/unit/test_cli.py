@@ -257,6 +257,19 @@ def test_the_command_module_imports_no_heavy_dependency() -> None:
     assert done.stdout.strip() == "[]"
 
 
+def test_the_rpc_client_and_the_worker_import_httpx_only_for_lookupd() -> None:
+    """`nsqworker rpc call --nsqd` and a worker without lookupd skip httpx (~60 ms)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, nsqworker.rpc.client, nsqworker.worker, nsqworker.nsq.transport; "
+        "print('httpx' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
 def test_module_without_tasks_exits_2(runner: CliRunner, tmp_path: Path, module: str) -> None:
     (tmp_path / "cli_empty.py").write_text("VALUE = 1\n")
     result = runner.invoke(app, ["tasks", "cli_empty"])
