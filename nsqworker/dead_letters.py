@@ -2,10 +2,11 @@
 
 The copy is JSON, and JSON can make a body much larger: control bytes escape to six
 characters each, bodies that are not UTF-8 grow by a third in base64. A copy larger
-than nsqd's ``--max-msg-size`` would be refused, the dead-letter step would fail, and
+than the broker takes (nsqd's ``--max-msg-size``, NATS's ``max_payload`` or a stream's
+``max_msg_size``, a RabbitMQ stream frame) would be refused, the dead-letter step would fail, and
 the message would be requeued forever. So the copy is fitted to the limit: past it,
 the body is cut (base64 of a prefix) and flagged with its full size and SHA-256; and
-when nsqd still refuses it for its size, it is sent once more without a body.
+when the broker still refuses it for its size, it is sent once more without a body.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ __all__ = ["DEAD_LETTER_LIMIT", "dead_letter_envelope", "publish_dead_letter"]
 
 #: Bytes a copy may take when nsqd's --max-msg-size is not known (its default).
 DEAD_LETTER_LIMIT: Final = 1024 * 1024
+#: Refusals of a message for its size: nsqd's, and JetStream's (a stream's max_msg_size).
+SIZE_REFUSALS: Final = ("E_BAD_MESSAGE", "JETSTREAM_10054")
 #: Characters of the reason kept (a Reject's reason is the handler's free text).
 MAX_REASON: Final = 4096
 
@@ -72,13 +75,15 @@ def dead_letter_envelope(
 async def publish_dead_letter(
     producer: Publisher, topic: str, msg: Message, reason: str, task: str
 ) -> None:
-    """Publish ``msg``'s copy to ``topic``, fitted to what the broker accepts (an NSQ
-    producer knows nsqd's ``--max-msg-size`` once told or refused); never refused for
-    its size twice (the second try has no body)."""
+    """Publish ``msg``'s copy to ``topic``, fitted to what the broker accepts (the
+    producer's ``max_message_size``: nsqd's ``--max-msg-size`` once told or refused,
+    NATS's ``max_payload``, the RabbitMQ stream frame); never refused for its size twice
+    (the second try has no body; a JetStream stream's ``max_msg_size`` is only known
+    from its refusal)."""
     limit = getattr(producer, "max_message_size", None) or DEAD_LETTER_LIMIT
     try:
         await producer.publish(topic, dead_letter_envelope(msg, reason, task, limit))
     except (MessageTooLarge, PublishError) as exc:
-        if isinstance(exc, PublishError) and exc.code != "E_BAD_MESSAGE":
+        if isinstance(exc, PublishError) and exc.code not in SIZE_REFUSALS:
             raise
         await producer.publish(topic, dead_letter_envelope(msg, reason, task, limit=0))

@@ -33,7 +33,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 from nsqworker.eager import finish_in_task
-from nsqworker.message import FINISH, Finish, GiveUp, Message, Outcome, Requeue
+from nsqworker.message import FINISH, Finish, GiveUp, Message, Outcome, Requeue, Undecodable
 from nsqworker.policy import BackoffPhase, BackoffState, Policy, requeue_delay
 from nsqworker.stats import DispatchStats
 from nsqworker.transport import Flow, Subscription, Timer
@@ -326,6 +326,7 @@ class Dispatcher:
             self._stopping
             or msg.attempts > self.max_attempts
             or self._running >= self.max_in_flight
+            or msg.__class__ is Undecodable
         ):
             self._admit(msg)
             return False
@@ -354,8 +355,12 @@ class Dispatcher:
         return False
 
     def _admit(self, msg: Message) -> None:
-        """The rare arrivals: while stopping, past max_attempts, or over the fence."""
-        if self._stopping:
+        """The rare arrivals: undecodable, while stopping, past max_attempts, or over
+        the fence."""
+        if isinstance(msg, Undecodable):  # never a handler's; given up even while stopping
+            msg.answered = True
+            self._give_up(msg, msg.reason)
+        elif self._stopping:
             self._settle_now(msg, _DRAIN_REQUEUE)
         elif msg.attempts > self.max_attempts:
             msg.answered = True

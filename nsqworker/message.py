@@ -25,6 +25,7 @@ __all__ = [
     "MessageOwner",
     "Outcome",
     "Requeue",
+    "Undecodable",
     "to_bytes",
 ]
 
@@ -230,6 +231,19 @@ class Message:
             f"<Message {self.id} topic={self.topic!r} channel={self.channel!r} "
             f"attempts={self.attempts} size={len(self.body)}>"
         )
+
+
+class Undecodable(Message):
+    """A delivery its transport could not read (a malformed message of another
+    publisher): ``body`` is its raw bytes and ``reason`` says what is wrong. The task
+    layer never hands it to a handler: it is given up at once (dead-letter hooks, then
+    the dead-letter topic) with ``reason``, so the broker's other messages go on."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, *args: Any, reason: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reason = reason
 
 
 def to_bytes(body: object) -> bytes:

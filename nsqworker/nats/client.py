@@ -1,8 +1,9 @@
 """One NATS connection per worker process, from the settings, shared by its subscriptions
 and publishers.
 
-nats-py does discovery (the servers a cluster announces in INFO ``connect_urls``) and
-reconnects; this module gives it the settings (servers, credentials, TLS, delays), turns
+nats-py does discovery (the servers a cluster announces in INFO ``connect_urls``; not
+when a password or token would reach them in plain text, see :attr:`NatsConnection.discovery`)
+and reconnects; this module gives it the settings (servers, credentials, TLS, delays), turns
 a refused login into a ``ConfigurationError`` naming what was refused, and tells the
 subscriptions when the connection came back so they can pull again.
 """
@@ -89,8 +90,20 @@ class NatsConnection:
         assert self.js is not None
         return self.js
 
+    @property
+    def discovery(self) -> bool:
+        """Whether servers the cluster announces (INFO ``connect_urls``) are dialled:
+        not when a password or token would go to them in plain text (without TLS), since
+        whoever can send an INFO (a rogue cluster member, anyone on a plain-text path)
+        could name a server of theirs and collect it. With TLS, an announced server must
+        present a certificate the CA signed; nkeys and creds files prove the key by
+        signing the server's nonce, which gives that server nothing to replay."""
+        settings = self.settings
+        plain = settings.nats_password is not None or settings.nats_token is not None
+        return not plain or _tls(settings) is not None
+
     async def _connect(self) -> Client:
-        import nats
+        from nats.aio.client import Client
         from nats.errors import NoServersError
 
         settings = self.settings
@@ -112,8 +125,11 @@ class NatsConnection:
             "tls": _tls(settings),
         }
         self._last_error = None
+        client = Client()
+        if not self.discovery:
+            _configured_servers_only(client)
         try:
-            client = await nats.connect(**{k: v for k, v in options.items() if v is not None})
+            await client.connect(**{k: v for k, v in options.items() if v is not None})
         except NoServersError:
             if self._last_error is not None:
                 self._raise_for(self._last_error)
@@ -161,6 +177,19 @@ class NatsConnection:
         log.info("NATS: reconnected to %s", self.address)
         for listener in list(self._listeners):
             listener()
+
+
+def _configured_servers_only(client: Client) -> None:
+    """Make ``client`` ignore the servers INFO announces, on every (re)connect: nats-py
+    adds them to its pool in ``_process_info`` and offers no option to refuse them."""
+    process_info = client._process_info
+
+    async def without_announced(info: dict[str, Any], initial_connection: bool = False) -> None:
+        if info.get("connect_urls"):
+            info = {**info, "connect_urls": []}
+        await process_info(info, initial_connection=initial_connection)
+
+    client._process_info = without_announced  # type: ignore[method-assign]
 
 
 def _is_refusal(exc: BaseException) -> bool:

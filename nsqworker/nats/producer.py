@@ -66,6 +66,13 @@ class NatsProducer(ProducerBase):
         self._streams: set[str] = set()
         self._scheduled: set[str] = set()
 
+    @property
+    def max_message_size(self) -> int | None:
+        """The largest message the server takes: its ``max_payload`` (from INFO), or
+        None before the first connect. Dead letters are cut to fit it."""
+        client = self.connection.client
+        return None if client is None else int(client.max_payload)
+
     def __repr__(self) -> str:
         return f"<NatsProducer {','.join(self.connection.servers)}>"
 

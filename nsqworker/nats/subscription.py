@@ -49,6 +49,10 @@ EXPIRES = 30.0
 HEARTBEAT = 5.0
 """Seconds between the server's idle heartbeats on a waiting pull request."""
 ACK, NAK, TERM, WPI = b"+ACK", b"-NAK", b"+TERM", b"+WPI"
+_STATUSES = frozenset({"404", "408", "409", "503"})
+"""Statuses the server ends a pull request with (no messages, expired, limits reached or
+consumer deleted, no responders); any other is dropped. "Deleted" and "no responders"
+are checked with the server before the consumer is created again."""
 _monotonic = time.monotonic
 
 
@@ -91,6 +95,8 @@ class NatsSubscription:
         self._heard = _monotonic()
         self._forget_listener: Callable[[], None] | None = None
         self._ack_wait = ack_wait(settings)
+        self._checking = False
+        self._dropped_logged = -60.0
 
     def __repr__(self) -> str:
         return f"<NatsSubscription {self.topic}/{self.channel} window={self.window}>"
@@ -238,14 +244,23 @@ class NatsSubscription:
         self._heard = now = _monotonic()
         reply = msg.reply
         if reply.startswith("$JS.ACK."):
-            self.requested = max(self.requested - 1, 0)
-            self.received += 1
             tokens = reply.split(".")
             if len(tokens) >= 12:  # $JS.ACK.<domain>.<account>.<stream>.<consumer>...
-                tokens = tokens[2:]
-            delivered, sequence, stamp = tokens[4], tokens[5], tokens[7]
+                del tokens[2:4]
+            # only our consumer's, and <delivered>.<stream seq>.<consumer seq>.<timestamp>
+            # .<pending> all numbers: anything else was not sent by the server for us
+            if (
+                len(tokens) < 9
+                or tokens[2] != self.stream
+                or tokens[3] != self.consumer
+                or not all(t.isdigit() for t in tokens[4:9])
+            ):
+                self._drop(msg, "an ack subject not of this consumer")
+                return
+            self.requested = max(self.requested - 1, 0)
+            self.received += 1
             message = Message(
-                sequence.encode(), msg.data, int(stamp), int(delivered), self.topic,
+                tokens[5].encode(), msg.data, int(tokens[7]), int(tokens[4]), self.topic,
                 self.channel, self.connection.address, self._receiver, reply, now,
                 msg.headers,
             )  # fmt: skip
@@ -255,21 +270,63 @@ class NatsSubscription:
                 self.in_flight -= 1
                 self._pull()
             return
+        if reply:
+            self._drop(msg, "a reply subject that is no JetStream ack")
+            return
         headers = msg.headers or {}
         status = headers.get("Status")
         if status is None or status == "100":
             return  # an idle heartbeat (or a stray message): the request is alive
+        if msg.data or status not in _STATUSES:
+            self._drop(msg, f"an unexpected status {status!r}")
+            return
+        if status == "503" or (
+            status == "409" and "deleted" in headers.get("Description", "").lower()
+        ):
+            if not self._checking:  # the consumer may be gone: ask the server, not the message
+                self._checking = True
+                self._spawn(self._check_consumer())
+            return
         left = headers.get("Nats-Pending-Messages")
         if left is not None and left.isdigit():
             self.requested = max(self.requested - int(left), 0)
         elif status != "404":
             self.requested = 0
-        if status == "409" and "deleted" in headers.get("Description", "").lower():
+        self._pull()
+
+    async def _check_consumer(self) -> None:
+        """After a "consumer deleted" or "no responders" status: create the consumer
+        again if the server no longer has it; else (a forged status, or a moment
+        without a leader) just pull again."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            js = await self.connection.jetstream()
+            await js.consumer_info(self.stream or "", self.consumer or "")
+        except NotFoundError:
             log.warning("%s: consumer %s was deleted; creating it again", self.name, self.consumer)
             self._bound = False
             self._spawn(self._bind_until_done())
             return
+        except Exception as exc:
+            log.warning("%s: checking consumer %s failed: %s", self.name, self.consumer, exc)
+        finally:
+            self._checking = False
+        self.requested = 0
         self._pull()
+
+    def _drop(self, msg: Msg, what: str) -> None:
+        """A message on the pull inbox that the server did not send for this consumer
+        (someone who knows the inbox's name published it): never handled, never acked."""
+        self.connection.errors["forged"] = self.connection.errors.get("forged", 0) + 1
+        now = _monotonic()
+        if now - self._dropped_logged >= 60.0:
+            self._dropped_logged = now
+            log.warning(
+                "%s: dropped a message on the pull inbox with %s (reply %r); not from"
+                " consumer %s of stream %s (counted in errors['forged'], logged once a"
+                " minute)", self.name, what, msg.reply[:120], self.consumer, self.stream,
+            )  # fmt: skip
 
     def ack(self, msg: Message) -> None:
         """``+ACK``."""

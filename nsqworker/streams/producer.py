@@ -53,6 +53,12 @@ class StreamProducer(ProducerBase):
         self.connections = connections or StreamConnections(settings)
         self.reference = f"nsqworker-{settings.client_id}-{os.getpid()}-{next(_numbers)}"
 
+    @property
+    def max_message_size(self) -> int:
+        """The largest body a message may have: the frame size less its envelope
+        (dead letters are cut to fit it)."""
+        return FRAME_MAX - ENVELOPE
+
     def __repr__(self) -> str:
         return f"<StreamProducer {self.connections.endpoint.address}>"
 
@@ -104,8 +110,8 @@ class StreamProducer(ProducerBase):
 
         check_stream(stream)
         for body in bodies:
-            if len(body) + ENVELOPE > FRAME_MAX:
-                error = MessageTooLarge(len(body), FRAME_MAX - ENVELOPE)
+            if len(body) > self.max_message_size:
+                error = MessageTooLarge(len(body), self.max_message_size)
                 error.args = (
                     f"message of {len(body)} bytes for stream {stream!r} does not fit the"
                     f" negotiated frame size ({FRAME_MAX} bytes with its envelope); split it",

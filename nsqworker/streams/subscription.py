@@ -29,7 +29,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nsqworker.message import Message
+from nsqworker.message import Message, Undecodable
 from nsqworker.streams.amqp import decode
 from nsqworker.streams.client import StreamConnections, check_stream
 from nsqworker.streams.offsets import Watermark
@@ -49,7 +49,10 @@ CREDIT = 3
 """Chunks the broker may send ahead of the one being read (rstream grants one more as
 it starts each chunk): what a full window holds back beyond itself. One ahead left the
 reader waiting on the broker about half the time."""
-ATTEMPTS, NOT_BEFORE = b"x-attempts", b"x-not-before"
+ATTEMPTS, NOT_BEFORE, UNDECODABLE = b"x-attempts", b"x-not-before", b"x-undecodable"
+MAX_NOT_BEFORE = 30 * 86400.0
+"""The longest a retry is held (the transport's ``max_retry_delay``): a later
+``x-not-before`` was not written by nsqworker."""
 _monotonic = time.monotonic
 
 
@@ -108,6 +111,7 @@ class StreamSubscription:
         self._consumer: Any = None
         self._lost = asyncio.Event()
         self._address = connections.endpoint.address
+        self._warned_not_before = False
 
     def __repr__(self) -> str:
         return f"<StreamSubscription {self.topic}/{self.channel} window={self.window}>"
@@ -272,29 +276,52 @@ class StreamSubscription:
     async def _on_message(self, reader: _Reader, message: Any, context: Any) -> None:
         await self._wait_for_room()
         if reader.retry and type(message) is not bytes:
-            due = (message.application_properties or {}).get(NOT_BEFORE)
-            wait = (int(due) / 1000 - time.time()) if isinstance(due, int) else 0.0
+            wait = self._wait_until(message.properties.get(NOT_BEFORE))
             if wait > 0:
                 await asyncio.sleep(wait)
                 await self._wait_for_room()
         self._take(reader, message, context)
 
+    def _wait_until(self, due: Any) -> float:
+        """Seconds to hold a retry with this ``x-not-before`` (ms since the epoch), at
+        most :data:`MAX_NOT_BEFORE`: anyone allowed to write to the retry stream could
+        otherwise stall every retry of the channel for ever."""
+        if type(due) is not int:
+            return 0.0
+        wait = due / 1000 - time.time()
+        if wait > MAX_NOT_BEFORE:
+            if not self._warned_not_before:
+                self._warned_not_before = True
+                log.warning(
+                    "%s: a retry in %s is due in %.0fs, over the bound of %.0fs (not written"
+                    " by nsqworker); holding it %.0fs", self.name, self.readers[1].stream,
+                    wait, MAX_NOT_BEFORE, MAX_NOT_BEFORE,
+                )  # fmt: skip
+            wait = MAX_NOT_BEFORE
+        return wait
+
     def _take(self, reader: _Reader, message: Any, context: Any) -> None:
+        reason: str | None = None
+        attempts = 1
         if type(message) is bytes:  # one data section (streams.amqp.decode)
-            body, attempts = message, 1
-        else:
-            props = message.application_properties
-            attempts = props.get(ATTEMPTS, 1) if props else 1
-            body = message.body
-            if type(body) is not bytes:  # several data sections, none, or a value
-                body = b"".join(body) if isinstance(body, list) else bytes(body or b"")
+            body = message
+        else:  # a Decoded: properties, several sections, or not AMQP at all
+            body, reason = message.body, message.error
+            if reader.retry:  # the topic's own stream is always attempt 1 (publishers'
+                props = message.properties  # x-attempts are not trusted there)
+                count = props.get(ATTEMPTS)
+                attempts = count if type(count) is int and count > 1 else 1
+                why = props.get(UNDECODABLE)
+                if reason is None and why is not None:
+                    reason = why if isinstance(why, str) else repr(why)
         offset = context.offset
         mark = reader.watermark
-        msg = Message(
+        args = (
             reader.prefix + str(offset).encode(), body, context.timestamp * 1_000_000,
-            attempts if type(attempts) is int else 1, self.topic, self.channel,
-            self._address, self._receiver, (reader, mark, offset), _monotonic(),
+            attempts, self.topic, self.channel, self._address, self._receiver,
+            (reader, mark, offset), _monotonic(),
         )  # fmt: skip
+        msg = Message(*args) if reason is None else Undecodable(*args, reason=reason)
         reader.received += 1
         mark.delivered(offset)
         self.in_flight += 1
@@ -324,10 +351,12 @@ class StreamSubscription:
 
     async def _append_retry(self, msg: Message, delay: float) -> None:
         reader, mark, offset = msg.receipt
-        props = {
+        props: dict[str, Any] = {
             "x-attempts": msg.attempts + 1,
             "x-not-before": int((time.time() + delay) * 1000),
         }
+        if isinstance(msg, Undecodable):  # its give-up failed: still never a handler's
+            props["x-undecodable"] = msg.reason
         backoff = 0.1
         try:
             while True:

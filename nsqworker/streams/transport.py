@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from nsqworker.message import Message
 from nsqworker.streams.client import StreamConnections, check_stream
 from nsqworker.streams.producer import StreamProducer
-from nsqworker.streams.subscription import StreamSubscription
+from nsqworker.streams.subscription import MAX_NOT_BEFORE, StreamSubscription
 from nsqworker.transport import Capabilities
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ CAPABILITIES = Capabilities(
     attribute_prefix="messaging.rabbitmq",
     counts_attempts=False,  # carried in the retry stream's x-attempts
     native_retry_delay=False,  # a retry stream read by the channel, due at x-not-before
-    max_retry_delay=30 * 86400.0,
+    max_retry_delay=MAX_NOT_BEFORE,
     keep_alive=False,  # no delivery deadline
     max_hold=None,
     headers=False,
