@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, Self
 
 from nsqworker.errors import ConfigurationError
 
@@ -65,14 +65,19 @@ def instrumentation_for(capabilities: Capabilities, envelope: bool) -> Instrumen
 class ProducerBase:
     """``async with producer:`` connects and closes; :meth:`publish_json` encodes.
 
-    Subclasses implement ``connect``, ``close`` and ``publish``."""
+    Subclasses set ``capabilities`` (their transport's) and implement ``connect``,
+    ``close`` and ``publish``, running each public publish inside
+    ``self.instrumentation(PublishCall(...))``."""
 
     timeout: float
+    capabilities: ClassVar[Capabilities]
 
     def __init__(self, timeout: float) -> None:
         if not timeout > 0:
             raise ConfigurationError(f"timeout must be positive seconds, got {timeout!r}")
         self.timeout = timeout
+        self.instrumentation = instrumentation_for(self.capabilities, envelope=False)
+        """Send spans and the sent count (no trace envelope: these brokers have headers)."""
 
     def start(self) -> None:
         """Begin connecting in the background, if the producer can (the first publish

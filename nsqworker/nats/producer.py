@@ -22,9 +22,10 @@ from nsqworker.errors import (
     PublishError,
 )
 from nsqworker.message import to_bytes
+from nsqworker.nats.capabilities import CAPABILITIES
 from nsqworker.nats.client import NatsConnection
 from nsqworker.nats.jetstream import DELAY_TOKEN, check_subject, ensure_schedules, ensure_stream
-from nsqworker.producing import ProducerBase
+from nsqworker.producing import ProducerBase, PublishCall
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -42,6 +43,8 @@ class NatsProducer(ProducerBase):
     ``servers`` defaults to ``settings.nats_servers``; ``timeout`` (seconds) bounds each
     acknowledgement. A given ``connection`` (the worker's) is shared, not closed.
     """
+
+    capabilities = CAPABILITIES
 
     def __init__(
         self,
@@ -99,13 +102,21 @@ class NatsProducer(ProducerBase):
             PublishError: the server refused it; NoConnection: no server reachable.
         """
         check_subject(topic)
-        if delay is not None:
-            if isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0:
-                raise LocalProtocolError(f"delay must be seconds >= 0, got {delay!r}")
-            if delay > 0:
-                await self._publish_later(topic, to_bytes(body), delay, timeout or self.timeout)
-                return
-        await self._publish(topic, to_bytes(body), timeout or self.timeout)
+        if delay is not None and (
+            isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0
+        ):
+            raise LocalProtocolError(f"delay must be seconds >= 0, got {delay!r}")
+        data = to_bytes(body)
+        later = delay is not None and delay > 0
+        call = PublishCall(topic, [data], "DPUB" if later else "PUB",
+                           round(delay * 1000) if later and delay else None)  # fmt: skip
+        with self.instrumentation(call):
+            if later:
+                assert delay is not None
+                await self._publish_later(topic, data, delay, timeout or self.timeout)
+            else:
+                await self._publish(topic, data, timeout or self.timeout)
+            call.published, call.nsqd_address = 1, self.connection.address
 
     async def _publish_later(self, subject: str, body: bytes, delay: float, timeout: float) -> None:
         """A schedule that the server turns into ``body`` on ``subject`` after ``delay``."""
@@ -132,19 +143,23 @@ class NatsProducer(ProducerBase):
         if not items:
             raise LocalProtocolError("publish_many needs at least one message")
         wait = timeout or self.timeout
-        await self._publish(topic, items[0], wait)  # sets the stream up once
-        gate = asyncio.Semaphore(PIPELINE)
+        call = PublishCall(topic, items, "MPUB")
+        with self.instrumentation(call):
+            await self._publish(topic, items[0], wait)  # sets the stream up once
+            call.nsqd_address = self.connection.address
+            gate = asyncio.Semaphore(PIPELINE)
 
-        async def one(body: bytes) -> None:
-            async with gate:
-                await self._publish(topic, body, wait)
+            async def one(body: bytes) -> None:
+                async with gate:
+                    await self._publish(topic, body, wait)
 
-        results = await asyncio.gather(*(one(b) for b in items[1:]), return_exceptions=True)
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            error = failed[0]
-            error.add_note(f"{len(failed)} of {len(items)} messages were not stored")
-            raise error
+            results = await asyncio.gather(*(one(b) for b in items[1:]), return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            call.published = len(items) - len(failed)
+            if failed:
+                error = failed[0]
+                error.add_note(f"{len(failed)} of {len(items)} messages were not stored")
+                raise error
 
     async def _publish(
         self, subject: str, body: bytes, timeout: float, headers: dict[str, str] | None = None

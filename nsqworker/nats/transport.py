@@ -10,30 +10,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nsqworker.message import Message
+from nsqworker.nats.capabilities import CAPABILITIES
 from nsqworker.nats.client import NatsConnection
 from nsqworker.nats.jetstream import check_channel, check_subject
 from nsqworker.nats.producer import NatsProducer
 from nsqworker.nats.subscription import NatsSubscription
-from nsqworker.transport import Capabilities
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
 __all__ = ["CAPABILITIES", "NatsTransport"]
-
-CAPABILITIES = Capabilities(
-    name="nats",
-    system="nats",
-    attribute_prefix="messaging.nats",
-    counts_attempts=True,  # num_delivered
-    native_retry_delay=True,  # -NAK {"delay": ns}
-    max_retry_delay=7 * 86400.0,
-    keep_alive=True,  # +WPI restarts ack_wait
-    max_hold=None,
-    headers=True,
-    delayed_publish=True,  # JetStream message schedules (nats-server 2.12+)
-    reply_address=False,
-)
 
 
 class NatsTransport:

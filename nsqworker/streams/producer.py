@@ -22,7 +22,8 @@ from nsqworker.errors import (
     PublishError,
 )
 from nsqworker.message import to_bytes
-from nsqworker.producing import ProducerBase
+from nsqworker.producing import ProducerBase, PublishCall
+from nsqworker.streams.capabilities import CAPABILITIES
 from nsqworker.streams.client import ENVELOPE, FRAME_MAX, StreamConnections, check_stream
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ _numbers = itertools.count(1)
 
 class StreamProducer(ProducerBase):
     """Publishes to RabbitMQ streams (created when missing) and awaits confirmations."""
+
+    capabilities = CAPABILITIES
 
     def __init__(
         self,
@@ -86,7 +89,10 @@ class StreamProducer(ProducerBase):
                 "a delayed publish is not supported on RabbitMQ streams (an append-only log"
                 " has no delayed delivery); publish now, or let the handler Retry(delay=...)"
             )
-        await self.send(topic, [to_bytes(body)], timeout=timeout)
+        call = PublishCall(topic, [to_bytes(body)], "PUB")
+        with self.instrumentation(call):
+            await self.send(topic, call.bodies, timeout=timeout)
+            call.published, call.nsqd_address = 1, self.connections.endpoint.address
 
     async def publish_many(
         self, topic: str, bodies: Iterable[Any], timeout: float | None = None
@@ -95,7 +101,10 @@ class StreamProducer(ProducerBase):
         items = [to_bytes(b) for b in bodies]
         if not items:
             raise LocalProtocolError("publish_many needs at least one message")
-        await self.send(topic, items, timeout=timeout)
+        call = PublishCall(topic, items, "MPUB")
+        with self.instrumentation(call):
+            await self.send(topic, items, timeout=timeout)
+            call.published, call.nsqd_address = len(items), self.connections.endpoint.address
 
     async def send(
         self,

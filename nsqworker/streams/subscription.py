@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsqworker.message import Message, Undecodable
 from nsqworker.streams.amqp import decode
+from nsqworker.streams.capabilities import CAPABILITIES
 from nsqworker.streams.client import StreamConnections, check_stream
 from nsqworker.streams.offsets import Watermark
 from nsqworker.transport import Flow, Receiver, SubscriptionStats, Timer
@@ -50,7 +51,7 @@ CREDIT = 3
 it starts each chunk): what a full window holds back beyond itself. One ahead left the
 reader waiting on the broker about half the time."""
 ATTEMPTS, NOT_BEFORE, UNDECODABLE = b"x-attempts", b"x-not-before", b"x-undecodable"
-MAX_NOT_BEFORE = 30 * 86400.0
+MAX_NOT_BEFORE = CAPABILITIES.max_retry_delay
 """The longest a retry is held (the transport's ``max_retry_delay``): a later
 ``x-not-before`` was not written by nsqworker."""
 _monotonic = time.monotonic

@@ -11,29 +11,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nsqworker.message import Message
+from nsqworker.streams.capabilities import CAPABILITIES
 from nsqworker.streams.client import StreamConnections, check_stream
 from nsqworker.streams.producer import StreamProducer
-from nsqworker.streams.subscription import MAX_NOT_BEFORE, StreamSubscription
-from nsqworker.transport import Capabilities
+from nsqworker.streams.subscription import StreamSubscription
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
 __all__ = ["CAPABILITIES", "StreamTransport"]
-
-CAPABILITIES = Capabilities(
-    name="rabbitmq-stream",
-    system="rabbitmq",
-    attribute_prefix="messaging.rabbitmq",
-    counts_attempts=False,  # carried in the retry stream's x-attempts
-    native_retry_delay=False,  # a retry stream read by the channel, due at x-not-before
-    max_retry_delay=MAX_NOT_BEFORE,
-    keep_alive=False,  # no delivery deadline
-    max_hold=None,
-    headers=False,
-    delayed_publish=False,
-    reply_address=False,
-)
 
 
 class StreamTransport:

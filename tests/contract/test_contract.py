@@ -18,6 +18,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from nsqworker.message import Message
 from nsqworker.task import Registry, Reject, Retry
@@ -232,3 +233,25 @@ async def test_one_process_span_per_delivery(broker: Harness, spans: InMemorySpa
     assert {a["messaging.message.id"] for a in attributes} == set(handled)
     outcomes = Counter(a.get(f"{caps.attribute_prefix}.outcome") for a in attributes)
     assert outcomes == {"fin": 5, "req": 1}
+
+
+async def test_one_send_span_per_publish_call_with_the_transports_system(
+    broker: Harness, spans: InMemorySpanExporter
+) -> None:
+    """Producers report through the same seam on every broker: one PRODUCER span per
+    call (one for a batch), ``messaging.system`` the transport's."""
+    caps = broker.capabilities
+    if broker.name == "memory":  # an in-process queue, no producer: nothing is sent
+        await broker.publish(broker.topic, bodies(3))
+        assert [s for s in spans.get_finished_spans() if s.name.startswith("send ")] == []
+        return
+    publisher = broker.publisher()  # type: ignore[attr-defined]  # a ClientHarness
+    await publisher.publish(broker.topic, b"one")
+    await publisher.publish_many(broker.topic, [b"a", b"b", b"c"])
+    sent = [s for s in spans.get_finished_spans() if s.name == f"send {broker.topic}"]
+    assert len(sent) == 2, [s.name for s in spans.get_finished_spans()]
+    attributes = [dict(s.attributes or {}) for s in sent]
+    assert {a["messaging.system"] for a in attributes} == {caps.system}
+    assert [a.get("messaging.batch.message_count") for a in attributes] == [None, 3]
+    assert all(a.get("server.address") for a in attributes)
+    assert [s.kind for s in sent] == [SpanKind.PRODUCER, SpanKind.PRODUCER]

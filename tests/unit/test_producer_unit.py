@@ -480,6 +480,13 @@ def test_a_producer_gets_its_telemetry_hook_with_its_transports_system() -> None
     assert isinstance(hook, ProducerInstrumentation) and hook.envelope
     assert hook.system == "nsq"
     assert isinstance(Producer("a:1", envelope=False)._instrument, ProducerInstrumentation)
+    from nsqworker.nats import NatsProducer
+    from nsqworker.settings import Settings
+    from nsqworker.streams import StreamProducer
+
+    nats = NatsProducer(settings=Settings(transport="nats"))
+    streams = StreamProducer(settings=Settings(transport="rabbitmq-stream"))
+    assert [p.instrumentation.system for p in (nats, streams)] == ["nats", "rabbitmq"]
 
 
 # --- SyncProducer -------------------------------------------------------------------
