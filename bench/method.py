@@ -128,7 +128,7 @@ or limit runs exactly the plain path: those features cost it nothing.
 
 **The transport seam (bench/seam.py).** The tree of the last commit before the seam
 (dc43164, extracted with `git archive`) and this one, interleaved run by run on the same
-nsqd and `.venv`: `nsqworker run --workers 1` out of the box, the in-process Worker's
+nsqd and `.venv`, the tree going first alternating (ABBA): `nsqworker run --workers 1` out of the box, the in-process Worker's
 async and sync no-op paths, and the offline feed's CPU microseconds per message; each
 "within 5% of before" target compares the two trees' medians. The ">= 15x pynsq" target
 is absolute: it moves with pynsq's own rate on the day, and Go's `bench_reader` (the

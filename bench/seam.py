@@ -5,7 +5,7 @@ consumer held the task policy) is extracted with ``git archive`` into a temporar
 directory; the same ``.venv`` serves it (no dependency changed for it), with that tree
 first on ``PYTHONPATH`` and as the working directory of its processes, so its own
 ``nsqworker`` and ``bench`` are imported. Run by run, interleaved, each tree drains the
-same count of fresh messages with:
+same count of fresh messages (the tree going first alternates run by run) with:
 
 * ``nsqworker run --workers 1`` out of the box (bench/outofbox.py's measure, default
   settings), beside pynsq's Reader, for the ratio the issue asks to hold (>= 15x);
@@ -64,7 +64,10 @@ def run(broker: Broker, cfg: Config, results: Results, say: Say) -> None:
     try:
         _rows(results)
         for i in range(cfg.runs):
-            for name, tree in trees.items():
+            # ABBA: the trees take turns going first, so what ran just before a case
+            # (the other tree's CPU-bound offline feed, or pynsq) does not favour one.
+            order = list(trees.items()) if i % 2 == 0 else list(trees.items())[::-1]
+            for name, tree in order:
                 say(f"seam run {i + 1}/{cfg.runs}: nsqworker run, {name} ({tree.name})")
                 outofbox.measure(broker, cfg, results.series[f"seam/run-{name}"], 1, None, tree)
                 for mode in ("async", "sync"):
