@@ -134,9 +134,12 @@ class Dispatcher:
         self.on_slow: Callable[[Message, float], None] | None = None
         self.slow_after: Callable[[], float] = lambda: float("inf")
         self._slow: set[Message] = set()
-        #: When each tracked handler started (its slowness counts from there, not from
-        #: receipt: a message that waited for a slot is not a slow handler).
+        #: When each suspended async handler started (its slowness counts from there, not
+        #: from receipt: a message that waited for a slot is not a slow handler); sync
+        #: handlers' running times come from their pool (``sync_ages``), which keeps them
+        #: anyway, so the sync hot path records nothing for this.
         self._began: dict[Message, float] = {}
+        self.sync_ages: Callable[[], dict[Message, float]] | None = None
         self._stop_task: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -298,8 +301,16 @@ class Dispatcher:
             return
         after = self.slow_after()
         began = self._began
+        ages = self.sync_ages() if self.sync_ages is not None and self._deferred else {}
         for msg in running:
-            age = now - began.get(msg, msg.received_at)
+            if msg in began:
+                age = now - began[msg]
+            elif msg in ages:
+                age = ages[msg]
+            elif msg in self._deferred and self.sync_ages is not None:
+                continue  # queued for a thread (one still held past a time limit)
+            else:
+                age = now - msg.received_at
             if age > after and msg not in self._slow and not msg.answered:
                 self._slow.add(msg)
                 assert self.on_slow is not None
@@ -403,7 +414,6 @@ class Dispatcher:
                 return _PENDING
             if result is DEFERRED:
                 self._deferred.add(msg)
-                self._began[msg] = self._clock()
                 return _PENDING
             if result is not None and not isinstance(result, _OUTCOMES):
                 self._track(msg, asyncio.ensure_future(result))
@@ -418,7 +428,6 @@ class Dispatcher:
 
         Ignored if the message was already answered (e.g. retried by a drain)."""
         self._deferred.discard(msg)
-        self._began.pop(msg, None)
         self._ran(msg, outcome)
 
     def _track(self, msg: Message, future: asyncio.Future[Any]) -> None:

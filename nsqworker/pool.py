@@ -187,6 +187,15 @@ class ThreadPool:
             if msg is not None
         }
 
+    def running_for(self) -> dict[Message, float]:
+        """Seconds each busy thread's message has run so far (its handler's own time)."""
+        now = perf_counter()
+        return {
+            msg: now - since
+            for msg, since in zip(list(self._current), list(self._busy_since), strict=False)
+            if msg is not None and since
+        }
+
     def shutdown(self) -> None:
         """Let every thread exit once the jobs it can see are done."""
         self._closed = True

@@ -145,6 +145,8 @@ class Worker:
             )  # fmt: skip
             runner.dispatcher.on_slow = runner.on_slow
             runner.dispatcher.slow_after = runner.slow_after
+            if runner.pool is not None:
+                runner.dispatcher.sync_ages = runner.pool.running_for
             self._runners.append(runner)
         results = await asyncio.gather(
             *(r.dispatcher.start() for r in self._runners), return_exceptions=True
