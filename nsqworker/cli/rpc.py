@@ -12,13 +12,15 @@ import asyncio
 import base64
 import json
 import sys
-from typing import IO, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
 from nsqworker.cli.common import EXIT_USAGE, Command, ConfigFile, Group, NsqdOption, load_settings
 from nsqworker.cli.publish import _quiet_library_logs
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["app", "call", "call_command"]
 
@@ -105,10 +107,13 @@ def call_command(
     from nsqworker.rpc import codec
     from nsqworker.rpc.client import RpcClient
 
-    console = console or Console(stderr=True)
-
     def fail(code: int, text: str) -> int:
-        console.print(f"[red]error:[/red] {text}", highlight=False, soft_wrap=True)
+        # rich only on failure: an answered call does not pay for importing it
+        from rich.console import Console
+
+        (console or Console(stderr=True)).print(
+            f"[red]error:[/red] {text}", highlight=False, soft_wrap=True
+        )
         return code
 
     text = stdin.read() if request == "-" else request

@@ -5,6 +5,9 @@ extra) and installed with ``--no-deps`` into a fresh venv; a ``.pth`` file lets 
 see the project's installed dependencies, but not its editable ``nsqworker``. So the test
 needs no network and takes a few seconds, and what it runs is the wheel's code: the
 package files, the metadata and the console script.
+
+The last test follows getting-started's route with pip itself: ``pip wheel --no-deps``,
+then ``pip install "nsq-worker[uvloop] @ file://..."``, offline (``--no-index``).
 """
 
 from __future__ import annotations
@@ -117,3 +120,46 @@ def test_the_wheel_declares_every_extra_of_pyproject(wheel: Path) -> None:
                 rf"^Requires-Dist: {re.escape(name)}\b.*extra == '{re.escape(extra)}'", re.M
             )
             assert wanted.search(metadata), f"extra {extra}: {name} not in the wheel's metadata"
+
+
+def test_the_documented_pip_route_installs_the_wheel_with_an_extra(tmp_path: Path) -> None:
+    """docs/getting-started.md: build with `pip wheel --no-deps`, install the wheel with
+    an extra. Tests do not reach PyPI, so the dependencies come from this venv (links in
+    a directory the new venv reads), less nsq-worker itself and uvloop: the extra must
+    ask for uvloop, and pip must find it. `--no-build-isolation` is the one change: an
+    isolated build would download hatchling."""
+    root = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", root], cwd=tmp_path)  # with pip (ensurepip)
+    python = root / "bin" / "python"
+    purelib = _run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], tmp_path
+    ).strip()
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    own = ("nsq_worker", "_editable_impl_nsq_worker", "nsqworker")
+    for entry in Path(sysconfig.get_path("purelib")).iterdir():
+        if not entry.name.startswith((*own, "uvloop")) and entry.suffix != ".pth":
+            (deps / entry.name).symlink_to(entry)
+    Path(purelib, "zz_project_dependencies.pth").write_text(f"{deps}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV"))}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    pip = [python, "-m", "pip"]
+
+    dist = tmp_path / "dist"
+    build = ["wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", dist, ROOT]
+    _run([*pip, *build], cwd=tmp_path, env=env)
+    (wheel,) = dist.glob("nsq_worker-*.whl")
+    install = [*pip, "install", "--no-index", f"nsq-worker[uvloop] @ file://{wheel}"]
+
+    missing = subprocess.run(
+        [str(a) for a in install], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert missing.returncode != 0, "the uvloop extra did not ask for uvloop"
+    assert "No matching distribution found for uvloop" in missing.stderr, missing.stderr
+
+    for entry in Path(sysconfig.get_path("purelib")).glob("uvloop*"):
+        (deps / entry.name).symlink_to(entry)
+    _run(install, cwd=tmp_path, env=env)
+    found = _run([python, "-c", "import nsqworker, uvloop; print(nsqworker.__file__)"], tmp_path)
+    assert found.strip().startswith(str(root)), f"imported {found.strip()}, not the wheel's"
+    assert _run([root / "bin" / "nsqworker", "--version"], tmp_path).startswith("nsqworker 0.1.0")
