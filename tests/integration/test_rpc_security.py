@@ -193,7 +193,6 @@ async def test_nested_json_is_rejected_without_backoff(nsqd: NsqdProcess) -> Non
 async def test_a_msgpack_body_of_empty_maps_is_rejected_without_backoff(
     nsqd: NsqdProcess,
 ) -> None:
-    pytest.importorskip("msgpack")
     registry, letters = Registry(), list[str]()
     endpoint(registry, letters)
     settings = settings_for(nsqd, backoff_multiplier=1.0)

@@ -7,12 +7,12 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
+import msgpack  # the msgpack extra, in the dev environment: a missing one fails
 import pytest
 
 from nsqworker.errors import RpcDecodeError
 from nsqworker.rpc import codec
 
-msgpack = pytest.importorskip("msgpack")
 MIB = 2**20
 
 
