@@ -176,7 +176,8 @@ class NsqSubscription:
         while True:
             await asyncio.sleep(TICK)
             now = self._time()
-            if self._unsatisfied or len(connections.sessions) > self.window:
+            turns = self.window if self._mode is not Mode.PROBING else 1
+            if self._unsatisfied or len(connections.sessions) > turns:
                 self._replan()
             for session in list(connections.sessions):
                 if now >= session.check_at:  # a lane with no message in its window
