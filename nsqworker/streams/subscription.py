@@ -71,6 +71,8 @@ class _Reader:
     subscription_id: int | None = None
     active: bool = False
     received: int = 0
+    chunk: tuple[int, int] = (-1, -1)
+    """(the chunk's timestamp, the offset after the last message taken from it)."""
 
 
 class StreamSubscription:
@@ -173,7 +175,7 @@ class StreamSubscription:
         def on_message(message: Any, context: Any) -> Coroutine[Any, Any, None] | None:
             # rstream awaits what the callback returns, if anything: the hot path (room
             # in the window, nothing to wait for) returns nothing, and costs no coroutine.
-            if reader.retry or self.in_flight >= self._allowed():
+            if reader.retry or self.in_flight >= self._allowed(reader, context):
                 return self._on_message(reader, message, context)
             take(reader, message, context)
             return None
@@ -262,25 +264,34 @@ class StreamSubscription:
         self._flow, self.window = flow, window
         self._room.set()
 
-    def _allowed(self) -> int:
-        if self._stopping or self._flow is Flow.PAUSED:
+    def _allowed(self, reader: _Reader | None = None, context: Any = None) -> int:
+        """How many may be unsettled for the next message (of ``reader``, at ``context``).
+
+        A backoff pause withholds credit, so the broker sends nothing more; the rest of
+        the chunk being read was already sent, and is delivered as nsqd delivers what it
+        put on the wire before RDY 0 (a drain delivers nothing more)."""
+        if self._stopping:
+            return 0
+        if self._flow is Flow.PAUSED:
+            if reader is not None and reader.chunk == (context.timestamp, context.offset):
+                return self.window
             return 0
         return 1 if self._flow is Flow.PROBE else self.window
 
-    async def _wait_for_room(self) -> None:
-        while self.in_flight >= self._allowed():
+    async def _wait_for_room(self, reader: _Reader | None = None, context: Any = None) -> None:
+        while self.in_flight >= self._allowed(reader, context):
             self._room.clear()
             await self._room.wait()
 
     # --- messages --------------------------------------------------------------
 
     async def _on_message(self, reader: _Reader, message: Any, context: Any) -> None:
-        await self._wait_for_room()
+        await self._wait_for_room(reader, context)
         if reader.retry and type(message) is not bytes:
             wait = self._wait_until(message.properties.get(NOT_BEFORE))
             if wait > 0:
                 await asyncio.sleep(wait)
-                await self._wait_for_room()
+                await self._wait_for_room(reader, context)
         self._take(reader, message, context)
 
     def _wait_until(self, due: Any) -> float:
@@ -316,6 +327,7 @@ class StreamSubscription:
                 if reason is None and why is not None:
                     reason = why if isinstance(why, str) else repr(why)
         offset = context.offset
+        reader.chunk = (context.timestamp, offset + 1)
         mark = reader.watermark
         args = (
             reader.prefix + str(offset).encode(), body, context.timestamp * 1_000_000,
