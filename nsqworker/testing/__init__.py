@@ -55,9 +55,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
+from nsqworker.testing.locations import TOOLS_BIN_ENV
 from nsqworker.testing.ports import free_port, free_ports, port_is_free
 from nsqworker.testing.processes import (
-    TOOLS_BIN_ENV,
     NsqCluster,
     NsqdProcess,
     NsqHttpError,
