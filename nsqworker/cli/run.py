@@ -48,7 +48,9 @@ def run(
     ] = None,
     drain_timeout: Annotated[
         float | None,
-        typer.Option(help="Seconds a stop waits for running handlers before REQing them."),
+        typer.Option(
+            help="Seconds a stop waits for running handlers before returning their messages."
+        ),
     ] = None,
     hung_timeout: Annotated[
         float,
