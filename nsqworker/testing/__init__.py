@@ -402,8 +402,11 @@ if _HAVE_PYTEST:
         finally:
             server.close()
 
-    @pytest.fixture(scope="session")
-    def rabbitmq(rabbitmq_server: Any) -> str:
+    # Named apart from the fixture: importing nsqworker.testing.rabbitmq sets this
+    # package's attribute ``rabbitmq`` to that module, which would hide a function of
+    # that name from pytest (a conftest importing RabbitMQProcess lost the fixture).
+    @pytest.fixture(scope="session", name="rabbitmq")
+    def rabbitmq_uri(rabbitmq_server: Any) -> str:
         """A ``rabbitmq-stream://`` URI of the session's RabbitMQ (see ``rabbitmq_server``)."""
         if rabbitmq_server is None:
             return os.environ["RABBITMQ_STREAM_TEST_URI"]

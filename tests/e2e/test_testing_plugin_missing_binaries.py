@@ -112,3 +112,24 @@ def test_a_missing_rabbitmq_skip_names_commands_a_user_project_can_run(tmp_path:
     assert "nsqworker dev broker --transport rabbitmq-stream" in out
     assert "RABBITMQ_STREAM_TEST_URI=rabbitmq-stream://" in out
     assert "scripts/install-tools" not in out
+
+
+def test_the_rabbitmq_fixture_survives_a_conftest_that_imports_the_helpers(tmp_path: Path) -> None:
+    """Importing nsqworker.testing.rabbitmq set the package's ``rabbitmq`` attribute to the
+    module, and pytest then found no ``rabbitmq`` fixture ("fixture 'rabbitmq' not found")."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "conftest.py").write_text(
+        "from nsqworker.testing.rabbitmq import RabbitMQProcess  # noqa: F401\n"
+        'pytest_plugins = ["nsqworker.testing"]\n'
+    )
+    (tmp_path / "test_user.py").write_text(
+        'def test_uri(rabbitmq):\n    assert rabbitmq == "rabbitmq-stream://u:p@127.0.0.1:1/"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["RABBITMQ_STREAM_TEST_URI"] = "rabbitmq-stream://u:p@127.0.0.1:1/"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_user.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout
