@@ -18,14 +18,12 @@ import contextlib
 import json
 import os
 import re
-import selectors
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import sysconfig
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +33,7 @@ import pytest
 import yaml
 
 from nsqworker.testing import find_binary, free_port, wait_for
+from tests.e2e.dev_broker import DevBroker, exported
 from tests.e2e.test_wheel import _run, _uv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,60 +130,6 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
     return Project(root, venv / "bin", env)
 
 
-class DevBroker:
-    """``nsqworker dev broker`` in the background, with its output read as it comes."""
-
-    def __init__(self, project: Project, transport: str) -> None:
-        self.transport = transport
-        self.proc = subprocess.Popen(
-            [str(project.bin / "nsqworker"), "dev", "broker", "--transport", transport,
-             "--free-ports", "--env-file", ".env"],
-            cwd=project.root, env=project.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, start_new_session=True,
-        )  # fmt: skip
-        self.out = ""
-        self.err = ""
-
-    def read_until(self, text: str, timeout: float) -> str:
-        """Everything printed until ``text`` appears on stdout (fails after ``timeout``)."""
-        deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as sel:
-            assert self.proc.stdout is not None and self.proc.stderr is not None
-            sel.register(self.proc.stdout, selectors.EVENT_READ, "out")
-            sel.register(self.proc.stderr, selectors.EVENT_READ, "err")
-            while text not in self.out:
-                left = deadline - time.monotonic()
-                assert left > 0 and self.proc.poll() is None, (
-                    f"dev broker ({self.transport}) did not print {text!r}:\n{self.out}{self.err}"
-                )
-                for key, _ in sel.select(min(left, 1.0)):  # raw reads: no buffer hides lines
-                    chunk = os.read(key.fd, 65536).decode(errors="replace")
-                    if key.data == "out":
-                        self.out += chunk
-                    else:
-                        self.err += chunk
-        return self.out
-
-    def stop(self) -> tuple[int, str]:
-        """Ctrl-C, as a user would; the exit code and what it said on stderr."""
-        self.proc.send_signal(signal.SIGINT)
-        _, err = self.proc.communicate(timeout=60)
-        self.err += err
-        return self.proc.returncode, self.err
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-
-def exported(output: str) -> dict[str, str]:
-    """The variables of the ``export ...`` line."""
-    (line,) = [x.strip() for x in output.splitlines() if x.strip().startswith("export ")]
-    return dict(item.split("=", 1) for item in line.removeprefix("export ").split())
-
-
 def readyz(port: int) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
@@ -229,7 +174,10 @@ def test_a_team_follows_its_broker_page_from_zero(project: Project, transport: s
     (project.root / "myservice" / "tasks.py").write_text(tasks)
 
     # 2. a broker in one step: the address, and the export line to use
-    broker = DevBroker(project, transport)
+    broker = DevBroker(
+        [str(project.bin / "nsqworker"), "dev", "broker", "--transport", transport,
+         "--free-ports", "--env-file", ".env"], project.root, project.env,
+    )  # fmt: skip
     try:
         printed = broker.read_until("Ctrl-C stops it.", BROKER_START[transport])
         env_vars = exported(printed)
