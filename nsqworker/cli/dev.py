@@ -166,7 +166,7 @@ def _start_rabbitmq(standard: bool, data_dir: Path | None, bin_dir: Path | None)
         },
         env={"NSQWORKER_TRANSPORT": "rabbitmq-stream", "NSQWORKER_RABBITMQ_STREAM_URI": server.uri},
         logs=[server.log_path],
-        alive=lambda: bool(server._pids()),
+        alive=lambda: server.running,
         stop=server.close,
         notes=["user guest, password guest, virtual host /"],
     )

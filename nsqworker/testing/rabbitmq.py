@@ -100,6 +100,11 @@ class RabbitMQProcess:
         return f"rabbitmq-stream://guest:guest@{LOOPBACK}:{self.stream_port}/"
 
     @property
+    def running(self) -> bool:
+        """True while any process of this instance runs."""
+        return bool(self._pids())
+
+    @property
     def host_home(self) -> Path:
         """The instance's directory, seen from outside the chroot."""
         return self.rootfs / str(self.home).lstrip("/")
