@@ -157,3 +157,14 @@ def test_a_rabbitmq_root_filesystem_is_found_outside_a_clone(
     named = _fake_rootfs(root / "named")
     monkeypatch.setenv("NSQWORKER_RABBITMQ_ROOTFS", str(named))
     assert find_rootfs() == named
+
+
+def test_rabbitmq_says_it_needs_root_before_trying(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nsqworker.testing import NsqProcessError
+    from nsqworker.testing.rabbitmq import RabbitMQProcess
+
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    with pytest.raises(NsqProcessError, match=r"runs with chroot, which needs root.*sudo"):
+        RabbitMQProcess(_fake_rootfs(tmp_path / "rootfs")).start()
