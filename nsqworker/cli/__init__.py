@@ -2,7 +2,8 @@
 ``rpc`` and ``dev``.
 
 One module per verb group (:mod:`.run`, :mod:`.inspect` for ``tasks`` and ``settings``,
-:mod:`.publish`, :mod:`.rpc`), what they share in :mod:`.common`; this module assembles the app.
+:mod:`.publish`, :mod:`.rpc`, :mod:`.dev`), what they share in :mod:`.common`; this module
+assembles the app.
 Commands import what they need when they run, so ``nsqworker --version`` stays fast.
 """
 

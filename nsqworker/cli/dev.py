@@ -291,10 +291,17 @@ def broker(
     Binaries are found as the test fixtures find them (docs/testing.md); a missing one
     is named, with the command that installs it.
     """
+    # Until the broker is up, SIGTERM and SIGHUP interrupt like Ctrl-C: what was started
+    # is then killed at exit (the helpers' atexit), never left running.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
     try:
         local = start_broker(
             transport, standard_ports=not free_ports, data_dir=data_dir, bin_dir=bin_dir
         )
+    except KeyboardInterrupt:
+        _say("interrupted while starting; stopped")
+        raise typer.Exit(130) from None
     except BrokerError as exc:
         _say(f"error: {exc}")
         raise typer.Exit(EXIT_USAGE if transport not in TRANSPORTS else 1) from None

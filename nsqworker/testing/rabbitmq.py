@@ -44,10 +44,11 @@ _LIVE: set[RabbitMQProcess] = set()
 
 @atexit.register
 def _kill_leftovers() -> None:
-    """Never leave a RabbitMQ behind when the interpreter exits."""
+    """Never leave a RabbitMQ (or its data) behind when the interpreter exits."""
     for server in list(_LIVE):
         with contextlib.suppress(Exception):
             server.kill()
+        shutil.rmtree(server.host_home, ignore_errors=True)
 
 
 def _is_rootfs(path: Path) -> bool:

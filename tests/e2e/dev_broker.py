@@ -29,14 +29,15 @@ class DevBroker:
         self.out = ""
         self.err = ""
 
-    def read_until(self, text: str, timeout: float) -> str:
-        """Everything printed until ``text`` appears on stdout (fails after ``timeout``)."""
+    def read_until(self, text: str, timeout: float, stream: str = "out") -> str:
+        """Everything printed on ``stream`` ("out" or "err") until ``text`` appears there
+        (fails after ``timeout``)."""
         deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as sel:
             assert self.proc.stdout is not None and self.proc.stderr is not None
             sel.register(self.proc.stdout, selectors.EVENT_READ, "out")
             sel.register(self.proc.stderr, selectors.EVENT_READ, "err")
-            while text not in self.out:
+            while text not in (self.out if stream == "out" else self.err):
                 left = deadline - time.monotonic()
                 assert left > 0 and self.proc.poll() is None, (
                     f"{self.argv} did not print {text!r}:\n{self.out}{self.err}"
@@ -47,7 +48,7 @@ class DevBroker:
                         self.out += chunk
                     else:
                         self.err += chunk
-        return self.out
+        return self.out if stream == "out" else self.err
 
     def stop(self, sig: int = signal.SIGINT) -> tuple[int, str]:
         """Ctrl-C (or ``sig``), as a user would; the exit code and what it said on stderr."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from nsqworker.testing import wait_for
 from tests.e2e.dev_broker import DevBroker, exported
 
 pytestmark = pytest.mark.e2e
@@ -119,3 +120,35 @@ def test_what_cannot_start_says_why(tmp_path: Path, env: dict[str, str]) -> None
     nothing = run("-t", "nsq", "--free-ports")
     assert nothing.returncode == 1
     assert "go install github.com/nsqio/nsq/apps/nsqd@v1.3.0" in nothing.stderr
+
+
+def rabbitmq_instances() -> dict[int, tuple[int, str]]:
+    """``{pid: (parent pid, instance)}`` of every process of a RabbitMQ the helpers
+    started (their environment carries the instance's mark)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                environ = (entry / "environ").read_bytes().split(b"\0")
+                marks = [e for e in environ if e.startswith(b"NSQWORKER_RABBITMQ_INSTANCE=")]
+                if marks:
+                    parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                    found[int(entry.name)] = (parent, marks[0].split(b"=", 1)[1].decode())
+    return found
+
+
+def test_sigterm_while_rabbitmq_starts_leaves_nothing_running(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    with dev_broker(tmp_path, env, "-t", "rabbitmq-stream", "--free-ports") as broker:
+        broker.read_until("starting RabbitMQ from", 30, stream="err")
+        ours = wait_for(
+            lambda: {i for pp, i in rabbitmq_instances().values() if pp == broker.proc.pid},
+            20, message="RabbitMQ never started",
+        )  # fmt: skip
+        code, said = broker.stop(signal.SIGTERM)
+    assert code == 130 and "interrupted while starting; stopped" in said, said
+    wait_for(lambda: not ours & {i for _, i in rabbitmq_instances().values()}, 30,
+             message="RabbitMQ left running")  # fmt: skip
+    rootfs = Path(broker.err.split("starting RabbitMQ from ", 1)[1].split(" (", 1)[0])
+    assert not [i for i in ours if (rootfs / "nsqw" / i).exists()], "its data was left behind"
