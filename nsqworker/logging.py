@@ -366,8 +366,8 @@ class TrafficSummary:
         if not handled:
             return None
         return {
-            "fin": fin,
-            "req": req,
+            "finished": fin,
+            "retried": req,
             "dead_letter": dlq,
             "rate": round(handled / elapsed, 1) if elapsed > 0 else 0.0,
             "p50_ms": round(histogram_quantile(self.bounds, window, 0.5) * 1000, 3),

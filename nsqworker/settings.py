@@ -321,7 +321,7 @@ class _CoreSettings(BaseSettings):
         " a task's timeout= overrides it; unset = no limit (docs/tasks.md, Time limits).",
     )
     drain_timeout: Seconds = _bounded(
-        30.0, 0, 86400, "Seconds a stop waits for running handlers before REQing them."
+        30.0, 0, 86400, "Seconds a stop waits for running handlers before returning their messages."
     )
     health_port: int = _bounded(8080, 0, 65535, "Port of /livez /readyz /metrics; 0 = off.")
     health_host: str = Field(

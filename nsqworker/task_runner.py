@@ -336,7 +336,7 @@ class TaskRunner:
             retry, delay = isinstance(exc, Retry), outcome.delay
             why = exc.reason or error if isinstance(exc, Retry) else error
             self.log.warning(
-                "req",
+                "retry",
                 delay=round(delay, 3) if delay is not None else None,
                 error=why,
                 exc_info=not retry and exc,

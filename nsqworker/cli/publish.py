@@ -52,9 +52,15 @@ def publish(
     nats: NatsOption = None,
     rabbitmq: RabbitOption = None,
     delay: Annotated[
-        float | None, typer.Option(help="Seconds before nsqd delivers it (DPUB).")
+        float | None,
+        typer.Option(
+            help="Seconds before the broker delivers it (NSQ: DPUB; NATS: a scheduled"
+            " message; not on RabbitMQ Streams)."
+        ),
     ] = None,
-    batch_size: Annotated[int, typer.Option(help="Lines per MPUB when reading stdin.")] = 100,
+    batch_size: Annotated[
+        int, typer.Option(help="Lines per batch when reading stdin (one MPUB on NSQ).")
+    ] = 100,
 ) -> None:
     """Publish one message, or one per line of stdin."""
     from nsqworker.child import configure_telemetry

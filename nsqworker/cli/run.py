@@ -48,7 +48,9 @@ def run(
     ] = None,
     drain_timeout: Annotated[
         float | None,
-        typer.Option(help="Seconds a stop waits for running handlers before REQing them."),
+        typer.Option(
+            help="Seconds a stop waits for running handlers before returning their messages."
+        ),
     ] = None,
     hung_timeout: Annotated[
         float,
@@ -134,7 +136,8 @@ def transport_problem(settings: Settings) -> str | None:
         return (
             "no nsqd or nsqlookupd address to consume from: pass --nsqd 127.0.0.1:4150 "
             "or --lookupd http://127.0.0.1:4161, or set NSQWORKER_NSQD_TCP_ADDRESSES or "
-            "NSQWORKER_LOOKUPD_HTTP_ADDRESSES"
+            "NSQWORKER_LOOKUPD_HTTP_ADDRESSES (no nsqd yet? `nsqworker dev broker` starts one "
+            "and prints them)"
         )
     import importlib.util
 

@@ -46,6 +46,9 @@ log = logging.getLogger("nsqworker.streams")
 
 STORE_EVERY = 0.5
 """Seconds between writes of a moved watermark."""
+STANDBY_NOTICE = 2.0
+"""Seconds after subscribing without being made active before a reader says it stands by
+(RabbitMQ tells a consumer when it becomes active, not that it waits)."""
 CREDIT = 3
 """Chunks the broker may send ahead of the one being read (rstream grants one more as
 it starts each chunk): what a full window holds back beyond itself. One ahead left the
@@ -73,6 +76,7 @@ class _Reader:
     received: int = 0
     chunk: tuple[int, int] = (-1, -1)
     """(the chunk's timestamp, the offset after the last message taken from it)."""
+    standing_by: bool = False  # said so in the log since it was last active
 
 
 class StreamSubscription:
@@ -134,6 +138,7 @@ class StreamSubscription:
         self._room.set()
         self._spawn(self._store_loop())
         self._spawn(self._keep())
+        self._spawn(self._tell_standby())
 
     async def _connect(self) -> None:
         self._consumer = consumer = await self.connections.consumer(self._on_close)
@@ -160,6 +165,7 @@ class StreamSubscription:
                 try:
                     await self._connect()
                     log.info("%s: resubscribed", self.name)
+                    self._spawn(self._tell_standby())
                     break
                 except Exception as exc:
                     log.warning(
@@ -197,10 +203,12 @@ class StreamSubscription:
         if not active:
             await self._store(reader)
             reader.active = False
+            self._standing_by(reader)
             return OffsetSpecification(OffsetType.NEXT, 0)
         consumer = self._consumer
         reader.watermark = Watermark()
         reader.active = True
+        reader.standing_by = False
         try:
             stored = await consumer.query_offset(reader.stream, self.channel)
         except exceptions.OffsetNotFound:
@@ -209,6 +217,30 @@ class StreamSubscription:
         reader.watermark.stored = reader.watermark.value = stored
         log.info("%s: active on %s after offset %d", self.name, reader.stream, stored)
         return OffsetSpecification(OffsetType.OFFSET, stored + 1)
+
+    async def _tell_standby(self) -> None:
+        """Say so for each reader RabbitMQ has not made active soon after subscribing."""
+        await asyncio.sleep(STANDBY_NOTICE)
+        for reader in self.readers:
+            if not reader.active and self._subscribed:
+                self._standing_by(reader)
+
+    def _standing_by(self, reader: _Reader) -> None:
+        """One INFO line when ``reader`` waits as a single-active-consumer standby. The
+        protocol says only whether this consumer is active, never which one is, so the
+        line names the command that lists the group (this process's connection among
+        them, by its name)."""
+        if reader.standing_by or self._stopping:
+            return
+        reader.standing_by = True
+        log.info(
+            "%s: standing by for %s on %s; the active consumer is another connection"
+            " (RabbitMQ does not say which: `rabbitmq-streams list_stream_group_consumers"
+            " --stream %s --reference %s` lists the group, this one as 'nsqworker %s');"
+            " this process takes over when it stops",
+            self.name, self.channel, reader.stream, reader.stream, self.channel,
+            self.settings.client_id,
+        )  # fmt: skip
 
     async def stop(self) -> None:
         """Take no more: callbacks wait; the watermarks are written now."""
