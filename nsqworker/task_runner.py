@@ -38,6 +38,7 @@ from nsqworker.outcomes import (
     outcome_of_error,
 )
 from nsqworker.pool import ThreadPool, run_traced
+from nsqworker.safe_text import one_line
 from nsqworker.stats import DURATION_BUCKETS, FROM_DISPATCHER, DurationHistogram, TaskStats
 from nsqworker.task import TaskSpec
 from nsqworker.transport import Capabilities
@@ -122,7 +123,7 @@ class TaskRunner:
             func, "close", None
         )
         if spec.body is not None:  # a typed body: validated before the handler
-            func = typed_handler(func, spec.body, Reject)
+            func = typed_handler(func, spec.body, Reject, worker.settings.typed_body_max_bytes)
         hooks: Hooks = getattr(worker.registry, "hooks", Hooks()) + spec.hooks
         self.func = with_hooks(func, hooks, spec.is_async, self.loop)
         self.after_hooks = hooks.after
@@ -350,8 +351,11 @@ class TaskRunner:
         on_dead_letter, then the dead-letter hooks of the registry and the task.
 
         Any exception propagates, so the dispatcher retries the message instead.
+        The reason may quote the body (a key, a broker's property): it is made one line,
+        its control characters escaped, before anyone logs, publishes or hooks it.
         """
         spec = self.spec
+        reason = one_line(reason)
         exc = self.rejected.pop(msg.id, None)
         self.log.error("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, exc_info=exc)
         if spec.dead_letter_topic is not None:
