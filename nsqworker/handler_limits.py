@@ -27,3 +27,11 @@ class HandlerLimitSettings(BaseSettings):
         description="Largest body (bytes) validated into a handler's typed parameter; a larger"
         " one is dead-lettered, its reason naming this setting; 0 = no cap. [0..2147483648]",
     )
+    timeout_dead_letter_attempts: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="A handler past its time limit on this delivery of its message or a later"
+        " one dead-letters the message instead of retrying it (2: a message that times out on"
+        " a retry is not tried again); 0 = retried like any failure. [0..65535]",
+    )

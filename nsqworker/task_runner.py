@@ -28,7 +28,7 @@ from nsqworker.eager import resume
 from nsqworker.errors import ConfigurationError
 from nsqworker.hooks import Hooks, call, run_after, run_on_error, with_hooks
 from nsqworker.logging import TrafficSummary, get_logger, histogram_quantile
-from nsqworker.message import FINISH, Message, Outcome, Requeue
+from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.outcomes import (
     TIME_LIMIT,
     Reject,
@@ -130,6 +130,8 @@ class TaskRunner:
         self.error_hooks = hooks.on_error
         self.dead_letter_hooks = hooks.on_dead_letter
         self.timeout = spec.timeout if spec.timeout is not None else worker.settings.task_timeout
+        #: From this delivery on, a time limit reached dead-letters the message (0: never).
+        self.timeout_dead_letter = worker.settings.timeout_dead_letter_attempts
         # Messages whose handler ran past the time limit: cancelled (async) or given back
         # while their thread still runs (sync); and the sync handlers' limit timers.
         self.expired: set[Message] = set()
@@ -268,6 +270,9 @@ class TaskRunner:
         )  # fmt: skip
         if isinstance(outcome, Requeue):
             msg.requeue(outcome.delay, backoff=outcome.backoff)
+        elif isinstance(outcome, GiveUp):  # timed out again: the dead-letter chain, now
+            msg.answered = True
+            self.dispatcher.settle(msg, outcome)
         self.worker.request_recycle(f"a sync handler of {self.spec.name} outlived its time limit")
 
     def finish_sync(
@@ -312,6 +317,15 @@ class TaskRunner:
         self.counts[bisect_left(self.bounds, duration)] += 1
         self.dur_sum += duration
         outcome = outcome_of_error(msg, exc)
+        if (
+            self.timeout_dead_letter
+            and isinstance(exc, TaskTimeout)
+            and msg.attempts >= self.timeout_dead_letter
+        ):
+            outcome = GiveUp(
+                f"{exc} on attempt {msg.attempts} (timeout_dead_letter_attempts "
+                f"{self.timeout_dead_letter}: not retried)"
+            )
         if isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
             outcome = Requeue(self.dispatcher.requeue_delay(msg.attempts), backoff=outcome.backoff)
         if ctx is None:
