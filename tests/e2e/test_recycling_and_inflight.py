@@ -6,6 +6,7 @@ every message handled, none lost."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -204,6 +205,59 @@ def test_inflight_says_what_to_do_when_nothing_answers() -> None:
     )  # fmt: skip
     assert cli.returncode == 2
     assert "cannot read http://127.0.0.1:9/inflight" in cli.stderr and "--url" in cli.stderr
+
+
+HOSTILE_ROWS = [
+    {"task": "[red]task", "id": "[/]aaaa", "attempts": 1, "age_s": 2.5, "worker": 1,
+     "state": "running", "handler": "thread \x1b[31mred\x1b[0m\nnext"},
+    {"task": "t", "id": "[bold]", "attempts": "[/bold]", "age_s": "soon", "worker": "[x]",
+     "state": "\u202eevil", "handler": "-"},
+]  # fmt: skip
+
+
+@pytest.fixture
+def hostile_inflight() -> Any:
+    """A health server whose /inflight lists what a hostile broker and operator chose."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"inflight": HOSTILE_ROWS}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_inflight_prints_what_the_server_sent_as_text(hostile_inflight: str) -> None:
+    cli = subprocess.run(
+        [sys.executable, "-m", "nsqworker", "inflight", "--url", hostile_inflight],
+        capture_output=True, text=True, timeout=30, check=False,
+        env={**os.environ, "COLUMNS": "200", "TERM": "xterm-256color"},
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    out = cli.stdout
+    print(out)
+    assert "2 in flight" in out
+    for shown in ("[/]aaaa", "[red]task", "[bold]", "[/bold]", "[x]", "soon"):
+        assert shown in out, shown  # verbatim: not read as markup
+    assert "thread \\x1b[31mred\\x1b[0m\\nnext" in out  # escapes shown escaped
+    assert "\\u202eevil" in out
+    assert "\x1b" not in out and "\u202e" not in out  # nothing reaches the terminal raw
 
 
 RELOADABLE = """
