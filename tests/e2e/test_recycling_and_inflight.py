@@ -307,6 +307,7 @@ def test_reload_restarts_the_workers_on_the_changed_code(
     assert lines() == ["v1 before", "v2 after"]  # nothing lost, nothing twice
     output = run.output()
     assert "tasks.py changed; restarting the workers (--reload)" in output
+    assert "--reload is for development: whoever can write the watched files" in output
     assert "replaced (reload)" in output
     run.signal(signal.SIGTERM)
     assert run.wait(30) == 0
