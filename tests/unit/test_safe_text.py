@@ -96,3 +96,13 @@ def test_fail_fast_schema_copies_only_dicts_and_lists() -> None:
 
 class Reject(Exception):
     pass
+
+
+def test_a_dead_letter_envelope_carries_its_reason_on_one_line() -> None:
+    from nsqworker.dead_letters import MAX_REASON, dead_letter_envelope
+
+    msg = Message(b"0" * 16, b"{}", 0, 1, "t", "c", "a:1")
+    doc = json.loads(dead_letter_envelope(msg, "bad key\n\x1b[31m", "task"))
+    assert doc["reason"] == "bad key\\n\\x1b[31m"
+    long = json.loads(dead_letter_envelope(msg, "x" * (MAX_REASON * 2), "task"))
+    assert len(long["reason"]) == MAX_REASON and long["reason"].endswith("...")
