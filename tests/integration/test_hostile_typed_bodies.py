@@ -48,11 +48,12 @@ letters, handled, started = [], [], {}
 
 @registry.before
 def handling(msg):  # runs just before the body is validated
-    started[msg] = time.monotonic()
+    started[msg] = time.monotonic(), time.process_time()
 
 
 def on_dead_letter(msg, reason):
-    letters.append((time.monotonic() - started[msg], reason))
+    wall, cpu = started[msg]
+    letters.append((time.monotonic() - wall, time.process_time() - cpu, reason))
 
 
 if kind == "async":
@@ -73,13 +74,14 @@ async def wait(check):
 
 
 async def main():
-    worst = [0.0]
+    worst = [0.0, 0.0]  # the loop thread's CPU between two ticks; the wall time
 
     async def tick():
         while True:
-            cpu = time.thread_time()
+            cpu, wall = time.thread_time(), time.perf_counter()
             await asyncio.sleep(0.005)
             worst[0] = max(worst[0], time.thread_time() - cpu)
+            worst[1] = max(worst[1], time.perf_counter() - wall - 0.005)
 
     ticker = asyncio.create_task(tick())
     async with Worker(registry, Settings(nsqd_tcp_addresses=[address])), Producer([address]) as p:
@@ -87,15 +89,16 @@ async def main():
         await wait(lambda: handled)
         await asyncio.sleep(0.2)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        worst[0] = 0.0
+        worst[0] = worst[1] = 0.0
         for i in range(count):  # one at a time: each one's own time
             await p.publish("typed", bad)
             await wait(lambda: len(letters) > i)
         after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     ticker.cancel()
     print(json.dumps({
-        "extra_mib": (after - before) / 1024, "loop_cpu_s": worst[0],
-        "latency_s": max(t for t, _ in letters), "reasons": [r for _, r in letters],
+        "extra_mib": (after - before) / 1024, "loop_cpu_s": worst[0], "loop_lag_s": worst[1],
+        "latency_s": max(t for t, _, _ in letters), "cpu_s": max(c for _, c, _ in letters),
+        "reasons": [r for _, _, r in letters],
     }), flush=True)
 
 
@@ -117,9 +120,14 @@ def test_a_1_mib_invalid_list_body_is_dead_lettered_at_once_in_bounded_memory(
     assert proc.returncode == 0, proc.stderr
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     print(f"{kind}: {result['extra_mib']:.1f} MiB extra, dead-lettered within "
-          f"{result['latency_s'] * 1000:.1f} ms, loop busy at most "
-          f"{result['loop_cpu_s'] * 1000:.1f} ms")  # fmt: skip
-    assert result["latency_s"] < 0.1
+          f"{result['latency_s'] * 1000:.1f} ms ({result['cpu_s'] * 1000:.1f} ms of CPU), "
+          "loop busy at most "
+          f"{result['loop_cpu_s'] * 1000:.1f} ms (wall lag {result['loop_lag_s'] * 1000:.1f} ms)")  # fmt: skip
+    # The process's CPU time from the handler's start to the dead letter: what handling
+    # the body costs, without what a loaded machine's scheduler adds (its wall time, also
+    # printed, was 20-50 ms on a loaded 2-core machine; 3.3 s before issue 41).
+    assert result["cpu_s"] < 0.1
+    assert result["latency_s"] < 0.5
     assert result["extra_mib"] < 20
     if kind == "async":  # validated on the loop: the loop must not stall
         assert result["loop_cpu_s"] < 0.05
