@@ -219,9 +219,9 @@ class Worker:
         pools = [r.pool for r in self._runners if r.pool is not None]
         for pool in pools:
             pool.shutdown()
-        while self._busy_threads() and loop.time() < deadline and not self._forced:
+        while self._threads()[0] and loop.time() < deadline and not self._forced:
             await asyncio.sleep(0.02)
-        stuck, overdue = self._busy_threads(), self._busy_threads(past_limit=True)
+        stuck, overdue = self._threads()
         if stuck:
             log.warning("sync handlers still running after the drain", threads=stuck)
         if overdue:
@@ -249,15 +249,15 @@ class Worker:
             self._log_summaries()
         log.info("worker stopped")
 
-    def _busy_threads(self, past_limit: bool = False) -> int:
-        """Sync handlers' threads still running a message not past its time limit (with
-        ``past_limit``: one past it, already retried)."""
-        return sum(
-            (msg in r.expired) is past_limit
-            for r in self._runners
-            if r.pool is not None
-            for msg in r.pool.running()
-        )
+    def _threads(self) -> tuple[int, int]:
+        """Sync handlers' threads still alive: ``(to wait for, past their time limit)``,
+        the latter running a message already retried at its limit."""
+        alive = overdue = 0
+        for runner in self._runners:
+            if runner.pool is not None:
+                alive += runner.pool.alive()
+                overdue += sum(msg in runner.expired for msg in runner.pool.running())
+        return max(alive - overdue, 0), overdue
 
     async def run(self) -> None:
         """Start (unless started), serve until SIGTERM/SIGINT or :meth:`request_stop`,
