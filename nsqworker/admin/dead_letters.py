@@ -213,7 +213,7 @@ async def replay_dead_letters(
         check(to)
     report = ReplayReport(dry_run=dry_run)
     async with open_store(settings, topic, quiet=quiet) as store:
-        chosen = _choose(store, await store.read(), ids, report.refused, check)
+        chosen = _choose(await store.read(), ids, report.refused, check)
         stopped: str | None = None
         for item, letter in chosen:
             if letter.problem is not None or letter.body is None or letter.topic is None:
@@ -231,7 +231,6 @@ async def replay_dead_letters(
 
 
 def _choose(
-    store: Store,
     items: list[Stored],
     ids: Collection[str] | None,
     refused: dict[str, str],
