@@ -227,6 +227,13 @@ async def replay_dead_letters(
                 stopped = await _replay_one(store, item, letter, to or letter.topic, report)
                 if on_replayed is not None and report.replayed[-1:] == [letter.id]:
                     on_replayed(letter)
+    for letter_id, why in store.failed_removals.items():
+        if letter_id in report.replayed:
+            report.replayed.remove(letter_id)
+            report.left.append(letter_id)
+            report.errors[letter_id] = (
+                f"published but not removed ({why}): a second replay would publish it again"
+            )
     return report
 
 
@@ -311,6 +318,11 @@ async def purge_dead_letters(
                 report.errors[item.id] = f"not removed: {_one_line(exc)}"
             else:
                 report.purged.append(item.id)
+    for letter_id, why in store.failed_removals.items():
+        if letter_id in report.purged:
+            report.purged.remove(letter_id)
+            report.left.append(letter_id)
+            report.errors[letter_id] = f"not removed: {why}"
     return report
 
 
