@@ -12,6 +12,7 @@ characters escaped.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import sys
@@ -212,6 +213,7 @@ def replay(
         bool,
         typer.Option("--dry-run", metavar="", help="Say what would be replayed; change nothing."),
     ] = False,
+    as_json: AsJson = False,
     config: ConfigFile = None,
     transport: TransportOption = None,
     nsqd: NsqdOption = None,
@@ -240,6 +242,8 @@ def replay(
     for letter_id in report.left:
         err.print(Text(f"left {_show(letter_id)}: {_show(report.errors.get(letter_id, ''), 300)}"))
     err.print(Text(report.summary()))
+    if as_json:
+        typer.echo(json.dumps(dataclasses.asdict(report), indent=2, ensure_ascii=True))
     raise typer.Exit(EXIT_LEFT if report.left else 0)
 
 
@@ -259,6 +263,7 @@ def purge(
     yes: Annotated[
         bool, typer.Option("--yes", "-y", metavar="", help="Do not ask for confirmation.")
     ] = False,
+    as_json: AsJson = False,
     config: ConfigFile = None,
     transport: TransportOption = None,
     nsqd: NsqdOption = None,
@@ -298,6 +303,8 @@ def purge(
     for letter_id in report.left:
         err.print(Text(f"left {_show(letter_id)}: {_show(report.errors.get(letter_id, ''), 300)}"))
     err.print(Text(report.summary()))
+    if as_json:
+        typer.echo(json.dumps(dataclasses.asdict(report), indent=2, ensure_ascii=True))
     raise typer.Exit(EXIT_LEFT if report.left else 0)
 
 
