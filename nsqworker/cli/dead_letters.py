@@ -154,7 +154,7 @@ def list_(
     from nsqworker.admin.dead_letters import list_dead_letters
 
     settings = _settings(config, transport, nsqd, lookupd, nats, rabbitmq)
-    letters = _run(list_dead_letters(settings, topic, limit=limit))
+    letters = _run(list_dead_letters(settings, topic, limit=limit, on_note=_note))
     if as_json:
         typer.echo(json.dumps([d.to_json() for d in letters], indent=2, ensure_ascii=True))
         return
@@ -241,6 +241,8 @@ def replay(
         err.print(Text(f"refused {_show(letter_id)}: {_show(why, 300)}"))
     for letter_id in report.left:
         err.print(Text(f"left {_show(letter_id)}: {_show(report.errors.get(letter_id, ''), 300)}"))
+    for note in report.notes:
+        _note(note)
     err.print(Text(report.summary()))
     if as_json:
         typer.echo(json.dumps(dataclasses.asdict(report), indent=2, ensure_ascii=True))
@@ -302,10 +304,18 @@ def purge(
     err = _err()
     for letter_id in report.left:
         err.print(Text(f"left {_show(letter_id)}: {_show(report.errors.get(letter_id, ''), 300)}"))
+    for note in report.notes:
+        _note(note)
     err.print(Text(report.summary()))
     if as_json:
         typer.echo(json.dumps(dataclasses.asdict(report), indent=2, ensure_ascii=True))
     raise typer.Exit(EXIT_LEFT if report.left else 0)
+
+
+def _note(text: str) -> None:
+    from rich.text import Text
+
+    _err().print(Text.assemble(("note: ", "yellow"), text))
 
 
 def _interactive() -> bool:

@@ -115,7 +115,12 @@ async def test_a_dead_letter_is_listed_replayed_once_and_a_foreign_one_only_repo
 
         purged = await run_command(broker, "purge", broker.dead, "--id", alien.id, "--json")
         assert purged.returncode == 0 and "purged 1, left 0" in purged.stderr, purged.stderr
-        assert json.loads(purged.stdout) == {"purged": [alien.id], "left": [], "errors": {}}
+        assert json.loads(purged.stdout) == {
+            "purged": [alien.id],
+            "left": [],
+            "errors": {},
+            "notes": [],
+        }
         assert await list_dead_letters(settings, broker.dead) == []
     assert handled == {b'{"order": 1}': 1, b"line\nwith \x1b[31m escapes": 1}
 
