@@ -1,5 +1,5 @@
 """The ``nsqworker`` command: ``run``, ``tasks``, ``settings``, ``inflight``, ``publish``,
-``rpc`` and ``dev``.
+``rpc``, ``dev`` and ``dead-letters``.
 
 One module per verb group (:mod:`.run`, :mod:`.inspect` for ``tasks`` and ``settings``,
 :mod:`.publish`, :mod:`.rpc`, :mod:`.dev`), what they share in :mod:`.common`; this module
@@ -16,6 +16,7 @@ import typer
 
 from nsqworker import __version__
 from nsqworker.cli.common import Command, Group
+from nsqworker.cli.dead_letters import app as dead_letters_app
 from nsqworker.cli.dev import app as dev_app
 from nsqworker.cli.inflight import inflight
 from nsqworker.cli.inspect import show_settings, tasks
@@ -68,6 +69,7 @@ app.command(cls=Command)(inflight)
 app.command(cls=Command)(publish)
 app.add_typer(rpc_app)
 app.add_typer(dev_app)
+app.add_typer(dead_letters_app)
 
 
 def main() -> None:
