@@ -117,3 +117,32 @@ def test_a_refused_login_exits_2_once(
         assert "refused the login" in out and "s3cret-wrong" not in out, out
         lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
         assert sum("refused the login" in x.get("event", "") for x in lines) == 1, out
+
+
+JS_OFF_TASKS = """
+from nsqworker.task import task
+
+
+@task("orders", channel="c")
+async def handle(msg):
+    pass
+"""
+
+
+def test_run_without_jetstream_exits_2_saying_so_once(
+    supervise: Start, write_module: Write, nats_server_binary: str
+) -> None:
+    """Issue 40: nats-server without -js was retried for ever ("NATS not ready
+    (ServiceUnavailableError: code=None ...)"); it is one error naming -js, exit 2."""
+    module = write_module("js_off_tasks", JS_OFF_TASKS)
+    with NatsServerProcess(binary=nats_server_binary, jetstream=False) as server:
+        run = supervise(module, "--transport", "nats", "--nats", server.url)
+        assert run.wait(30) == 2, run.output()
+    lines = [json.loads(x) for x in run.output().splitlines() if x.startswith("{")]
+    errors = [x["event"] for x in lines if x.get("level") == "error"]
+    off = (
+        f"JetStream is not enabled on the NATS server at {server.url}: start nats-server"
+        " with -js (--jetstream), or add `jetstream {}` to its configuration file"
+    )
+    assert errors[0] == f"worker 1 cannot start: {off}", errors
+    assert sum("JetStream is not enabled" in e for e in errors) == 1, errors
