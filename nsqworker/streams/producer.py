@@ -25,6 +25,7 @@ from nsqworker.message import to_bytes
 from nsqworker.producing import ProducerBase, PublishCall
 from nsqworker.streams.capabilities import CAPABILITIES
 from nsqworker.streams.client import ENVELOPE, FRAME_MAX, StreamConnections, check_stream
+from nsqworker.streams.errors import reason
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -146,7 +147,9 @@ class StreamProducer(ProducerBase):
                 stream, batch, publisher_name=self.reference, on_publish_confirm=confirmed
             )
         except (OSError, ConnectionError) as exc:
-            raise NoConnection(f"RabbitMQ streams: {exc}") from None
+            if (unresolved := await self.connections.unresolved(stream, exc)) is not None:
+                raise unresolved from None
+            raise NoConnection(f"RabbitMQ streams: {reason(exc)}") from None
         for publishing_id in ids:
             if publishing_id not in outcomes:
                 waiting[publishing_id] = loop.create_future()
