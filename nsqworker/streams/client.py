@@ -162,19 +162,23 @@ class StreamConnections:
         """
         if stream in self._streams:
             return
-        producer = await self.producer()
         arguments = stream_arguments(self.settings)
         where = f"RabbitMQ at {self.endpoint.address} (vhost {self.endpoint.vhost!r})"
         try:
+            # The locator connection, asked directly: rstream's Producer.create_stream and
+            # stream_exists close it after each call when it publishes to no stream yet,
+            # and its Client.close() sleeps 0.2 s: that was half the time of a first
+            # publish (docs/rabbitmq-streams.md, "Speed").
+            locator = await (await self.producer()).default_client
             if not self.settings.rabbitmq_stream_create:
-                if not await producer.stream_exists(stream):
+                if not await locator.stream_exists(stream):
                     raise ConfigurationError(
                         f"stream {stream!r} does not exist on {where}, and"
                         " rabbitmq_stream_create is off: create it, or turn"
                         " rabbitmq_stream_create on"
                     )
             else:
-                await self._create(producer, stream, arguments)
+                await self._create(locator, stream, arguments)
         except ConfigurationError:
             raise
         except Exception as exc:
@@ -186,18 +190,18 @@ class StreamConnections:
             ) from None
         self._streams.add(stream)
 
-    async def _create(self, producer: Producer, stream: str, arguments: dict[str, Any]) -> None:
+    async def _create(self, locator: Any, stream: str, arguments: dict[str, Any]) -> None:
         """Create ``stream``; an existing one is fine, whatever its arguments: RabbitMQ
         answers "stream already exists" when they are ours, "precondition failed" when
         they differ (the stream protocol cannot read them back)."""
         from rstream import exceptions
 
         try:
-            await producer.create_stream(stream, arguments)
+            await locator.create_stream(stream, arguments)
         except exceptions.StreamAlreadyExists:
             return
         except exceptions.PreconditionFailed:
-            if not await producer.stream_exists(stream):
+            if not await locator.stream_exists(stream):
                 raise  # the arguments themselves were refused
             if (self.endpoint.address, stream) not in _differ_logged:
                 _differ_logged.add((self.endpoint.address, stream))
