@@ -190,6 +190,10 @@ class StreamConnections:
             ) from None
         self._streams.add(stream)
 
+    def forget(self, stream: str) -> None:
+        """Check ``stream`` again before its next use (it was refused: maybe deleted)."""
+        self._streams.discard(stream)
+
     async def _create(self, locator: Any, stream: str, arguments: dict[str, Any]) -> None:
         """Create ``stream``; an existing one is fine, whatever its arguments: RabbitMQ
         answers "stream already exists" when they are ours, "precondition failed" when

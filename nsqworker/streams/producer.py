@@ -142,10 +142,18 @@ class StreamProducer(ProducerBase):
 
         props = dict(properties) if properties else None
         batch = [AMQPMessage(body=body, application_properties=props) for body in bodies]
+        from rstream.exceptions import ServerError
+
         try:
             ids = await producer.send_batch(
                 stream, batch, publisher_name=self.reference, on_publish_confirm=confirmed
             )
+        except ServerError as exc:  # e.g. the stream was deleted meanwhile
+            self.connections.forget(stream)
+            raise PublishError(
+                f"E_{type(exc).__name__.upper()}",
+                f"RabbitMQ refused the publish to {stream!r}: {reason(exc)}",
+            ) from None
         except (OSError, ConnectionError) as exc:
             if (unresolved := await self.connections.unresolved(stream, exc)) is not None:
                 raise unresolved from None

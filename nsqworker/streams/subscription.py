@@ -34,6 +34,7 @@ from nsqworker.message import Message, Undecodable
 from nsqworker.streams.amqp import decode
 from nsqworker.streams.capabilities import CAPABILITIES
 from nsqworker.streams.client import StreamConnections, check_stream
+from nsqworker.streams.errors import reason
 from nsqworker.streams.offsets import Watermark
 from nsqworker.streams.retries import (
     ATTEMPTS,
@@ -182,7 +183,10 @@ class StreamSubscription:
                     break
                 except Exception as exc:
                     log.warning(
-                        "%s: resubscribing failed (%s); again in %.1fs", self.name, exc, delay
+                        "%s: resubscribing failed (%s); again in %.1fs",
+                        self.name,
+                        reason(exc),
+                        delay,
                     )
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.settings.max_reconnect_delay)
@@ -224,13 +228,31 @@ class StreamSubscription:
         reader.watermark = Watermark()
         reader.active = True
         try:
-            stored = await consumer.query_offset(reader.stream, self.channel)
+            stored = await self._stored_offset(consumer, reader.stream)
         except exceptions.OffsetNotFound:
             log.info("%s: active on %s from its start", self.name, reader.stream)
             return OffsetSpecification(OffsetType.FIRST, 0)
         reader.watermark.stored = reader.watermark.value = stored
         log.info("%s: active on %s after offset %d", self.name, reader.stream, stored)
         return OffsetSpecification(OffsetType.OFFSET, stored + 1)
+
+    async def _stored_offset(self, consumer: Any, stream: str) -> int:
+        """The channel's stored offset on ``stream``. Just after a restart RabbitMQ may
+        answer "stream not available", or not in time, while it recovers its streams: ask
+        again for up to a minute (rstream sends no answer to the activation until this
+        returns, and one that raised would leave the channel without a reader)."""
+        from rstream import exceptions
+
+        delay, deadline = 0.1, _monotonic() + 60.0
+        while True:
+            try:
+                return int(await consumer.query_offset(stream, self.channel))
+            except (exceptions.StreamNotAvailable, TimeoutError) as exc:
+                if self._stopping or _monotonic() > deadline:
+                    raise
+                log.info("%s: offset of %s not readable yet (%s)", self.name, stream, reason(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def stop(self) -> None:
         """Take no more: callbacks wait; the watermarks are written now."""
@@ -442,7 +464,7 @@ class StreamSubscription:
                     await self.producer.send(stream, [msg.body], props)
                     break
                 except Exception as exc:  # the offset stays behind it until this works
-                    log.warning("%s: appending a retry failed (%s); again", self.name, exc)
+                    log.warning("%s: appending a retry failed (%s); again", self.name, reason(exc))
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
             self._settled(reader, mark, offset)
@@ -477,7 +499,11 @@ class StreamSubscription:
                 self.connections.errors.get("store_offset", 0) + 1
             )
             log.warning(
-                "%s: storing offset %d of %s failed: %s", self.name, value, reader.stream, exc
+                "%s: storing offset %d of %s failed: %s",
+                self.name,
+                value,
+                reader.stream,
+                reason(exc),
             )
 
     async def _store_loop(self) -> None:

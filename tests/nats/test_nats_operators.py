@@ -176,3 +176,23 @@ def test_publish_without_jetstream_is_one_line_and_exit_2(no_jetstream: NatsServ
                            transport="nats", nats=[no_jetstream.url])  # fmt: skip
     assert code == 2
     assert out.getvalue().splitlines() == [f"error: {OFF.format(url=no_jetstream.url)}"]
+
+
+def test_publish_with_a_refused_login_is_one_line_and_exit_2(nats_server_binary: str) -> None:
+    from rich.console import Console
+
+    with NatsServerProcess(
+        binary=nats_server_binary, extra_args=["--user", "app", "--pass", "right"]
+    ) as server:
+        out = io.StringIO()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("NSQWORKER_NATS_USER", "app")
+            patch.setenv("NSQWORKER_NATS_PASSWORD", "s3cret-wrong")
+            code = publish_command("orders", "x", nsqd=[], delay=None,
+                                   console=Console(file=out, width=400), transport="nats",
+                                   nats=[server.url])  # fmt: skip
+    assert code == 2
+    assert out.getvalue().splitlines() == [
+        f"error: NATS at {server.url} refused the login (nats: 'Authorization Violation');"
+        " check nats_user and nats_password"
+    ]
