@@ -100,9 +100,14 @@ async def ensure_stream(js: JetStreamContext, subject: str, settings: Settings) 
         return found
     name = found.name
     if not settings.nats_create:
+        missing = (
+            f"stream {name!r} (nats_stream) does not exist"
+            if settings.nats_stream
+            else f"no JetStream stream holds subject {subject!r}"
+        )
         raise ConfigurationError(
-            f"no JetStream stream holds subject {subject!r}, and nats_create is off:"
-            " create a stream for it (or name one in nats_stream), or turn nats_create on"
+            f"{missing}, and nats_create is off: create a stream for {subject!r} (or name"
+            " one in nats_stream), or turn nats_create on"
         )
 
     config = StreamConfig(

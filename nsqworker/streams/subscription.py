@@ -271,6 +271,7 @@ class StreamSubscription:
             task.cancel()
         consumer = self._consumer
         for reader in self.readers:
+            self._drop_held(reader)  # not stored past: read again by the next consumer
             await self._store(reader)
             if consumer is not None and reader.subscription_id is not None:
                 try:

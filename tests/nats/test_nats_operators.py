@@ -138,19 +138,34 @@ async def test_a_consumer_that_cannot_serve_a_channel_says_why(
     )
 
 
-async def test_with_creation_off_a_missing_stream_is_an_error(
+async def test_with_creation_off_a_missing_stream_or_consumer_is_an_error(
     nats_server: NatsServerProcess,
 ) -> None:
+    from nats.js.api import StreamConfig
+
     reg = Registry()
 
     @reg.task("ops.missing", channel="c")
     async def handle(msg: Message) -> None: ...
 
-    with pytest.raises(
-        ConfigurationError, match=r"no JetStream stream holds subject 'ops\.missing'"
-    ):
-        async with Worker(reg, settings(nats_server.url, nats_create=False)):
+    off = settings(nats_server.url, nats_create=False)
+    with pytest.raises(ConfigurationError) as info:
+        async with Worker(reg, off):
             pass
+    assert str(info.value) == (
+        "no JetStream stream holds subject 'ops.missing', and nats_create is off: create a"
+        " stream for 'ops.missing' (or name one in nats_stream), or turn nats_create on"
+    )
+    nc = await admin(nats_server.url)
+    await nc.jetstream().add_stream(StreamConfig(name="OPS_MISSING", subjects=["ops.missing"]))
+    await nc.close()
+    with pytest.raises(ConfigurationError) as info:
+        async with Worker(reg, off):
+            pass
+    assert str(info.value) == (
+        "consumer 'c' does not exist on stream 'OPS_MISSING', and nats_create is off:"
+        " create it (a durable pull consumer with explicit acks), or turn nats_create on"
+    )
 
 
 # ---------------------------------------------------------------------------- JetStream off
