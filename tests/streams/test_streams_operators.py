@@ -207,7 +207,7 @@ async def test_a_broker_kill_9_keeps_the_stored_offset(rabbitmq_server: Any) -> 
         again = seen[len(first) :]
         twice = sorted(set(first) & set(again))
         # Handled again: only what the first worker handled after the surviving offset.
-        assert again[0] == after + 1, (after, again[:3])
+        assert min(again) == after + 1, (after, sorted(again)[:3])  # resumed right after it
         assert twice == [o for o in sorted(set(first)) if o > after], (after, twice[:5])
         assert set(first) >= set(range(after + 1))  # nothing skipped before it
         print(f"stored before the kill {stored}, after {after}; read again {len(twice)}")
