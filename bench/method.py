@@ -154,7 +154,7 @@ contender runs in its own process and reads a stream of its own holding {streams
 messages of 100 bytes, published before it starts; its handler counts, and the process
 notes the time of the first and the last message itself. Contenders, interleaved in each
 run: `nsqworker run --transport rabbitmq-stream --rabbitmq URI` with default settings
-(the whole task layer: the window, the offset watermark stored every 0.5 s) and a bare
+(the whole task layer: the window, the offset watermark stored every 0.2 s) and a bare
 rstream consumer with rstream's `amqp_decoder` (its default decoder gives the raw AMQP
 bytes, not the body) and a counting callback (no framework, no offsets). nsqworker reads
 a message that is one AMQP data section without the general decoder.

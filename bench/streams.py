@@ -8,7 +8,7 @@ here). Each contender runs in its own process and reads a stream of its own hold
 clock runs from the first message to the last, both noted by the process itself:
 
 * ``nsqworker run --transport rabbitmq-stream --rabbitmq URI``, default settings (the
-  whole task layer: window, offset watermark stored every 0.5 s, spans off as by default);
+  whole task layer: window, offset watermark stored every 0.2 s, spans off as by default);
 * a bare rstream consumer (no framework): ``subscribe`` with rstream's ``amqp_decoder``
   (its default decoder hands over the raw AMQP bytes, not the body) and a callback that
   counts.

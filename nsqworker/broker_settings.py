@@ -113,6 +113,11 @@ class NatsSettings(BaseSettings):
         le=1_000_000,
         description="Unacked messages of a channel's consumer, all workers together. [1..1000000]",
     )
+    nats_create: bool = Field(
+        True,
+        description="Create a missing stream or consumer; off: each must exist (an"
+        " operator's), and a missing one is an error at start.",
+    )
 
     @field_validator("nats_servers", mode="before")
     @classmethod
@@ -151,6 +156,11 @@ class StreamSettings(BaseSettings):
     )
     rabbitmq_stream_segment_bytes: int = Field(
         0, ge=0, le=2**31, description="Segment size of a created stream; 0 = the server's."
+    )
+    rabbitmq_stream_create: bool = Field(
+        True,
+        description="Create a missing stream (the topic's and its retry streams); off: each"
+        " must exist (an operator's), and a missing one is an error at start.",
     )
 
     @field_validator("rabbitmq_stream_uri")

@@ -44,8 +44,12 @@ def dead_letter_envelope(
     (unless even an empty body does not fit).
 
     Keys: ``topic``, ``channel``, ``id``, ``attempts``, ``reason``, ``timestamp`` (ns,
-    when nsqd first accepted the message), ``task``, ``body`` (UTF-8 text, or base64
-    with ``"body_encoding": "base64"`` when the body is not valid UTF-8). A copy that
+    when the broker first accepted the message: a retried message keeps its original id
+    and timestamp on every transport), ``task``, ``body`` (UTF-8 text, or base64
+    with ``"body_encoding": "base64"`` when the body is not valid UTF-8); on NATS and
+    RabbitMQ Streams also ``stream`` and ``offset``, where the message was first stored
+    (the JetStream stream and sequence; the RabbitMQ stream and offset, never a retry
+    stream's copy). A copy that
     does not fit so gets ``body_size`` (bytes) and ``body_sha256`` of the whole body,
     ``body`` the base64 of as much of it as fits, and ``body_truncated`` (true when
     that is not all of it).
@@ -53,6 +57,9 @@ def dead_letter_envelope(
     reason = one_line(reason, MAX_REASON)  # it may quote the body: one line, escaped
     doc: dict[str, Any] = {"topic": msg.topic, "channel": msg.channel, "id": msg.id}
     doc.update(attempts=msg.attempts, reason=reason, timestamp=msg.timestamp, task=task)
+    origin = getattr(msg, "origin", None)
+    if origin is not None:
+        doc.update(stream=origin[0], offset=origin[1])
     body = msg.body
     if len(body) <= limit:  # a larger body cannot fit whole: skip encoding it
         try:

@@ -110,6 +110,7 @@ class Message:
         "channel",
         "headers",
         "id_bytes",
+        "origin",
         "receipt",
         "received_at",
         "timestamp",
@@ -149,6 +150,10 @@ class Message:
         #: Keep-alives sent for it (TOUCH on NSQ).
         self.touch_count = 0
         self.headers = headers
+        #: Where the broker keeps it, ``(stream, offset)``: the JetStream stream and
+        #: sequence, or the RabbitMQ stream and offset it was first published at (a
+        #: retry's too); None on NSQ. Dead letters carry it.
+        self.origin: tuple[str, int] | None = None
 
     @property
     def id(self) -> str:

@@ -1,8 +1,9 @@
 """``nsqworker publish``: one message from the command line, or one per line of stdin.
 
 The typer command :func:`publish` parses the options and calls :func:`publish_command`,
-which returns the exit code: 0 published, 1 nsqd refused or could not be reached,
-2 bad arguments, 130 interrupted.
+which returns the exit code: 0 published, 1 the broker refused or could not be reached,
+2 bad arguments or a broker set-up that cannot work (a refused login, JetStream off, a
+missing vhost or stream, an advertised host that does not resolve), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -156,6 +157,10 @@ def publish_command(
     except KeyboardInterrupt:
         console.print(f"interrupted after {run.count} messages", highlight=False, soft_wrap=True)
         return 130
+    except ConfigurationError as exc:  # the broker's set-up: it cannot work as it is
+        done = f" after {run.count} messages" if run.count else ""
+        console.print(f"[red]error{done}:[/red] {_one_line(exc)}", highlight=False, soft_wrap=True)
+        return 2
     except (NSQWorkerError, OSError) as exc:
         done = f" after {run.count} messages" if run.count else ""
         text = markup_safe(_one_line(exc))  # a broker's error text, never markup

@@ -9,6 +9,7 @@ A channel is a durable pull consumer of that stream, filtered to the subject.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ from nsqworker.errors import ConfigurationError, InvalidName
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
+    from nats.js.api import ConsumerConfig
 
     from nsqworker.settings import Settings
 
@@ -28,8 +30,11 @@ __all__ = [
     "ensure_consumer",
     "ensure_schedules",
     "ensure_stream",
+    "jetstream_off",
     "stream_name",
 ]
+
+log = logging.getLogger("nsqworker.nats")
 
 _TOKEN = re.compile(r"^[^\s*>.]+$")
 _NAME = re.compile(r"^[^\s*>./\\]{1,255}$")
@@ -37,6 +42,7 @@ _NAME = re.compile(r"^[^\s*>./\\]{1,255}$")
 _STREAM_NOT_FOUND = 10059
 _SUBJECTS_OVERLAP = 10065
 _NAME_IN_USE = 10058
+_NOT_ENABLED_FOR_ACCOUNT = 10039
 DELAY_TOKEN = "_nsqw_delay"
 """Delayed messages wait as schedules on ``<subject>._nsqw_delay.<id>`` (one each) until
 the server publishes them to the subject (JetStream message schedules, nats-server 2.12+)."""
@@ -76,30 +82,34 @@ def stream_name(subject: str) -> str:
 
 async def ensure_stream(js: JetStreamContext, subject: str, settings: Settings) -> str:
     """The stream holding ``subject``: the settings' ``nats_stream``, or the one whose
-    subjects cover it, or a new one (limits from the settings). ``ConfigurationError``
-    names the stream and subject when none can be used."""
+    subjects cover it, or a new one (limits from the settings; not with ``nats_create``
+    off). A stream found is used as it is (its retention, limits and other subjects are
+    the operator's). ``ConfigurationError`` names the stream and subject when none can be
+    used, and says so when the server has no JetStream."""
+    from nats.errors import NoRespondersError
     from nats.js.api import RetentionPolicy, StreamConfig
-    from nats.js.errors import APIError, NotFoundError
+    from nats.js.errors import APIError, ServiceUnavailableError
 
-    name = settings.nats_stream
-    if name is None:
-        try:
-            return await js.find_stream_name_by_subject(subject)
-        except NotFoundError:
-            name = stream_name(subject)
-    else:
-        try:
-            info = await js.stream_info(name)
-        except NotFoundError:
-            pass
-        else:
-            if not _covers(info.config.subjects or [], subject):
-                raise ConfigurationError(
-                    f"nats_stream {name!r} does not hold subject {subject!r} (its subjects:"
-                    f" {', '.join(info.config.subjects or [])}); add it to the stream or"
-                    " unset nats_stream"
-                )
-            return name
+    try:
+        found = await _find_stream(js, subject, settings)
+    except (NoRespondersError, ServiceUnavailableError, APIError) as exc:
+        if (off := jetstream_off(exc, settings)) is not None:
+            raise off from None
+        raise
+    if isinstance(found, str):
+        return found
+    name = found.name
+    if not settings.nats_create:
+        missing = (
+            f"stream {name!r} (nats_stream) does not exist"
+            if settings.nats_stream
+            else f"no JetStream stream holds subject {subject!r}"
+        )
+        raise ConfigurationError(
+            f"{missing}, and nats_create is off: create a stream for {subject!r} (or name"
+            " one in nats_stream), or turn nats_create on"
+        )
+
     config = StreamConfig(
         name=name,
         subjects=[subject, delay_pattern(subject)],
@@ -126,7 +136,61 @@ async def ensure_stream(js: JetStreamContext, subject: str, settings: Settings) 
             f"cannot create stream {name!r} for subject {subject!r}: {exc.description}"
             f" (JetStream error {exc.err_code})"
         ) from None
+    log.info("created stream %r for subject %r", name, subject)
     return name
+
+
+class _Missing:
+    """No stream holds the subject: one named ``name`` is to be created."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+async def _find_stream(js: JetStreamContext, subject: str, settings: Settings) -> str | _Missing:
+    from nats.js.errors import NotFoundError
+
+    name = settings.nats_stream
+    if name is None:
+        try:
+            return await js.find_stream_name_by_subject(subject)
+        except NotFoundError:
+            return _Missing(stream_name(subject))
+    try:
+        info = await js.stream_info(name)
+    except NotFoundError:
+        return _Missing(name)
+    if not _covers(info.config.subjects or [], subject):
+        raise ConfigurationError(
+            f"nats_stream {name!r} does not hold subject {subject!r} (its subjects:"
+            f" {', '.join(info.config.subjects or [])}); add it to the stream or"
+            " unset nats_stream"
+        )
+    return name
+
+
+def jetstream_off(exc: BaseException, settings: Settings) -> ConfigurationError | None:
+    """A ``ConfigurationError`` saying JetStream is off when ``exc`` says so (nobody
+    answers the JetStream API: a 503 without an error code, or no responders; or the
+    account has no JetStream), else None."""
+    from nats.errors import NoRespondersError
+    from nats.js.errors import APIError, ServiceUnavailableError
+
+    where = ", ".join(settings.nats_servers) or "nats://127.0.0.1:4222"
+    if isinstance(exc, NoRespondersError) or (
+        isinstance(exc, ServiceUnavailableError) and exc.err_code is None
+    ):
+        return ConfigurationError(
+            f"JetStream is not enabled on the NATS server at {where}: start nats-server"
+            " with -js (--jetstream), or add `jetstream {}` to its configuration file"
+        )
+    if isinstance(exc, APIError) and exc.err_code == _NOT_ENABLED_FOR_ACCOUNT:
+        return ConfigurationError(
+            f"JetStream is not enabled for this account on the NATS server at {where}"
+            f" ({exc.description}): give the account `jetstream: enabled` in the server's"
+            " configuration"
+        )
+    return None
 
 
 async def consumer_name(js: JetStreamContext, stream: str, subject: str, channel: str) -> str:
@@ -178,15 +242,34 @@ def _covers(patterns: list[str], subject: str) -> bool:
 
 async def ensure_consumer(
     js: JetStreamContext, stream: str, subject: str, durable: str, settings: Settings
-) -> None:
-    """Create or update the channel's durable pull consumer on ``stream``.
+) -> float:
+    """The channel's durable pull consumer on ``stream``: one that exists is used as it
+    is (differences from the worker's settings logged once, at info); a missing one is
+    created (not with ``nats_create`` off). Returns the consumer's ``ack_wait`` (seconds).
 
-    Explicit acks; ``max_deliver`` unlimited (the task layer dead-letters on its last
-    attempt, the server would only stop delivering); ``ack_wait`` from ``msg_timeout``.
+    A consumer the worker creates has explicit acks, ``max_deliver`` unlimited (the task
+    layer dead-letters on its last attempt, the server would only stop delivering) and
+    ``ack_wait`` from ``msg_timeout``. One that cannot serve a channel (a push consumer,
+    acks other than explicit, a filter that misses the subject or takes others) is a
+    ``ConfigurationError`` saying what to change.
     """
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-    from nats.js.errors import APIError
+    from nats.js.errors import APIError, NotFoundError
 
+    try:
+        info = await js.consumer_info(stream, durable)
+    except NotFoundError:
+        info = None
+    if info is not None:
+        _check_usable(info.config, stream, subject, durable)
+        _log_differences(info.config, stream, durable, settings)
+        return float(info.config.ack_wait or ack_wait(settings))
+    if not settings.nats_create:
+        raise ConfigurationError(
+            f"consumer {durable!r} does not exist on stream {stream!r}, and nats_create is"
+            " off: create it (a durable pull consumer with explicit acks), or turn"
+            " nats_create on"
+        )
     config = ConsumerConfig(
         durable_name=durable,
         filter_subject=subject,
@@ -204,6 +287,57 @@ async def ensure_consumer(
             f"cannot create consumer {durable!r} on stream {stream!r} for {subject!r}:"
             f" {exc.description} (JetStream error {exc.err_code})"
         ) from None
+    return ack_wait(settings)
+
+
+def _check_usable(config: ConsumerConfig, stream: str, subject: str, durable: str) -> None:
+    from nats.js.api import AckPolicy
+
+    where = f"consumer {durable!r} of stream {stream!r}"
+    problem = None
+    if config.deliver_subject:
+        problem = f"is a push consumer (deliver_subject {config.deliver_subject!r})"
+    elif config.ack_policy not in (None, AckPolicy.EXPLICIT):
+        problem = f"acknowledges with ack_policy {config.ack_policy}, not explicit"
+    else:
+        filters = list(config.filter_subjects or [])
+        if config.filter_subject:
+            filters.append(config.filter_subject)
+        if filters and not _covers(filters, subject):
+            problem = f"filters on {', '.join(filters)}, which does not take {subject!r}"
+        elif filters and set(filters) - {subject}:
+            problem = f"filters on {', '.join(filters)}: other subjects than {subject!r} too"
+    if problem is not None:
+        raise ConfigurationError(
+            f"{where} {problem}: a channel needs a durable pull consumer with explicit acks"
+            f" filtered to {subject!r}; change or delete the consumer, or use another channel"
+        )
+
+
+_logged: set[tuple[str, str]] = set()
+
+
+def _log_differences(config: ConsumerConfig, stream: str, durable: str, settings: Settings) -> None:
+    """Log once (per process) where an existing consumer differs from what the worker
+    would create."""
+    if (stream, durable) in _logged:
+        return
+    wanted = {
+        "ack_wait": ack_wait(settings),
+        "max_deliver": -1,
+        "max_ack_pending": settings.nats_max_ack_pending,
+    }
+    differ = []
+    for key, ours in wanted.items():
+        theirs = getattr(config, key, None)
+        if theirs is not None and theirs != ours:
+            differ.append(f"{key}={theirs:g} (the worker's: {ours:g})")
+    if differ:
+        _logged.add((stream, durable))
+        log.info(
+            "consumer %r of stream %r exists with %s; using it as it is (update or delete"
+            " it to apply the worker's)", durable, stream, ", ".join(differ),
+        )  # fmt: skip
 
 
 def ack_wait(settings: Settings) -> float:

@@ -129,7 +129,9 @@ class NatsSubscription:
         js = await self.connection.jetstream()
         self.stream = await ensure_stream(js, self.topic, self.settings)
         self.consumer = await consumer_name(js, self.stream, self.topic, self.channel)
-        await ensure_consumer(js, self.stream, self.topic, self.consumer, self.settings)
+        self._ack_wait = await ensure_consumer(
+            js, self.stream, self.topic, self.consumer, self.settings
+        )
         self._next = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"
         await self._subscribe(client)
         self._bound = True
@@ -264,6 +266,7 @@ class NatsSubscription:
                 self.channel, self.connection.address, self._receiver, reply, now,
                 msg.headers,
             )  # fmt: skip
+            message.origin = (tokens[2], int(tokens[5]))
             self.in_flight += 1
             if self._deliver(message):  # type: ignore[misc]
                 self._send(reply, ACK)
@@ -352,7 +355,7 @@ class NatsSubscription:
         self._send(msg.receipt, WPI)
 
     def keep_alive_interval(self, msg: Message) -> float | None:
-        """Half of ``ack_wait``."""
+        """Half of the consumer's ``ack_wait``."""
         return self._ack_wait / 2
 
     def max_hold(self, msg: Message) -> float | None:

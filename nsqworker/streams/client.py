@@ -17,6 +17,7 @@ from urllib.parse import unquote, urlsplit
 
 from nsqworker.broker_settings import tls_context
 from nsqworker.errors import ConfigurationError, InvalidName, NoConnection
+from nsqworker.streams.errors import reason, unresolved_host
 
 if TYPE_CHECKING:
     from rstream import Consumer, Producer
@@ -31,6 +32,8 @@ FRAME_MAX = 1024 * 1024
 """The frame size we ask for; a body must fit in one (with its AMQP envelope)."""
 ENVELOPE = 512
 """Bytes a message's AMQP 1.0 envelope and the publish frame may take beyond its body."""
+_differ_logged: set[tuple[str, str]] = set()
+"""Streams found with other arguments than the worker's, logged once per process."""
 
 
 def check_stream(name: str, what: str = "topic") -> str:
@@ -149,15 +152,95 @@ class StreamConnections:
             log.debug("closing an rstream consumer failed", exc_info=True)
 
     async def ensure_stream(self, stream: str) -> None:
-        """Create ``stream`` (with the settings' limits) unless it exists."""
+        """Make sure ``stream`` exists: create it with the settings' arguments when it is
+        missing (and ``rabbitmq_stream_create`` is on); one that exists is used as it is,
+        whatever its arguments (the difference is logged once, at info).
+
+        Raises:
+            ConfigurationError: the stream is missing and may not be created, or RabbitMQ
+                refused to create it (the error names RabbitMQ's reason).
+        """
         if stream in self._streams:
             return
-        producer = await self.producer()
+        arguments = stream_arguments(self.settings)
+        where = f"RabbitMQ at {self.endpoint.address} (vhost {self.endpoint.vhost!r})"
         try:
-            await producer.create_stream(stream, stream_arguments(self.settings), exists_ok=True)
+            # The locator connection, asked directly: rstream's Producer.create_stream and
+            # stream_exists close it after each call when it publishes to no stream yet,
+            # and its Client.close() sleeps 0.2 s: that was half the time of a first
+            # publish (docs/rabbitmq-streams.md, "Speed").
+            locator = await (await self.producer()).default_client
+            if not self.settings.rabbitmq_stream_create:
+                if not await locator.stream_exists(stream):
+                    raise ConfigurationError(
+                        f"stream {stream!r} does not exist on {where}, and"
+                        " rabbitmq_stream_create is off: create it, or turn"
+                        " rabbitmq_stream_create on"
+                    )
+            else:
+                await self._create(locator, stream, arguments)
+        except ConfigurationError:
+            raise
         except Exception as exc:
-            raise ConfigurationError(f"cannot create stream {stream!r}: {exc}") from None
+            if isinstance(exc, OSError | TimeoutError | ConnectionError):
+                raise NoConnection(f"{where}: {reason(exc)}") from None
+            shown = ", ".join(f"{k}={v}" for k, v in arguments.items()) or "no arguments"
+            raise ConfigurationError(
+                f"cannot create stream {stream!r} ({shown}) on {where}: {reason(exc)}"
+            ) from None
         self._streams.add(stream)
+
+    def forget(self, stream: str) -> None:
+        """Check ``stream`` again before its next use (it was refused: maybe deleted)."""
+        self._streams.discard(stream)
+
+    async def _create(self, locator: Any, stream: str, arguments: dict[str, Any]) -> None:
+        """Create ``stream``; an existing one is fine, whatever its arguments: RabbitMQ
+        answers "stream already exists" when they are ours, "precondition failed" when
+        they differ (the stream protocol cannot read them back)."""
+        from rstream import exceptions
+
+        try:
+            await locator.create_stream(stream, arguments)
+        except exceptions.StreamAlreadyExists:
+            return
+        except exceptions.PreconditionFailed:
+            if not await locator.stream_exists(stream):
+                raise  # the arguments themselves were refused
+            if (self.endpoint.address, stream) not in _differ_logged:
+                _differ_logged.add((self.endpoint.address, stream))
+                ours = ", ".join(f"{k}={v}" for k, v in arguments.items()) or "none"
+                log.info(
+                    "stream %r exists with arguments other than the worker's (%s); using it"
+                    " as it is (its retention is the operator's)", stream, ours,
+                )  # fmt: skip
+            return
+        log.info("created stream %r (%s)", stream, arguments or "the server's defaults")
+
+    async def advertised_host(self, stream: str) -> str | None:
+        """The host RabbitMQ names as ``stream``'s leader (its ``advertised_host``), or
+        None when it cannot be asked."""
+        try:
+            producer = await self.producer()
+            client = await producer.default_client
+            leader, _ = await asyncio.wait_for(client.query_leader_and_replicas(stream), 5)
+            return str(leader.host)
+        except Exception:
+            log.debug("asking for the leader of %s failed", stream, exc_info=True)
+            return None
+
+    async def unresolved(self, stream: str, exc: BaseException) -> ConfigurationError | None:
+        """A ``ConfigurationError`` naming the advertised host when ``exc`` is a host
+        name that does not resolve (RabbitMQ's ``stream.advertised_host``), else None."""
+        if not unresolved_host(exc):
+            return None
+        host = await self.advertised_host(stream)
+        named = f"host {host!r}" if host else "a host"
+        return ConfigurationError(
+            f"RabbitMQ at {self.endpoint.address} advertises its stream listener as"
+            f" {named}, which does not resolve here; set stream.advertised_host"
+            " (advertised_host) in rabbitmq.conf to a name or address clients can reach"
+        )
 
     async def _start(self, client: Any) -> None:
         from rstream import exceptions
@@ -176,13 +259,13 @@ class StreamConnections:
                 f" {who.username!r} may not use it; check the vhost of rabbitmq_stream_uri"
             ) from None
         except (TimeoutError, OSError) as exc:
-            raise NoConnection(f"RabbitMQ streams at {where}: {exc}") from None
+            raise NoConnection(f"RabbitMQ streams at {where}: {reason(exc)}") from None
         except Exception as exc:
             if "auth" in type(exc).__name__.lower():
                 raise ConfigurationError(
-                    f"RabbitMQ at {where} refused user {who.username!r}: {type(exc).__name__}"
+                    f"RabbitMQ at {where} refused user {who.username!r}: {reason(exc)}"
                 ) from None
-            raise NoConnection(f"RabbitMQ streams at {where}: {exc}") from None
+            raise NoConnection(f"RabbitMQ streams at {where}: {reason(exc)}") from None
 
     async def close(self) -> None:
         """Close every client."""

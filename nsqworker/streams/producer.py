@@ -25,6 +25,7 @@ from nsqworker.message import to_bytes
 from nsqworker.producing import ProducerBase, PublishCall
 from nsqworker.streams.capabilities import CAPABILITIES
 from nsqworker.streams.client import ENVELOPE, FRAME_MAX, StreamConnections, check_stream
+from nsqworker.streams.errors import reason
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -141,12 +142,22 @@ class StreamProducer(ProducerBase):
 
         props = dict(properties) if properties else None
         batch = [AMQPMessage(body=body, application_properties=props) for body in bodies]
+        from rstream.exceptions import ServerError
+
         try:
             ids = await producer.send_batch(
                 stream, batch, publisher_name=self.reference, on_publish_confirm=confirmed
             )
+        except ServerError as exc:  # e.g. the stream was deleted meanwhile
+            self.connections.forget(stream)
+            raise PublishError(
+                f"E_{type(exc).__name__.upper()}",
+                f"RabbitMQ refused the publish to {stream!r}: {reason(exc)}",
+            ) from None
         except (OSError, ConnectionError) as exc:
-            raise NoConnection(f"RabbitMQ streams: {exc}") from None
+            if (unresolved := await self.connections.unresolved(stream, exc)) is not None:
+                raise unresolved from None
+            raise NoConnection(f"RabbitMQ streams: {reason(exc)}") from None
         for publishing_id in ids:
             if publishing_id not in outcomes:
                 waiting[publishing_id] = loop.create_future()

@@ -10,11 +10,12 @@ subscription supplies them:
 * **acks**: the offset stored on the server is the contiguous low watermark of settled
   messages (:mod:`nsqworker.streams.offsets`), written every :data:`STORE_EVERY` seconds,
   at stop and when this process loses the active role, never past an unfinished message.
-* **retry after a delay**: the message is appended to ``<topic>.<channel>.retry`` with its
-  attempt count and not-before time (AMQP application properties ``x-attempts``,
-  ``x-not-before`` in ms); its own offset is then settled. The same channel reads the
-  retry stream in order and holds each message until it is due (a longer delay ahead can
-  make a shorter one behind it late, never early).
+* **retry after a delay**: the message is appended to the retry stream of its delay's
+  bucket (``<topic>.<channel>.retry``, ``.retry.10m``, ``.retry.long``) with its attempt
+  count, not-before time and origin (:mod:`nsqworker.streams.retries`); its own offset is
+  then settled. The same channel reads the retry streams ahead, holds each retry until it
+  is due and then hands it to the window, so a long retry never holds back a shorter one
+  behind it.
 * **fail-over**: both readers subscribe with single active consumer under the channel's
   name; when the active process dies, RabbitMQ activates another, which resumes from the
   stored offset (messages after it may be handled twice, never skipped).
@@ -33,7 +34,18 @@ from nsqworker.message import Message, Undecodable
 from nsqworker.streams.amqp import decode
 from nsqworker.streams.capabilities import CAPABILITIES
 from nsqworker.streams.client import StreamConnections, check_stream
+from nsqworker.streams.errors import reason
 from nsqworker.streams.offsets import Watermark
+from nsqworker.streams.retries import (
+    ATTEMPTS,
+    HOLD_LIMIT,
+    NOT_BEFORE,
+    UNDECODABLE,
+    origin,
+    retry_properties,
+    retry_stream,
+    retry_streams,
+)
 from nsqworker.transport import Flow, Receiver, SubscriptionStats, Timer
 
 if TYPE_CHECKING:
@@ -44,8 +56,10 @@ __all__ = ["StreamSubscription", "retry_stream"]
 
 log = logging.getLogger("nsqworker.streams")
 
-STORE_EVERY = 0.5
-"""Seconds between writes of a moved watermark."""
+STORE_EVERY = 0.2
+"""Seconds between writes of a moved watermark: after a crash of RabbitMQ or of this
+process, what is handled again is what was in flight plus what was handled in the last
+``STORE_EVERY`` seconds (docs/rabbitmq-streams.md, "When RabbitMQ crashes")."""
 STANDBY_NOTICE = 2.0
 """Seconds after subscribing without being made active before a reader says it stands by
 (RabbitMQ tells a consumer when it becomes active, not that it waits)."""
@@ -53,16 +67,10 @@ CREDIT = 3
 """Chunks the broker may send ahead of the one being read (rstream grants one more as
 it starts each chunk): what a full window holds back beyond itself. One ahead left the
 reader waiting on the broker about half the time."""
-ATTEMPTS, NOT_BEFORE, UNDECODABLE = b"x-attempts", b"x-not-before", b"x-undecodable"
 MAX_NOT_BEFORE = CAPABILITIES.max_retry_delay
 """The longest a retry is held (the transport's ``max_retry_delay``): a later
 ``x-not-before`` was not written by nsqworker."""
 _monotonic = time.monotonic
-
-
-def retry_stream(topic: str, channel: str) -> str:
-    """The stream holding ``channel``'s retries of ``topic``."""
-    return f"{topic}.{channel}.retry"
 
 
 @dataclass(eq=False)
@@ -74,6 +82,8 @@ class _Reader:
     subscription_id: int | None = None
     active: bool = False
     received: int = 0
+    held: dict[int, asyncio.TimerHandle] = field(default_factory=dict)
+    """Retries read ahead and not due yet: offset -> the timer that hands it on."""
     chunk: tuple[int, int] = (-1, -1)
     """(the chunk's timestamp, the offset after the last message taken from it)."""
     standing_by: bool = False  # said so in the log since it was last active
@@ -101,11 +111,10 @@ class StreamSubscription:
         self.producer = producer
         self.window = max_in_flight
         self.in_flight = 0
-        self.readers = [
-            _Reader(topic, retry=False, prefix=f"{topic}:".encode()),
-            _Reader(check_stream(retry_stream(topic, channel)), retry=True,
-                    prefix=f"{retry_stream(topic, channel)}:".encode()),
-        ]  # fmt: skip
+        self.readers = [_Reader(topic, retry=False, prefix=f"{topic}:".encode())] + [
+            _Reader(check_stream(name), retry=True, prefix=f"{topic}:".encode())
+            for name in retry_streams(topic, channel)
+        ]
         self._flow = Flow.OPEN
         self._stopping = False
         self._subscribed = False
@@ -116,9 +125,15 @@ class StreamSubscription:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._retrying = 0
         self._consumer: Any = None
+        self._live: Any = None
+        """The consumer whose deliveries are handed out: None once its connection is lost."""
         self._lost = asyncio.Event()
         self._address = connections.endpoint.address
         self._warned_not_before = False
+        self._held = 0
+        self._hold_room = asyncio.Event()
+        self._due: list[tuple[_Reader, Watermark, Any, Any]] = []
+        self._due_ready = asyncio.Event()
 
     def __repr__(self) -> str:
         return f"<StreamSubscription {self.topic}/{self.channel} window={self.window}>"
@@ -134,14 +149,20 @@ class StreamSubscription:
         self._loop = asyncio.get_running_loop()
         for reader in self.readers:
             await self.connections.ensure_stream(reader.stream)
-        await self._connect()
+        try:
+            await self._connect()
+        except Exception as exc:
+            if (error := await self.connections.unresolved(self.topic, exc)) is not None:
+                raise error from None
+            raise
         self._room.set()
         self._spawn(self._store_loop())
         self._spawn(self._keep())
+        self._spawn(self._hand_on_due())
         self._spawn(self._tell_standby())
 
     async def _connect(self) -> None:
-        self._consumer = consumer = await self.connections.consumer(self._on_close)
+        self._consumer = self._live = consumer = await self.connections.consumer(self._on_close)
         for reader in self.readers:
             reader.subscription_id = await self._subscribe(consumer, reader)
         self._subscribed = True
@@ -150,6 +171,7 @@ class StreamSubscription:
         if not self._stopping and self._subscribed:
             log.warning("%s: connection to RabbitMQ lost (%s); resubscribing", self.name, info)
             self._subscribed = False
+            self._live = None  # what rstream still has of that connection is not handed out
             self._lost.set()
 
     async def _keep(self) -> None:
@@ -169,7 +191,10 @@ class StreamSubscription:
                     break
                 except Exception as exc:
                     log.warning(
-                        "%s: resubscribing failed (%s); again in %.1fs", self.name, exc, delay
+                        "%s: resubscribing failed (%s); again in %.1fs",
+                        self.name,
+                        reason(exc),
+                        delay,
                     )
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.settings.max_reconnect_delay)
@@ -181,8 +206,10 @@ class StreamSubscription:
         def on_message(message: Any, context: Any) -> Coroutine[Any, Any, None] | None:
             # rstream awaits what the callback returns, if anything: the hot path (room
             # in the window, nothing to wait for) returns nothing, and costs no coroutine.
+            if self._live is not consumer:  # its connection is lost: the chunks rstream
+                return None  # read ahead are read again after the stored offset
             if reader.retry or self.in_flight >= self._allowed(reader, context):
-                return self._on_message(reader, message, context)
+                return self._on_message(reader, message, context, consumer)
             take(reader, message, context)
             return None
 
@@ -200,6 +227,7 @@ class StreamSubscription:
         """RabbitMQ made this process the channel's active consumer (or took it away)."""
         from rstream import OffsetSpecification, OffsetType, exceptions
 
+        self._drop_held(reader)  # read again from the stored offset, by whoever is active
         if not active:
             await self._store(reader)
             reader.active = False
@@ -210,7 +238,7 @@ class StreamSubscription:
         reader.active = True
         reader.standing_by = False
         try:
-            stored = await consumer.query_offset(reader.stream, self.channel)
+            stored = await self._stored_offset(consumer, reader.stream)
         except exceptions.OffsetNotFound:
             log.info("%s: active on %s from its start", self.name, reader.stream)
             return OffsetSpecification(OffsetType.FIRST, 0)
@@ -242,6 +270,24 @@ class StreamSubscription:
             self.settings.client_id,
         )  # fmt: skip
 
+    async def _stored_offset(self, consumer: Any, stream: str) -> int:
+        """The channel's stored offset on ``stream``. Just after a restart RabbitMQ may
+        answer "stream not available", or not in time, while it recovers its streams: ask
+        again for up to a minute (rstream sends no answer to the activation until this
+        returns, and one that raised would leave the channel without a reader)."""
+        from rstream import exceptions
+
+        delay, deadline = 0.1, _monotonic() + 60.0
+        while True:
+            try:
+                return int(await consumer.query_offset(stream, self.channel))
+            except (exceptions.StreamNotAvailable, TimeoutError) as exc:
+                if self._stopping or _monotonic() > deadline:
+                    raise
+                log.info("%s: offset of %s not readable yet (%s)", self.name, stream, reason(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
     async def stop(self) -> None:
         """Take no more: callbacks wait; the watermarks are written now."""
         self._stopping = True
@@ -259,6 +305,7 @@ class StreamSubscription:
             task.cancel()
         consumer = self._consumer
         for reader in self.readers:
+            self._drop_held(reader)  # not stored past: read again by the next consumer
             await self._store(reader)
             if consumer is not None and reader.subscription_id is not None:
                 try:
@@ -268,7 +315,7 @@ class StreamSubscription:
                 reader.subscription_id = None
         if consumer is not None:
             await self.connections.close_consumer(consumer)
-        self._consumer = None
+        self._consumer = self._live = None
         self._subscribed = False
 
     @property
@@ -317,14 +364,63 @@ class StreamSubscription:
 
     # --- messages --------------------------------------------------------------
 
-    async def _on_message(self, reader: _Reader, message: Any, context: Any) -> None:
-        await self._wait_for_room(reader, context)
+    async def _on_message(self, reader: _Reader, message: Any, context: Any, consumer: Any) -> None:
         if reader.retry and type(message) is not bytes:
             wait = self._wait_until(message.properties.get(NOT_BEFORE))
             if wait > 0:
-                await asyncio.sleep(wait)
-                await self._wait_for_room(reader, context)
-        self._take(reader, message, context)
+                await self._hold(reader, message, context, wait)
+                return
+        await self._wait_for_room(reader, context)
+        if self._live is consumer:
+            self._take(reader, message, context)
+
+    # --- retries held until due ------------------------------------------------
+
+    async def _hold(self, reader: _Reader, message: Any, context: Any, wait: float) -> None:
+        """Keep a retry that is not due yet (its offset unsettled) and read on; past
+        :data:`HOLD_LIMIT` held, wait here (the reader then reads in order again)."""
+        while self._held >= HOLD_LIMIT:
+            self._hold_room.clear()
+            await self._hold_room.wait()
+        mark, offset = reader.watermark, context.offset
+        mark.delivered(offset)
+        item = (reader, mark, message, context)
+        loop = self._loop or asyncio.get_running_loop()
+        reader.held[offset] = loop.call_later(wait, self._make_due, item)
+        self._held += 1
+
+    def _make_due(self, item: tuple[_Reader, Watermark, Any, Any]) -> None:
+        reader, _, _, context = item
+        if reader.held.pop(context.offset, None) is not None:
+            self._release_hold()
+            self._due.append(item)
+            self._due_ready.set()
+
+    def _release_hold(self) -> None:
+        self._held -= 1
+        self._hold_room.set()
+
+    def _drop_held(self, reader: _Reader) -> None:
+        """Forget ``reader``'s held retries (their offsets were not stored: they are
+        read again by the next active consumer)."""
+        for timer in reader.held.values():
+            timer.cancel()
+            self._release_hold()
+        reader.held.clear()
+        self._due = [item for item in self._due if item[0] is not reader]
+
+    async def _hand_on_due(self) -> None:
+        """Hand each due retry to the window, as room comes."""
+        while True:
+            await self._due_ready.wait()
+            while self._due:
+                await self._wait_for_room()
+                if not self._due:
+                    break
+                reader, mark, message, context = self._due.pop(0)
+                if mark is reader.watermark and reader.active and self._live is not None:
+                    self._take(reader, message, context, fresh=False)
+            self._due_ready.clear()
 
     def _wait_until(self, due: Any) -> float:
         """Seconds to hold a retry with this ``x-not-before`` (ms since the epoch), at
@@ -338,15 +434,20 @@ class StreamSubscription:
                 self._warned_not_before = True
                 log.warning(
                     "%s: a retry in %s is due in %.0fs, over the bound of %.0fs (not written"
-                    " by nsqworker); holding it %.0fs", self.name, self.readers[1].stream,
+                    " by nsqworker); holding it %.0fs", self.name, self.readers[-1].stream,
                     wait, MAX_NOT_BEFORE, MAX_NOT_BEFORE,
                 )  # fmt: skip
             wait = MAX_NOT_BEFORE
         return wait
 
-    def _take(self, reader: _Reader, message: Any, context: Any) -> None:
+    def _take(self, reader: _Reader, message: Any, context: Any, fresh: bool = True) -> None:
+        """Hand one message to the receiver; ``fresh`` False for a held retry (its
+        offset is already in the watermark)."""
         reason: str | None = None
         attempts = 1
+        offset = first = context.offset
+        timestamp = context.timestamp
+        reader.chunk = (timestamp, offset + 1)
         if type(message) is bytes:  # one data section (streams.amqp.decode)
             body = message
         else:  # a Decoded: properties, several sections, or not AMQP at all
@@ -358,17 +459,18 @@ class StreamSubscription:
                 why = props.get(UNDECODABLE)
                 if reason is None and why is not None:
                     reason = why if isinstance(why, str) else repr(why)
-        offset = context.offset
-        reader.chunk = (context.timestamp, offset + 1)
+                first, timestamp = origin(props, offset, timestamp)
         mark = reader.watermark
         args = (
-            reader.prefix + str(offset).encode(), body, context.timestamp * 1_000_000,
+            reader.prefix + str(first).encode(), body, timestamp * 1_000_000,
             attempts, self.topic, self.channel, self._address, self._receiver,
             (reader, mark, offset), _monotonic(),
         )  # fmt: skip
         msg = Message(*args) if reason is None else Undecodable(*args, reason=reason)
+        msg.origin = (self.topic, first)
         reader.received += 1
-        mark.delivered(offset)
+        if fresh:
+            mark.delivered(offset)
         self.in_flight += 1
         if self._deliver(msg):  # type: ignore[misc]
             mark.settled(offset)
@@ -396,20 +498,18 @@ class StreamSubscription:
 
     async def _append_retry(self, msg: Message, delay: float) -> None:
         reader, mark, offset = msg.receipt
-        props: dict[str, Any] = {
-            "x-attempts": msg.attempts + 1,
-            "x-not-before": int((time.time() + delay) * 1000),
-        }
+        props = retry_properties(msg, delay, time.time())
+        stream = retry_stream(self.topic, self.channel, delay)
         if isinstance(msg, Undecodable):  # its give-up failed: still never a handler's
             props["x-undecodable"] = msg.reason
         backoff = 0.1
         try:
             while True:
                 try:
-                    await self.producer.send(self.readers[1].stream, [msg.body], props)
+                    await self.producer.send(stream, [msg.body], props)
                     break
                 except Exception as exc:  # the offset stays behind it until this works
-                    log.warning("%s: appending a retry failed (%s); again", self.name, exc)
+                    log.warning("%s: appending a retry failed (%s); again", self.name, reason(exc))
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
             self._settled(reader, mark, offset)
@@ -444,7 +544,11 @@ class StreamSubscription:
                 self.connections.errors.get("store_offset", 0) + 1
             )
             log.warning(
-                "%s: storing offset %d of %s failed: %s", self.name, value, reader.stream, exc
+                "%s: storing offset %d of %s failed: %s",
+                self.name,
+                value,
+                reader.stream,
+                reason(exc),
             )
 
     async def _store_loop(self) -> None:
@@ -475,6 +579,7 @@ class StreamSubscription:
                     "offset": r.watermark.value,
                     "stored": r.watermark.stored,
                     "received": r.received,
+                    "held": len(r.held),
                 }
                 for r in self.readers
             ],

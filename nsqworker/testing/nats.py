@@ -54,7 +54,8 @@ def find_nats_server(bin_dir: str | None = None) -> str:
 
 
 class NatsServerProcess:
-    """One nats-server with JetStream, on loopback ports chosen at :meth:`start`."""
+    """One nats-server with JetStream (without, given ``jetstream=False``: a user's
+    first mistake), on loopback ports chosen at :meth:`start`."""
 
     def __init__(
         self,
@@ -66,8 +67,10 @@ class NatsServerProcess:
         cluster_name: str | None = None,
         routes: Sequence[int] = (),
         cluster_port: int | None = None,
+        jetstream: bool = True,
     ) -> None:
         self.name = name
+        self.jetstream = jetstream
         self.extra_args = list(extra_args)
         self.cluster_name = cluster_name
         self.routes = list(routes)
@@ -108,8 +111,10 @@ class NatsServerProcess:
     def _args(self) -> list[str]:
         args = [
             "--addr", LOOPBACK, "--port", str(self.port), "--http_port", str(self.http_port),
-            "--jetstream", "--store_dir", str(self.store_dir / "js"), "--server_name", self.name,
+            "--server_name", self.name,
         ]  # fmt: skip
+        if self.jetstream:
+            args += ["--jetstream", "--store_dir", str(self.store_dir / "js")]
         if self.cluster_name is not None:
             routes = ",".join(f"nats://{LOOPBACK}:{p}" for p in self.routes)
             args += [
@@ -139,9 +144,12 @@ class NatsServerProcess:
         return self
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
-        """Wait until ``/healthz?js-enabled-only=true`` answers 200."""
+        """Wait until ``/healthz?js-enabled-only=true`` (without JetStream: ``/healthz``)
+        answers 200."""
         deadline = time.monotonic() + timeout
-        url = f"http://{LOOPBACK}:{self.http_port}/healthz?js-enabled-only=true"
+        url = f"http://{LOOPBACK}:{self.http_port}/healthz"
+        if self.jetstream:
+            url += "?js-enabled-only=true"
         while True:
             if self._proc is None or self._proc.poll() is not None:
                 raise NsqProcessError(f"nats-server {self.name} exited:\n{self.log_tail()}")

@@ -87,8 +87,11 @@ class RabbitMQProcess:
     """RabbitMQ in ``rootfs`` via chroot, on free loopback ports; ``uri`` reaches its
     stream listener as guest."""
 
-    def __init__(self, rootfs: Path) -> None:
+    def __init__(self, rootfs: Path, advertised_host: str = LOOPBACK) -> None:
         self.rootfs = rootfs
+        self.advertised_host = advertised_host
+        """What the stream listener tells clients to connect to (``stream.advertised_host``);
+        a name that does not resolve reproduces the usual container mistake."""
         self.instance = uuid.uuid4().hex[:8]
         self.home = Path("/nsqw") / self.instance  # inside the root filesystem
         self.amqp_port = self.stream_port = self.dist_port = self.epmd_port = 0
@@ -122,7 +125,7 @@ class RabbitMQProcess:
         (home / "rabbitmq.conf").write_text(
             f"listeners.tcp.1 = {LOOPBACK}:{self.amqp_port}\n"
             f"stream.listeners.tcp.1 = {LOOPBACK}:{self.stream_port}\n"
-            f"stream.advertised_host = {LOOPBACK}\n"
+            f"stream.advertised_host = {self.advertised_host}\n"
             f"stream.advertised_port = {self.stream_port}\n"
             "loopback_users = none\n"
             "log.console = true\nlog.console.level = warning\nlog.file = false\n"

@@ -129,6 +129,38 @@ async def test_after_max_attempts_a_message_is_dead_lettered_once(broker: Harnes
     assert letter["channel"] == CHANNEL and letter["reason"] == "max attempts exceeded"
 
 
+async def test_a_retried_messages_dead_letter_names_the_original(broker: Harness) -> None:
+    """Issue 40, item 5: after a retry, the dead letter keeps the message's first id,
+    publish time and (NATS, RabbitMQ Streams) stream and offset, never a retry copy's."""
+    dead_topic = f"{broker.topic}.dead"
+    dead = await broker.watch(dead_topic)
+    first: list[tuple[str, int, tuple[str, int] | None]] = []
+    later: list[str] = []
+    reg = Registry()
+
+    @reg.task(broker.topic, channel=CHANNEL, max_attempts=5, dead_letter_topic=dead_topic)
+    async def handle(msg: Message) -> None:
+        if msg.attempts == 1:
+            first.append((msg.id, msg.timestamp, msg.origin))
+            raise Retry(delay=0.3, reason="later")
+        later.append(msg.id)
+        raise Reject("no")
+
+    await broker.publish(broker.topic, [b"traced"])
+    async with worker(broker, reg):
+        await broker.until(lambda: len(dead()) == 1, 20, "the dead letter")
+    (msg_id, timestamp, origin) = first[0]
+    letter = json.loads(dead()[0])
+    assert later == [msg_id]  # the retry is the same message, by its id
+    assert letter["id"] == msg_id and letter["timestamp"] == timestamp, letter
+    assert letter["attempts"] == 2 and letter["reason"] == "no"
+    if broker.name in ("nats", "rabbitmq-stream"):
+        assert origin is not None and "retry" not in origin[0], origin
+        assert (letter["stream"], letter["offset"]) == origin, letter
+    else:
+        assert origin is None and "stream" not in letter and "offset" not in letter
+
+
 async def test_reject_dead_letters_at_once_without_a_retry(broker: Harness) -> None:
     hooked: list[tuple[bytes, str, int]] = []
     calls = 0

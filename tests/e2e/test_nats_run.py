@@ -117,3 +117,74 @@ def test_a_refused_login_exits_2_once(
         assert "refused the login" in out and "s3cret-wrong" not in out, out
         lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
         assert sum("refused the login" in x.get("event", "") for x in lines) == 1, out
+
+
+JS_OFF_TASKS = """
+from nsqworker.task import task
+
+
+@task("orders", channel="c")
+async def handle(msg):
+    pass
+"""
+
+
+def test_run_without_jetstream_exits_2_saying_so_once(
+    supervise: Start, write_module: Write, nats_server_binary: str
+) -> None:
+    """Issue 40: nats-server without -js was retried for ever ("NATS not ready
+    (ServiceUnavailableError: code=None ...)"); it is one error naming -js, exit 2."""
+    module = write_module("js_off_tasks", JS_OFF_TASKS)
+    with NatsServerProcess(binary=nats_server_binary, jetstream=False) as server:
+        run = supervise(module, "--transport", "nats", "--nats", server.url)
+        assert run.wait(30) == 2, run.output()
+    lines = [json.loads(x) for x in run.output().splitlines() if x.startswith("{")]
+    errors = [x["event"] for x in lines if x.get("level") == "error"]
+    off = (
+        f"JetStream is not enabled on the NATS server at {server.url}: start nats-server"
+        " with -js (--jetstream), or add `jetstream {}` to its configuration file"
+    )
+    assert errors[0] == f"worker 1 cannot start: {off}", errors
+    assert sum("JetStream is not enabled" in e for e in errors) == 1, errors
+
+
+def test_run_on_a_stream_and_consumer_made_beforehand(
+    supervise: Start, write_module: Write, nats_server: NatsServerProcess, tmp_path: Path
+) -> None:
+    """Issue 40: an operator's stream (interest retention, a subject list including the
+    topic) and durable consumer (ack_wait 9 s, max_deliver 50) are used as they are."""
+    from nats.js.api import ConsumerConfig, RetentionPolicy, StreamConfig
+
+    async def prepare() -> None:
+        import nats
+
+        nc = await nats.connect(nats_server.url)
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="E2E", subjects=["e2e.nats", "e2e.other"],
+                                         retention=RetentionPolicy.INTEREST))  # fmt: skip
+        await js.add_consumer("E2E", ConsumerConfig(
+            durable_name="c_e2e_nats", filter_subject="e2e.nats", ack_wait=9.0,
+            max_deliver=50))  # fmt: skip
+        await nc.close()
+
+    async def consumer() -> ConsumerConfig:
+        import nats
+
+        nc = await nats.connect(nats_server.url)
+        info = await nc.jetstream().consumer_info("E2E", "c_e2e_nats")
+        await nc.close()
+        return info.config
+
+    asyncio.run(prepare())
+    module = write_module("nats_tasks", TASKS)
+    run = supervise(module, "--transport", "nats", "--nats", nats_server.url,
+                    env={"HANDLER_SLEEP": "0"})  # fmt: skip
+    run.wait_ready()
+    publish(nats_server.url, [f"m{i}".encode() for i in range(20)])
+    path = tmp_path / "handled.txt"
+    wait_for(lambda: len(set(handled(path))) == 20, 30, message=run.output)
+    run.signal(signal.SIGTERM)
+    assert run.wait(15) == 0, run.output()
+    config = asyncio.run(consumer())
+    assert config.ack_wait == 9.0 and config.max_deliver == 50
+    assert "exists with ack_wait=9 (the worker's: 30)" in run.output(), run.output()
