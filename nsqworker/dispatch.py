@@ -5,7 +5,8 @@ A :class:`Dispatcher` receives deliveries from its transport's
 
 * handlers running at once never exceed ``max_in_flight`` (a second fence behind the
   transport's flow control; the excess waits in order);
-* a delivery past ``max_attempts`` goes to the give-up hook (dead letters) unhandled;
+* a delivery past ``max_attempts`` goes to the give-up hook (dead letters) unhandled, and
+  a failure of the last allowed attempt goes there at once, without a retry delay;
 * outcomes become ``ack``, ``retry`` after the policy's delay, or give-up then
   ``reject``; a give-up hook that fails turns into a retry, never a loss;
 * consumer backoff: failures pause the subscription's flow, then probe it;
@@ -495,6 +496,13 @@ class Dispatcher:
             return
         if kind is Requeue:
             assert isinstance(outcome, Requeue)
+            if outcome.backoff and msg.attempts >= self.max_attempts:
+                # The last allowed attempt failed: dead-letter it now, not after a retry
+                # delay and one more delivery (a drain's or a failed give-up's retry,
+                # backoff=False, is not a failed attempt and goes back as before).
+                self._backoff_signal(msg, success=False)
+                self._give_up(msg, MAX_ATTEMPTS_REASON)
+                return
             delay = outcome.delay
             if delay is None:
                 delay = self.requeue_delay(msg.attempts)

@@ -7,6 +7,8 @@ returns                                 ack (FIN on NSQ)                   succe
 raises ``Retry(delay)``                 retry after delay (REQ)            failure
 raises any other exception              retry, exponential delay from      failure
                                         attempts
+fails its last allowed attempt          dead-letter hooks at once, then    failure
+                                        reject
 runs past its ``timeout``               retry (``TaskTimeout``)            failure
 raises ``Reject(reason)``               dead-letter hooks, then reject     none
 answered itself (``msg.finish()``...)   nothing more                       —

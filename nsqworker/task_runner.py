@@ -23,12 +23,12 @@ from opentelemetry import context as otel_context
 
 from nsqworker.bodies import typed_handler
 from nsqworker.dead_letters import dead_letter_envelope, publish_dead_letter
-from nsqworker.dispatch import DEFERRED, Dispatcher
+from nsqworker.dispatch import DEFERRED, MAX_ATTEMPTS_REASON, Dispatcher
 from nsqworker.eager import resume
 from nsqworker.errors import ConfigurationError
 from nsqworker.hooks import Hooks, call, run_after, run_on_error, with_hooks
 from nsqworker.logging import TrafficSummary, get_logger, histogram_quantile
-from nsqworker.message import FINISH, Message, Outcome, Requeue
+from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.outcomes import (
     TIME_LIMIT,
     Reject,
@@ -38,7 +38,14 @@ from nsqworker.outcomes import (
     outcome_of_error,
 )
 from nsqworker.pool import ThreadPool, run_traced
-from nsqworker.stats import DURATION_BUCKETS, FROM_DISPATCHER, DurationHistogram, TaskStats
+from nsqworker.stats import (
+    DURATION_BUCKETS,
+    FINE_BUCKETS,
+    FROM_DISPATCHER,
+    DurationHistogram,
+    TaskStats,
+    coarse_counts,
+)
 from nsqworker.task import TaskSpec
 from nsqworker.transport import Capabilities
 
@@ -136,10 +143,12 @@ class TaskRunner:
         self.inst = _instrumentation(spec, worker.settings, worker.transport.capabilities)
         self.log = log.bind(task=spec.name, topic=spec.topic, channel=spec.channel)
         self.log_debug = self.log.is_enabled_for(logging.DEBUG)
-        self.summary = TrafficSummary(DURATION_BUCKETS, self.loop.time())
+        self.summary = TrafficSummary(FINE_BUCKETS, self.loop.time())
         self.rejected: dict[str, BaseException] = {}  # Reject errors, for the dead-letter line
-        self.bounds = DURATION_BUCKETS
-        self.counts = [0] * (len(DURATION_BUCKETS) + 1)
+        # Durations in fine buckets (summary quantiles close to the real figures); the
+        # coarse DURATION_BUCKETS histogram of stats() is summed from them.
+        self.bounds = FINE_BUCKETS
+        self.counts = [0] * (len(FINE_BUCKETS) + 1)
         self.dur_sum = 0.0
         self.dead_lettered = 0
         self.slow_floor = worker.settings.slow_handler_after
@@ -311,7 +320,13 @@ class TaskRunner:
         self.counts[bisect_left(self.bounds, duration)] += 1
         self.dur_sum += duration
         outcome = outcome_of_error(msg, exc)
-        if isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
+        if (
+            isinstance(outcome, Requeue)
+            and outcome.backoff
+            and msg.attempts >= self.dispatcher.max_attempts
+        ):  # the last allowed attempt failed: dead-lettered now (logged by give_up)
+            outcome = GiveUp(MAX_ATTEMPTS_REASON)
+        elif isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
             outcome = Requeue(self.dispatcher.requeue_delay(msg.attempts), backoff=outcome.backoff)
         if ctx is None:
             self.log_failure(msg, exc, outcome, duration)
@@ -342,7 +357,7 @@ class TaskRunner:
                 exc_info=not retry and exc,
                 **fields,
             )
-        else:  # a Reject: logged once, with its traceback, by give_up
+        else:  # a give-up: logged once by give_up (a Reject without traceback)
             self.rejected[msg.id] = exc
 
     async def give_up(self, msg: Message, reason: str) -> None:
@@ -353,7 +368,14 @@ class TaskRunner:
         """
         spec = self.spec
         exc = self.rejected.pop(msg.id, None)
-        self.log.error("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, exc_info=exc)
+        if isinstance(exc, Reject):  # an expected outcome: its reason says it all
+            self.log.warning("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason)
+        else:
+            error = type(exc).__name__ if exc is not None else None
+            self.log.error(
+                "dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, error=error,
+                exc_info=exc,
+            )  # fmt: skip
         if spec.dead_letter_topic is not None:
             producer = self.worker.transport.publisher(msg)
             await publish_dead_letter(producer, spec.dead_letter_topic, msg, reason, spec.name)
@@ -392,7 +414,7 @@ class TaskRunner:
         return rows
 
     def stats(self) -> TaskStats:
-        spec, counts, dispatcher = self.spec, list(self.counts), self.dispatcher
+        spec, counts, dispatcher = self.spec, coarse_counts(self.counts), self.dispatcher
         ds = dispatcher.stats()
         sub = ds.subscription
         return TaskStats(
@@ -400,6 +422,6 @@ class TaskRunner:
             dead_lettered=self.dead_lettered, connections=sub.connected, rdy=sub.window,
             buffered=sub.buffered, connection_errors=dict(sub.errors),
             system=self.worker.transport.capabilities.system,
-            duration=DurationHistogram(list(self.bounds), counts, self.dur_sum, sum(counts)),
+            duration=DurationHistogram(list(DURATION_BUCKETS), counts, self.dur_sum, sum(counts)),
             **{key: getattr(ds, key) for key in FROM_DISPATCHER.split()},
         )  # fmt: skip
