@@ -7,7 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from nsqworker.cli.common import AsJson, ConfigFile, Target, load_registry, load_settings
+from nsqworker.cli.common import (
+    AsJson,
+    ConfigFile,
+    NatsOption,
+    NsqdOption,
+    RabbitOption,
+    Target,
+    TransportOption,
+    load_registry,
+    load_settings,
+)
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -20,9 +30,20 @@ __all__ = ["show_settings", "task_row", "tasks"]
 _DEFAULTED = ("max_in_flight", "max_attempts", "requeue_delay")
 
 
-def tasks(target: Target, config: ConfigFile = None, as_json: AsJson = False) -> None:
+def tasks(
+    target: Target,
+    config: ConfigFile = None,
+    as_json: AsJson = False,
+    transport: TransportOption = None,
+    nsqd: NsqdOption = None,
+    nats: NatsOption = None,
+    rabbitmq: RabbitOption = None,
+) -> None:
     """List the tasks of MODULE with their settings; dimmed values are defaults."""
-    settings = load_settings(config)
+    settings = load_settings(
+        config, transport=transport, nsqd_tcp_addresses=nsqd or None,
+        nats_servers=nats or None, rabbitmq_stream_uri=rabbitmq,
+    )  # fmt: skip
     registry = load_registry(target)
     rows = [task_row(spec, settings) for spec in registry]
     if as_json:

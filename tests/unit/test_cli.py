@@ -375,3 +375,14 @@ def test_no_help_shows_a_bool_placeholder(runner: CliRunner, command: list[str])
     result = runner.invoke(app, [*command, "--help"], terminal_width=100)
     assert result.exit_code == 0, result.output
     assert "-h" in result.stdout and "<bool>" not in result.stdout
+
+
+def test_tasks_takes_the_transport_and_its_servers(runner: CliRunner, module: str) -> None:
+    args = ["tasks", f"{module}:registry", "--transport", "nats", "--nats", "nats://127.0.0.1:4222"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "on nats (" in result.stdout and "127.0.0.1:4222" in result.stdout
+    as_json = runner.invoke(app, [*args, "--json"])
+    assert {row["transport"] for row in json.loads(as_json.stdout)} == {"nats"}
+    bad = runner.invoke(app, ["tasks", f"{module}:registry", "--transport", "kafka"])
+    assert bad.exit_code == 2 and "--transport" in bad.stderr

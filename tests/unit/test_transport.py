@@ -144,3 +144,11 @@ def test_producer_follows_the_transport_of_its_settings(monkeypatch: pytest.Monk
     monkeypatch.setenv("NSQWORKER_TRANSPORT", "memory")
     with pytest.raises(ConfigurationError, match="'memory' has no producer"):
         Producer()
+
+
+async def test_the_memory_transport_has_the_method_its_hint_names() -> None:
+    broker = MemoryTransport()
+    with pytest.raises(TypeError, match=r"use publish_json\(\)"):
+        await broker.publish("hinted", {"id": 1})
+    await broker.publish_json("hinted", {"id": 1, "name": "é"})
+    assert broker.messages("hinted") == ['{"id":1,"name":"é"}'.encode()]
