@@ -31,6 +31,7 @@ from nsqworker.logging import TrafficSummary, get_logger, histogram_quantile
 from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.outcomes import (
     TIME_LIMIT,
+    Publish,
     Reject,
     Retry,
     TaskTimeout,
@@ -38,6 +39,7 @@ from nsqworker.outcomes import (
     outcome_of_error,
 )
 from nsqworker.pool import ThreadPool, run_traced
+from nsqworker.results import planned, publish_results
 from nsqworker.stats import (
     DURATION_BUCKETS,
     FINE_BUCKETS,
@@ -153,6 +155,8 @@ class TaskRunner:
         self.dead_lettered = 0
         self.slow_floor = worker.settings.slow_handler_after
         self.pool: ThreadPool | None = None
+        #: Sync handlers' results being published (they complete their messages).
+        self.publishing: set[asyncio.Task[None]] = set()
         if not spec.is_async:
             name = f"nsqworker-{getattr(spec.func, '__name__', 'task')}"
             self.pool = ThreadPool(self.func, self.finish_sync, self.loop, max_in_flight, name)
@@ -176,7 +180,10 @@ class TaskRunner:
         try:
             coro = self.func(msg)
             yielded = context.run(coro.send, None)
-        except StopIteration:
+        except StopIteration as stop:
+            if stop.value is not None and self.publishes(stop.value):
+                publishing = self._publish_then_settle(msg, stop.value, start, token)
+                return self.loop.create_task(publishing, context=context)
             return self.succeeded(msg, perf_counter() - start, token, context)
         except (Exception, asyncio.CancelledError) as exc:
             return self.failed(msg, exc, perf_counter() - start, token, context)
@@ -202,7 +209,9 @@ class TaskRunner:
         token: Any,
     ) -> Outcome | None:
         try:
-            await resume(coro, yielded)
+            value = await resume(coro, yielded)
+            if value is not None and self.publishes(value):
+                await self.publish(msg, value)
         except (Exception, asyncio.CancelledError) as exc:
             error: BaseException = exc
             if msg in self.expired:  # our own cancel: the time limit, not a stop
@@ -221,6 +230,49 @@ class TaskRunner:
             if current is not None:
                 current.uncancel()
         return self.succeeded(msg, perf_counter() - start, token)
+
+    def publishes(self, value: Any) -> bool:
+        """Whether a handler's return value (not None) is published: with
+        ``publish_to``, or when it is a Publish or a list holding them."""
+        if self.spec.publish_to is not None or value.__class__ is Publish:
+            return True
+        return isinstance(value, list | tuple) and any(isinstance(v, Publish) for v in value)
+
+    async def publish(self, msg: Message, value: Any) -> None:
+        """Publish what ``value`` says on the task's transport (in the handler's
+        Context, its span current); raises what fails, a bad value included."""
+        plan = planned(value, self.spec.publish_to)
+        envelope = self.worker.settings.tracing_envelope
+        await publish_results(self.worker.transport, msg, plan, envelope=envelope)
+
+    async def _publish_then_settle(
+        self, msg: Message, value: Any, start: float, token: Any
+    ) -> Outcome | None:
+        """An async handler finished inline with something to publish: publish, then
+        its outcome (a failed publish is a failed attempt)."""
+        try:
+            await self.publish(msg, value)
+        except (Exception, asyncio.CancelledError) as exc:
+            return self.failed(msg, exc, perf_counter() - start, token, None)
+        return self.succeeded(msg, perf_counter() - start, token)
+
+    async def _publish_sync_result(
+        self, msg: Message, value: Any, duration: float, token: Any
+    ) -> None:
+        """A sync handler returned something to publish: publish it on the loop, in the
+        handler's Context with its span current, then hand the outcome on."""
+        attached = otel_context.attach(token[1]) if token is not None else None
+        began = perf_counter()
+        try:
+            await self.publish(msg, value)
+        except (Exception, asyncio.CancelledError) as exc:
+            outcome = self.failed(msg, exc, duration + perf_counter() - began, token, None)
+        else:
+            outcome = self.succeeded(msg, duration + perf_counter() - began, token)
+        finally:
+            if attached is not None:
+                otel_context.detach(attached)
+        self.dispatcher.complete(msg, outcome)
 
     def succeeded(
         self, msg: Message, duration: float, token: Any, context: Any = None
@@ -280,7 +332,7 @@ class TaskRunner:
 
     def finish_sync(
         self, msg: Message, ctx: contextvars.Context, token: Any,
-        error: BaseException | None, duration: float,
+        error: BaseException | None, duration: float, result: Any = None,
     ) -> None:  # fmt: skip
         """On the loop: record a sync handler's result and hand its outcome on."""
         if self.overdue:
@@ -290,6 +342,12 @@ class TaskRunner:
         if self.expired and msg in self.expired:  # retried at its limit: its thread is done
             self.expired.discard(msg)
             self.dispatcher.complete(msg, None)
+            return
+        if error is None and result is not None and self.publishes(result):
+            publishing = self._publish_sync_result(msg, result, duration, token)
+            task = self.loop.create_task(publishing, context=ctx)  # it completes the message
+            self.publishing.add(task)  # the loop keeps only a weak reference
+            task.add_done_callback(self.publishing.discard)
             return
         if error is not None:
             outcome = self.failed(msg, error, duration, token, ctx)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from nsqworker.settings import Settings
     from nsqworker.task import TaskSpec
 
-__all__ = ["show_settings", "task_row", "tasks"]
+__all__ = ["pipeline_edges", "show_settings", "task_row", "tasks"]
 
 # ---------------------------------------------------------------------------- tasks
 
@@ -69,6 +69,7 @@ def tasks(
     table.add_column("attempts", justify="right", no_wrap=True)
     table.add_column("requeue", justify="right", no_wrap=True)
     table.add_column("dead letter", overflow="fold", min_width=11)
+    table.add_column("publishes", overflow="fold")
     table.add_column("kind", no_wrap=True, min_width=5)
     for row in rows:
         defaults = set(row["defaults"])
@@ -78,10 +79,14 @@ def tasks(
         ]
         name = row["name"]  # in full, as logs and metrics name it
         kind = row["kind"] if row["body"] is None else f"{row['kind']}, {row['body']}"
-        cells = [row["topic"], row["channel"], *resolved, _dead_letter_text(row), Text(kind)]
+        publishes = f"→ {row['publish_to']}" if row["publish_to"] else "-"
+        cells = [row["topic"], row["channel"], *resolved, _dead_letter_text(row), publishes]
+        cells.append(Text(kind))
         table.add_row(name, *cells)
     console = Console()
     console.print(table)
+    for edge in pipeline_edges(rows):
+        console.print(edge, highlight=False, markup=False)
     console.print(
         "[dim]dimmed[/dim]: the default from settings; @task(...) arguments override it",
         highlight=False,
@@ -106,8 +111,22 @@ def task_row(spec: TaskSpec, settings: Settings) -> dict[str, Any]:
         "body": None if spec.body is None else spec.body.name,
         "timeout": spec.timeout if spec.timeout is not None else settings.task_timeout,
         "transport": settings.transport,
+        "publish_to": spec.publish_to,
         "defaults": defaults,
     }
+
+
+def pipeline_edges(rows: list[dict[str, Any]]) -> list[str]:
+    """``a → topic → b, c`` for each task whose results go to a topic (``publish_to``),
+    naming the tasks here that consume it."""
+    edges = []
+    for row in rows:
+        if not row["publish_to"]:
+            continue
+        readers = [r["name"] for r in rows if r["topic"] == row["publish_to"]]
+        to = ", ".join(readers) if readers else "(no task here reads it)"
+        edges.append(f"pipeline: {row['name']} → {row['publish_to']} → {to}")
+    return edges
 
 
 def _where(settings: Settings) -> str:
