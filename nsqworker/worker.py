@@ -140,9 +140,10 @@ class Worker:
                 transport.check_channel(spec.channel),
             )
             runner = TaskRunner(self, spec, policy.max_in_flight)
-            sub = transport.subscribe(
-                topic, channel, name=spec.name, max_in_flight=policy.max_in_flight
-            )
+            subscribe = transport.subscribe
+            if getattr(spec.func, "serves_requests", False):  # @rpc: NATS request/reply
+                subscribe = getattr(transport, "subscribe_requests", subscribe)
+            sub = subscribe(topic, channel, name=spec.name, max_in_flight=policy.max_in_flight)
             callback = runner.callback
             if settings.max_tasks_per_child > 0:  # else the hot path is left as it is
                 self._budget = settings.max_tasks_per_child

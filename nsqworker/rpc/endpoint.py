@@ -196,13 +196,20 @@ def _bind(endpoint: _Endpoint) -> Callable[[Message], Any]:
         return cast("Callable[[Message], Any]", handler)
 
     def bind_settings(settings: Settings) -> Callable[[Message], Any]:
+        if settings.transport == "nats":  # NATS routes the reply: no frame, no policy
+            from nsqworker.rpc.nats import serve_nats
+
+            return named(functools.partial(serve_nats, endpoint, settings.rpc_error_details))
         policy = ReplyPolicy.for_settings(settings)
         return named(functools.partial(_Endpoint.serve, endpoint, policy))
 
     handler: Any = named(functools.partial(_Endpoint.handle, endpoint))
     handler.bind_settings = bind_settings
     # What the Worker checks against its transport's capabilities before it starts.
-    handler.needs = {"reply_address": "a request names the broker its reply goes to"}
+    handler.needs = {
+        "rpc": "a request says where its reply goes: an nsqd and topic, or a NATS reply subject"
+    }
+    handler.serves_requests = True  # on NATS: core request/reply, not a stream
     handler.kind = "an @rpc endpoint"
     return cast("Callable[[Message], Any]", handler)
 

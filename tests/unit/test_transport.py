@@ -62,7 +62,7 @@ async def test_a_task_that_needs_a_capability_is_refused_at_start() -> None:
     with pytest.raises(ConfigurationError) as caught:
         await worker.start()
     text = str(caught.value)
-    assert "an @rpc endpoint" in text and "needs a transport with reply_address" in text
+    assert "an @rpc endpoint" in text and "needs a transport with rpc" in text
     assert "transport 'memory' has not" in text
 
 
