@@ -146,7 +146,7 @@ class TaskRunner:
         self.log = log.bind(task=spec.name, topic=spec.topic, channel=spec.channel)
         self.log_debug = self.log.is_enabled_for(logging.DEBUG)
         self.summary = TrafficSummary(FINE_BUCKETS, self.loop.time())
-        self.rejected: dict[str, BaseException] = {}  # Reject errors, for the dead-letter line
+        self.logged: set[str] = set()  # given up by their handler: dead-letter line written
         # Durations in fine buckets (summary quantiles close to the real figures); the
         # coarse DURATION_BUCKETS histogram of stats() is summed from them.
         self.bounds = FINE_BUCKETS
@@ -415,8 +415,22 @@ class TaskRunner:
                 exc_info=not retry and exc,
                 **fields,
             )
-        else:  # a give-up: logged once by give_up (a Reject without traceback)
-            self.rejected[msg.id] = exc
+        else:  # a give-up: its dead-letter line here, in the handler's span
+            assert isinstance(outcome, GiveUp)
+            self.log_dead_letter(msg, outcome.reason, exc)
+            self.logged.add(msg.id)
+
+    def log_dead_letter(self, msg: Message, reason: str, exc: BaseException | None) -> None:
+        """One line per dead letter: a Reject's at warning with its reason (an expected
+        outcome), any other at error with the traceback of the failure, if any."""
+        if isinstance(exc, Reject):
+            self.log.warning("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason)
+        else:
+            error = type(exc).__name__ if exc is not None else None
+            self.log.error(
+                "dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, error=error,
+                exc_info=exc,
+            )  # fmt: skip
 
     async def give_up(self, msg: Message, reason: str) -> None:
         """The dead-letter chain: publish to dead_letter_topic, then the task's
@@ -425,15 +439,10 @@ class TaskRunner:
         Any exception propagates, so the dispatcher retries the message instead.
         """
         spec = self.spec
-        exc = self.rejected.pop(msg.id, None)
-        if isinstance(exc, Reject):  # an expected outcome: its reason says it all
-            self.log.warning("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason)
-        else:
-            error = type(exc).__name__ if exc is not None else None
-            self.log.error(
-                "dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, error=error,
-                exc_info=exc,
-            )  # fmt: skip
+        if msg.id in self.logged:  # its handler gave up: logged then, in its span
+            self.logged.discard(msg.id)
+        else:  # past max_attempts on arrival, undecodable...
+            self.log_dead_letter(msg, reason, None)
         if spec.dead_letter_topic is not None:
             producer = self.worker.transport.publisher(msg)
             await publish_dead_letter(producer, spec.dead_letter_topic, msg, reason, spec.name)
