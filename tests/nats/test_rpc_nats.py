@@ -88,7 +88,11 @@ async def test_rpc_client_calls_an_endpoint_on_nats(
             await client.call(topic, "later")
         with pytest.raises(RpcError, match="no endpoint serves"):
             await client.call("rpc.nobody-here", {}, timeout=2)
-    assert len(seen) == 23
+        # msgpack travels as msgpack (Content-Type application/msgpack), answered so
+        assert await client.call(topic, {"sku": b"\x00\x01"}, encoding="msgpack") == {
+            "sku": b"\x00\x01", "price": 42,
+        }  # fmt: skip
+    assert len(seen) == 24
 
 
 async def test_the_nats_cli_is_a_client(
@@ -110,6 +114,10 @@ async def test_the_nats_cli_is_a_client(
     bad = await asyncio.to_thread(request, "{not json")
     assert "Nats-Service-Error-Code: 400" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
     assert '"error"' in bad.stdout
+    # An encoding the endpoint does not know: 415, in JSON.
+    odd = await asyncio.to_thread(request, "hello", "--header", "Content-Type:text/plain")
+    assert "Nats-Service-Error-Code: 415" in odd.stdout + odd.stderr, odd.stdout + odd.stderr
+    assert "unsupported encoding 'text/plain'" in odd.stdout
 
 
 async def test_nsqworker_rpc_call_on_nats(
