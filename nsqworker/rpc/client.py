@@ -39,7 +39,7 @@ from nsqworker.nsq.options import ConnectionConfig
 from nsqworker.nsq.producer import Producer
 from nsqworker.nsq.subscription import NsqSubscription
 from nsqworker.rpc import codec
-from nsqworker.rpc.codec import Response
+from nsqworker.rpc.codec import Response, is_error_value
 
 if TYPE_CHECKING:
     from nsqworker.rpc.nats import NatsCaller
@@ -49,14 +49,6 @@ __all__ = ["RpcClient", "is_error_value"]
 
 REPLY_CHANNEL: Final = "reply#ephemeral"
 _COUNTER: Final = struct.Struct(">Q")
-
-
-def is_error_value(value: Any) -> bool:
-    """Whether a decoded response is an endpoint's ``{"error": {"type", "message"}}``."""
-    if type(value) is not dict or len(value) != 1:
-        return False
-    error = value.get("error")
-    return type(error) is dict and isinstance(error.get("type"), str)
 
 
 def _expire(future: asyncio.Future[Response]) -> None:
