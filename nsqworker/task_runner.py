@@ -40,6 +40,7 @@ from nsqworker.outcomes import (
 )
 from nsqworker.pool import ThreadPool, run_traced
 from nsqworker.results import planned, publish_results
+from nsqworker.safe_text import one_line
 from nsqworker.stats import (
     DURATION_BUCKETS,
     FINE_BUCKETS,
@@ -131,13 +132,15 @@ class TaskRunner:
             func, "close", None
         )
         if spec.body is not None:  # a typed body: validated before the handler
-            func = typed_handler(func, spec.body, Reject)
+            func = typed_handler(func, spec.body, Reject, worker.settings.typed_body_max_bytes)
         hooks: Hooks = getattr(worker.registry, "hooks", Hooks()) + spec.hooks
         self.func = with_hooks(func, hooks, spec.is_async, self.loop)
         self.after_hooks = hooks.after
         self.error_hooks = hooks.on_error
         self.dead_letter_hooks = hooks.on_dead_letter
         self.timeout = spec.timeout if spec.timeout is not None else worker.settings.task_timeout
+        #: From this delivery on, a time limit reached dead-letters the message (0: never).
+        self.timeout_dead_letter = worker.settings.timeout_dead_letter_attempts
         # Messages whose handler ran past the time limit: cancelled (async) or given back
         # while their thread still runs (sync); and the sync handlers' limit timers.
         self.expired: set[Message] = set()
@@ -328,6 +331,9 @@ class TaskRunner:
         )  # fmt: skip
         if isinstance(outcome, Requeue):
             msg.requeue(outcome.delay, backoff=outcome.backoff)
+        elif isinstance(outcome, GiveUp):  # timed out again: the dead-letter chain, now
+            msg.answered = True
+            self.dispatcher.settle(msg, outcome)
         self.worker.request_recycle(f"a sync handler of {self.spec.name} outlived its time limit")
 
     def finish_sync(
@@ -379,12 +385,21 @@ class TaskRunner:
         self.dur_sum += duration
         outcome = outcome_of_error(msg, exc)
         if (
+            self.timeout_dead_letter
+            and isinstance(exc, TaskTimeout)
+            and msg.attempts >= self.timeout_dead_letter
+        ):
+            outcome = GiveUp(
+                f"{exc} on attempt {msg.attempts} (timeout_dead_letter_attempts "
+                f"{self.timeout_dead_letter}: not retried)"
+            )
+        elif (
             isinstance(outcome, Requeue)
             and outcome.backoff
             and msg.attempts >= self.dispatcher.max_attempts
-        ):  # the last allowed attempt failed: dead-lettered now (logged by give_up)
+        ):  # the last allowed attempt failed: dead-lettered now
             outcome = GiveUp(MAX_ATTEMPTS_REASON)
-        elif isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
+        if isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
             outcome = Requeue(self.dispatcher.requeue_delay(msg.attempts), backoff=outcome.backoff)
         if ctx is None:
             self.log_failure(msg, exc, outcome, duration)
@@ -409,7 +424,7 @@ class TaskRunner:
             retry, delay = isinstance(exc, Retry), outcome.delay
             why = exc.reason or error if isinstance(exc, Retry) else error
             self.log.warning(
-                "req",
+                "retry",
                 delay=round(delay, 3) if delay is not None else None,
                 error=why,
                 exc_info=not retry and exc,
@@ -417,7 +432,7 @@ class TaskRunner:
             )
         else:  # a give-up: its dead-letter line here, in the handler's span
             assert isinstance(outcome, GiveUp)
-            self.log_dead_letter(msg, outcome.reason, exc)
+            self.log_dead_letter(msg, one_line(outcome.reason), exc)
             self.logged.add(msg.id)
 
     def log_dead_letter(self, msg: Message, reason: str, exc: BaseException | None) -> None:
@@ -437,8 +452,11 @@ class TaskRunner:
         on_dead_letter, then the dead-letter hooks of the registry and the task.
 
         Any exception propagates, so the dispatcher retries the message instead.
+        The reason may quote the body (a key, a broker's property): it is made one line,
+        its control characters escaped, before anyone logs, publishes or hooks it.
         """
         spec = self.spec
+        reason = one_line(reason)
         if msg.id in self.logged:  # its handler gave up: logged then, in its span
             self.logged.discard(msg.id)
         else:  # past max_attempts on arrival, undecodable...
