@@ -8,7 +8,10 @@ eager path an async handler takes for every message), microseconds per message o
    three fields) validated into a pydantic model;
 3. ``hook-before``: the plain handler with one plain ``before`` hook on its registry;
 4. ``hook-after``: the plain handler with one plain ``after`` hook;
-5. ``timeout``: the plain handler with ``timeout=30`` (never reached).
+5. ``timeout``: the plain handler with ``timeout=30`` (never reached);
+6. ``publish-to``: ``publish_to="out"``, the handler returning the body: the result
+   published before the ack, on the memory transport (the task layer's share: a Task,
+   the encoding, the publish call; a broker's own cost is in the publishing rows).
 
 Each case runs ``--repeat`` passes of ``--messages`` calls, interleaved; the best pass
 is printed (the machine's other load only ever adds time), then each case's cost over
@@ -28,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from nsqworker.logging import configure_logging
+from nsqworker.memory import MemoryTransport
 from nsqworker.message import Message
 from nsqworker.nsq.transport import CAPABILITIES
 from nsqworker.settings import Settings
@@ -43,11 +47,11 @@ class Click(BaseModel):
     ok: bool
 
 
-def _runner(registry: Registry) -> TaskRunner:
+def _runner(registry: Registry, transport: Any = None) -> TaskRunner:
     (spec,) = list(registry)
     host = SimpleNamespace(
         settings=Settings(nsqd_tcp_addresses=["127.0.0.1:4150"], log_level="warning"),
-        transport=SimpleNamespace(capabilities=CAPABILITIES),
+        transport=transport or SimpleNamespace(capabilities=CAPABILITIES),
         registry=registry,
         request_recycle=lambda reason: None,
     )
@@ -101,18 +105,31 @@ def cases() -> dict[str, TaskRunner]:
         pass
 
     built["timeout"] = _runner(limited)
+
+    piped = Registry()
+
+    @piped.task("bench", channel="c", publish_to="out")
+    async def handle_piped(msg: Message) -> bytes:
+        return msg.body
+
+    built["publish-to"] = _runner(piped, MemoryTransport())
     return built
 
 
-def one_pass(callback: Callable[[Message], Any], messages: int) -> float:
-    """Seconds per message of ``messages`` calls."""
+async def one_pass(callback: Callable[[Message], Any], messages: int) -> float:
+    """Seconds per message of ``messages`` calls (and of the Tasks they started)."""
     msgs = [
         Message(f"{i:016x}".encode(), BODY, 0, 1, "bench", "c", "127.0.0.1:4150")
         for i in range(messages)
     ]
     started = time.perf_counter()
+    tasks = []
     for msg in msgs:
-        callback(msg)
+        result = callback(msg)
+        if isinstance(result, asyncio.Task):  # publish_to: the publish, then the outcome
+            tasks.append(result)
+    if tasks:
+        await asyncio.gather(*tasks)
     return (time.perf_counter() - started) / messages
 
 
@@ -122,7 +139,7 @@ async def main(messages: int, repeat: int) -> None:
     best = {name: float("inf") for name in runners}
     for _ in range(repeat):
         for name, runner in runners.items():
-            best[name] = min(best[name], one_pass(runner.callback, messages))
+            best[name] = min(best[name], await one_pass(runner.callback, messages))
     for name, seconds in best.items():
         print(f"{name} {seconds * 1e6:.3f} us/message")
     for name, seconds in best.items():

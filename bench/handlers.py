@@ -1,4 +1,4 @@
-"""Handler features: what typed bodies, hooks and a time limit cost per message.
+"""Handler features: what typed bodies, hooks, a time limit and publish_to cost per message.
 
 Runs ``bench/bench_handlers.py`` (one process, the worker's own task runner on the
 eager path, no broker, no SDK) ``cfg.runs`` times; its lines become rows: the plain
@@ -23,6 +23,7 @@ LABELS = {
     "hook-before": "with one before hook",
     "hook-after": "with one after hook",
     "timeout": "with a time limit (not reached)",
+    "publish-to": "with publish_to (the result published before the ack; memory transport)",
 }
 
 

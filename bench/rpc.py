@@ -1,19 +1,22 @@
-"""RPC over NSQ: calls/s and p50/p99 latency at 1, 100 and 1,000 concurrent calls.
+"""RPC on NSQ and on NATS: calls/s and p50/p99 latency at 1, 100 and 1,000 concurrent calls.
 
-    python -m bench.rpc [--seconds 5] [--concurrency 1,100,1000] [--loop uvloop] [--json]
+    python -m bench.rpc [--seconds 5] [--concurrency 1,100,1000] [--transport nsq,nats]
+                        [--loop uvloop] [--json]
 
-One nsqd (started here from .tools/bin), one endpoint worker in its own process (an
-``@rpc`` echo of a small JSON object), one :class:`~nsqworker.rpc.RpcClient` in this
-process running ``concurrency`` callers that each call again as soon as answered.
-Latency is from ``call()`` to its return, so it includes both PUBs, both deliveries,
-the endpoint's FIN and the client's. Goals: >= 10,000 calls/s at 1,000 concurrent,
-p99 <= 5 ms at 1.
+Per transport, one broker (nsqd, or nats-server, started here from .tools/bin), one
+endpoint worker in its own process (an ``@rpc`` echo of a small JSON object), one
+:class:`~nsqworker.rpc.RpcClient` in this process running ``concurrency`` callers that
+each call again as soon as answered. Latency is from ``call()`` to its return: on NSQ
+both PUBs, both deliveries, the endpoint's FIN and the client's; on NATS a core NATS
+request and its reply. Goals (NSQ): >= 10,000 calls/s at 1,000 concurrent, p99 <= 5 ms
+at 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -33,7 +36,15 @@ GOALS = {"calls_per_s@1000": 10_000.0, "p99_ms@1": 5.0}
 # --- the endpoint process -----------------------------------------------------------
 
 
-async def serve(address: str) -> None:
+def _settings(transport: str, address: str, **values: Any) -> Any:
+    from nsqworker.settings import Settings
+
+    if transport == "nats":
+        return Settings(transport="nats", nats_servers=[address], **values)
+    return Settings(nsqd_tcp_addresses=[address], **values)
+
+
+async def serve(address: str, transport: str = "nsq") -> None:
     """Run the echo endpoint until stdin closes."""
     from nsqworker.logging import configure_logging
     from nsqworker.rpc import rpc
@@ -48,7 +59,8 @@ async def serve(address: str) -> None:
     async def echo(request: Any) -> Any:
         return request
 
-    settings = Settings(nsqd_tcp_addresses=[address], max_in_flight=2500)
+    settings = _settings(transport, address, max_in_flight=2500)
+    assert isinstance(settings, Settings)
     async with Worker(registry, settings):
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
@@ -57,14 +69,16 @@ async def serve(address: str) -> None:
 # --- the client -------------------------------------------------------------------
 
 
-async def measure(address: str, concurrency: int, seconds: float) -> dict[str, Any]:
+async def measure(
+    address: str, concurrency: int, seconds: float, transport: str = "nsq"
+) -> dict[str, Any]:
     """Run ``concurrency`` callers for ``seconds`` (after a short warm-up)."""
     from nsqworker.rpc import RpcClient
-    from nsqworker.settings import Settings
 
-    settings = Settings(nsqd_tcp_addresses=[address])
+    settings = _settings(transport, address)
     latencies: list[float] = []
-    async with RpcClient([address], settings=settings, timeout=30.0) as client:
+    nsqd = [address] if transport == "nsq" else None
+    async with RpcClient(nsqd, settings=settings, timeout=30.0) as client:
         stop_at = 0.0
         recording = False
         perf = time.perf_counter
@@ -95,6 +109,7 @@ async def measure(address: str, concurrency: int, seconds: float) -> dict[str, A
     latencies.sort()
     count = len(latencies)
     return {
+        "transport": transport,
         "concurrency": concurrency,
         "calls": count,
         "seconds": round(elapsed, 3),
@@ -115,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,100,1000", help="comma-separated levels")
     parser.add_argument("--loop", default=default_loop(), choices=["uvloop", "asyncio"])
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--transport", default="nsq,nats", help="comma-separated: nsq, nats")
     parser.add_argument("--serve", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -122,57 +138,22 @@ def main(argv: list[str] | None = None) -> int:
         if profile:
             import cProfile
 
-            cProfile.runctx("run_on(args.loop, serve(args.serve))", globals(), locals(), profile)
+            code = "run_on(args.loop, serve(args.serve, args.transport))"
+            cProfile.runctx(code, globals(), locals(), profile)
         else:
-            run_on(args.loop, serve(args.serve))
+            run_on(args.loop, serve(args.serve, args.transport))
         return 0
 
-    from nsqworker.testing import NsqdProcess
-
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    rows = []
-    with tempfile.TemporaryDirectory() as data, NsqdProcess(data_path=Path(data)) as nsqd:
-        nsqd.create_channel("bench_rpc", "rpc")
-        endpoint = subprocess.Popen(
-            [sys.executable, "-m", "bench.rpc", "--serve", nsqd.tcp_address, "--loop", args.loop],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env={**os.environ, "NSQWORKER_HEALTH_PORT": "0"},
-        )  # fmt: skip
-        try:
-            assert endpoint.stdout is not None
-            for line in endpoint.stdout:  # its log lines come first
-                if line.strip() == "ready":
-                    break
-            else:
-                raise SystemExit("the endpoint worker did not start")
-            for level in levels:
-                before = _cpu_seconds(endpoint.pid), _cpu_seconds(nsqd.pid)
-                row = run_on(args.loop, measure(nsqd.tcp_address, level, args.seconds))
-                row["endpoint_cpu_s"] = round(_cpu_seconds(endpoint.pid) - before[0], 2)
-                row["nsqd_cpu_s"] = round(_cpu_seconds(nsqd.pid) - before[1], 2)
-                rows.append(row)
-                if not args.json:
-                    print(
-                        f"{level:>6} concurrent: {row['calls_per_s']:>9,.0f} calls/s  "
-                        f"p50 {row['p50_ms']:7.3f} ms  p99 {row['p99_ms']:7.3f} ms  "
-                        f"({row['calls']:,} calls in {row['seconds']:.1f} s; CPU s: client "
-                        f"{row['client_cpu_s']}, endpoint {row['endpoint_cpu_s']}, "
-                        f"nsqd {row['nsqd_cpu_s']})",
-                        flush=True,
-                    )
-        finally:
-            if endpoint.stdin is not None:
-                endpoint.stdin.close()
-            try:
-                endpoint.wait(15)
-            except subprocess.TimeoutExpired:
-                endpoint.kill()
+    rows: list[dict[str, Any]] = []
+    for transport in [t.strip() for t in args.transport.split(",") if t.strip()]:
+        rows += _run_transport(transport, levels, args)
     report = {
         "loop": args.loop,
         "cpus": os.cpu_count(),
         "load_average": os.getloadavg(),
         "results": rows,
-        "goals": _goals(rows),
+        "goals": _goals([r for r in rows if r["transport"] == "nsq"]),
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -183,6 +164,68 @@ def main(argv: list[str] | None = None) -> int:
         for goal, (target, value, ok) in report["goals"].items():
             print(f"goal {goal}: {value} (target {target}) {'met' if ok else 'NOT met'}")
     return 0
+
+
+def _run_transport(transport: str, levels: list[int], args: Any) -> list[dict[str, Any]]:
+    """Start the broker and the endpoint process for ``transport``; one row per level."""
+    from nsqworker.testing import NsqdProcess
+    from nsqworker.testing.nats import NatsServerProcess
+
+    with contextlib.ExitStack() as stack:
+        if transport == "nats":
+            server = stack.enter_context(NatsServerProcess())
+            address, broker_pid = server.url, server.pid
+        elif transport == "nsq":
+            data = stack.enter_context(tempfile.TemporaryDirectory())
+            nsqd = stack.enter_context(NsqdProcess(data_path=Path(data)))
+            nsqd.create_channel("bench_rpc", "rpc")
+            address, broker_pid = nsqd.tcp_address, nsqd.pid
+        else:
+            raise SystemExit(f"unknown transport {transport!r}: use nsq or nats")
+        return _measure_levels(transport, address, broker_pid, levels, args)
+
+
+def _measure_levels(
+    transport: str, address: str, broker_pid: int, levels: list[int], args: Any
+) -> list[dict[str, Any]]:
+    rows = []
+    endpoint = subprocess.Popen(
+        [sys.executable, "-m", "bench.rpc", "--serve", address, "--loop", args.loop,
+         "--transport", transport],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "NSQWORKER_HEALTH_PORT": "0"},
+    )  # fmt: skip
+    try:
+        assert endpoint.stdout is not None
+        for line in endpoint.stdout:  # its log lines come first
+            if line.strip() == "ready":
+                break
+        else:
+            raise SystemExit("the endpoint worker did not start")
+        for level in levels:
+            before = _cpu_seconds(endpoint.pid), _cpu_seconds(broker_pid)
+            row = run_on(args.loop, measure(address, level, args.seconds, transport))
+            row["endpoint_cpu_s"] = round(_cpu_seconds(endpoint.pid) - before[0], 2)
+            row["broker_cpu_s"] = round(_cpu_seconds(broker_pid) - before[1], 2)
+            rows.append(row)
+            if not args.json:
+                print(
+                    f"{transport:>4} {level:>6} concurrent: {row['calls_per_s']:>9,.0f} "
+                    f"calls/s  p50 {row['p50_ms']:7.3f} ms  p99 {row['p99_ms']:7.3f} ms  "
+                    f"({row['calls']:,} calls in {row['seconds']:.1f} s; CPU s: client "
+                    f"{row['client_cpu_s']}, endpoint {row['endpoint_cpu_s']}, "
+                    f"{'nats-server' if transport == 'nats' else 'nsqd'} "
+                    f"{row['broker_cpu_s']})",
+                    flush=True,
+                )
+    finally:
+        if endpoint.stdin is not None:
+            endpoint.stdin.close()
+        try:
+            endpoint.wait(15)
+        except subprocess.TimeoutExpired:
+            endpoint.kill()
+    return rows
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -24,6 +24,7 @@ from nsqworker.errors import (
 from nsqworker.hooks import AfterHook, BeforeHook, DeadLetterHook, ErrorHook
 from nsqworker.message import Message, Outcome
 from nsqworker.task import (  # eager: `task` must not resolve to the submodule nsqworker.task
+    Publish,
     Registry,
     Reject,
     Retry,
@@ -72,6 +73,7 @@ __all__ = [  # noqa: RUF022 - grouped by theme, not sorted
     # tasks
     "Message",
     "Registry",
+    "Publish",
     "Reject",
     "Retry",
     "TaskSpec",

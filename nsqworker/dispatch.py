@@ -5,7 +5,7 @@ A :class:`Dispatcher` receives deliveries from its transport's
 
 * handlers running at once never exceed ``max_in_flight`` (a second fence behind the
   transport's flow control; the excess waits in order);
-* a delivery past ``max_attempts`` goes to the give-up hook (dead letters) unhandled;
+* a delivery past ``max_attempts`` (unhandled) or a failed last attempt goes to give-up;
 * outcomes become ``ack``, ``retry`` after the policy's delay, or give-up then
   ``reject``; a give-up hook that fails turns into a retry, never a loss;
 * consumer backoff: failures pause the subscription's flow, then probe it;
@@ -505,6 +505,10 @@ class Dispatcher:
             return
         if kind is Requeue:
             assert isinstance(outcome, Requeue)
+            if outcome.backoff and msg.attempts >= self.max_attempts:  # the last one failed:
+                self._backoff_signal(msg, success=False)  # dead letter now, no retry delay
+                self._give_up(msg, MAX_ATTEMPTS_REASON)
+                return
             delay = outcome.delay
             if delay is None:
                 delay = self.requeue_delay(msg.attempts)

@@ -7,8 +7,12 @@ returns                                 ack (FIN on NSQ)                   succe
 raises ``Retry(delay)``                 retry after delay (REQ)            failure
 raises any other exception              retry, exponential delay from      failure
                                         attempts
+fails its last allowed attempt          dead-letter hooks at once, then    failure
+                                        reject
 runs past its ``timeout``               retry (``TaskTimeout``)            failure
 raises ``Reject(reason)``               dead-letter hooks, then reject     none
+returns a value, with ``publish_to``    publish it, then ack               success
+returns ``Publish(...)`` (or a list)    publish each, then ack             success
 answered itself (``msg.finish()``...)   nothing more                       —
 cancelled while the worker stops        retry at once                      none
 ======================================  =================================  ========
@@ -17,6 +21,8 @@ cancelled while the worker stops        retry at once                      none
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
+from typing import Any
 
 from nsqworker.errors import UndecodableBody
 from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
@@ -24,6 +30,7 @@ from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
 __all__ = [
     "MAX_REQUEUE_DELAY",
     "TIME_LIMIT",
+    "Publish",
     "Reject",
     "Retry",
     "TaskTimeout",
@@ -89,6 +96,38 @@ class Reject(Exception):
 
     def __reduce__(self) -> tuple[type[Reject], tuple[str]]:
         return Reject, (self.reason,)
+
+
+# --- what a handler returns ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """Return from a handler (or a list of them) to publish messages before the ack.
+
+    ``body`` is what ``Producer.publish`` takes (bytes, str, a pydantic model, a
+    dataclass) or any JSON value; ``delay`` seconds defer it (on transports that can).
+    Published on the task's transport, in order, before the message is acknowledged; a
+    publish that fails fails the attempt (retried, then dead-lettered), so at worst a
+    retried message publishes its result twice. See ``@task(publish_to=...)``.
+    """
+
+    topic: str
+    body: Any
+    delay: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topic, str) or not self.topic:
+            raise TypeError(f"Publish(topic=...) must be a topic name, got {self.topic!r}")
+        delay = self.delay
+        if delay is not None and (
+            isinstance(delay, bool)
+            or not isinstance(delay, int | float)
+            or not 0 <= delay <= MAX_REQUEUE_DELAY
+        ):
+            raise ValueError(
+                f"Publish(delay={delay!r}): give seconds from 0 to {MAX_REQUEUE_DELAY:g}, or None"
+            )
 
 
 # --- what a handler's result becomes --------------------------------------------------

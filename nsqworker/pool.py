@@ -56,7 +56,9 @@ class ThreadPool:
     def __init__(
         self,
         func: Callable[[Message], Any],
-        finish: Callable[[Message, contextvars.Context, Any, BaseException | None, float], None],
+        finish: Callable[
+            [Message, contextvars.Context, Any, BaseException | None, float, Any], None
+        ],
         loop: asyncio.AbstractEventLoop,
         size: int,
         name: str,
@@ -70,7 +72,7 @@ class ThreadPool:
         self._jobs: deque[_Job] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._idle = 0
-        self._done: deque[tuple[_Job, BaseException | None, float]] = deque()
+        self._done: deque[tuple[_Job, BaseException | None, float, Any]] = deque()
         self._threads: list[threading.Thread] = []
         self._submit_scheduled = False
         self._flush_scheduled = False
@@ -150,18 +152,19 @@ class ThreadPool:
             start = busy[index] = perf_counter()
             current[index] = job[0]
             error: BaseException | None = None
+            result = None
             try:
                 if job[2] is None:
                     result = job[1].run(func, job[0])
                 else:
                     result = job[1].run(run_traced, job[2], func, job[0])
                 if result is not None and inspect.isawaitable(result):
-                    error = awaitable_returned(result)
+                    error, result = awaitable_returned(result), None
             except BaseException as exc:
                 error = exc
             busy[index] = 0.0
             current[index] = None
-            append((job, error, perf_counter() - start))
+            append((job, error, perf_counter() - start, result))
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 try:
@@ -173,9 +176,9 @@ class ThreadPool:
         self._flush_scheduled = False  # before draining, so no result waits unseen
         done, finish = self._done, self._finish
         while done:
-            job, error, duration = done.popleft()
+            job, error, duration, result = done.popleft()
             try:
-                finish(*job, error, duration)
+                finish(*job, error, duration, result)
             except Exception:  # one bad result must not strand the rest of the batch
                 log.exception("settling a sync handler's result failed", id=job[0].id)
 

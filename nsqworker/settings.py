@@ -349,7 +349,8 @@ class _CoreSettings(BaseSettings):
         default_factory=list, description="More nsqd (host:port patterns) @rpc may reply to."
     )
     rpc_reply_topics: ReplyPatterns = Field(
-        default_factory=lambda: ["rpc_*"], description="Topics (patterns) @rpc may reply to."
+        default_factory=lambda: ["rpc_*", "rcp-*"],
+        description="Topics (patterns) @rpc may reply to.",
     )
     rpc_error_details: bool = Field(
         False, description="RPC error replies carry any exception's type and text (not only ours)."

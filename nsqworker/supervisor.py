@@ -355,6 +355,8 @@ class Supervisor:
 
     def _on_death(self, child: _Child, code: int | None, now: float) -> None:
         lived = now - child.started
+        if code == 0 and not child.recycling and child.snapshot.get("recycle"):
+            child.recycling = "asked"  # it drained and exited before we could SIGTERM it
         if child.recycling and not child.killed:  # asked to stop to be replaced: not a crash
             self._restart_at[child.index], self.metrics.restarts = now, self.metrics.restarts + 1
             log.info(f"worker {child.index + 1} replaced ({child.recycling})", exit=code)

@@ -45,6 +45,7 @@ from nsqworker.message import Message
 from nsqworker.names import check_channel, check_topic
 from nsqworker.outcomes import (
     MAX_REQUEUE_DELAY,
+    Publish,
     Reject,
     Retry,
     TaskTimeout,
@@ -55,6 +56,7 @@ from nsqworker.outcomes import (
 
 __all__ = [
     "DeadLetterHook",
+    "Publish",
     "Registry",
     "Reject",
     "Retry",
@@ -80,7 +82,7 @@ MAX_ATTEMPTS = 65535
 MAX_TIMEOUT = 7 * 86400.0
 OPTIONS = (
     "channel", "max_in_flight", "max_attempts", "requeue_delay", "on_dead_letter",
-    "dead_letter_topic", "name", "envelope", "timeout", "hooks",
+    "dead_letter_topic", "name", "envelope", "timeout", "hooks", "publish_to",
 )  # fmt: skip
 
 
@@ -123,6 +125,8 @@ class TaskSpec:
     """The task's own hooks (the registry's run first)."""
     body: BodySpec | None = None
     """The body's type when the handler declares one (typed bodies), else None."""
+    publish_to: str | None = None
+    """Where the handler's return value is published before the ack (None: nowhere)."""
 
     @property
     def location(self) -> str:
@@ -212,6 +216,12 @@ def _check_options(where: str, topic: str, options: dict[str, Any]) -> None:
         or not 0 < timeout <= MAX_TIMEOUT
     ):
         _fail(where, f"timeout must be seconds above 0, at most {MAX_TIMEOUT:g}, got {timeout!r}")
+    publish_to = options["publish_to"]
+    if publish_to is not None:
+        try:
+            check_topic(publish_to)
+        except InvalidName as exc:
+            _fail(where, f"publish_to: {exc}")
     hooks = options["hooks"]
     if hooks is not None and (isinstance(hooks, str | bytes) or not hasattr(hooks, "__iter__")):
         _fail(where, f"hooks must be a list of hook objects, got {hooks!r}")
@@ -328,6 +338,7 @@ class Registry:
         envelope: bool | None = None,
         timeout: float | None = None,
         hooks: list[object] | tuple[object, ...] | None = None,
+        publish_to: str | None = None,
         **unknown: Never,
     ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]:
         """Declare the decorated function as the handler of ``topic`` on ``channel``.
@@ -355,6 +366,11 @@ class Registry:
                 replaced after a drain (docs/tasks.md, "Time limits").
             hooks: objects with any of ``before``, ``after``, ``on_error`` and
                 ``on_dead_letter`` methods, run for this task after the registry's.
+            publish_to: publish the handler's return value to this topic, on the
+                task's transport, before the message is acknowledged (None returned:
+                nothing published). A publish that fails fails the attempt (retried,
+                then dead-lettered), so a result may be published twice, never lost.
+                A handler may also return :class:`Publish` values, with or without it.
 
         Raises:
             TaskDefinitionError: at import, naming the problem and what to change.
@@ -380,6 +396,7 @@ class Registry:
             "envelope": envelope,
             "timeout": timeout,
             "hooks": hooks,
+            "publish_to": publish_to,
         }
         _check_options(where, topic, options)
         try:
@@ -406,6 +423,7 @@ class Registry:
                 timeout=None if timeout is None else float(timeout),
                 hooks=task_hooks,
                 body=body,
+                publish_to=publish_to,
             )
             self.add(spec)
             func.spec = spec  # type: ignore[attr-defined]

@@ -23,7 +23,7 @@ from opentelemetry import context as otel_context
 
 from nsqworker.bodies import typed_handler
 from nsqworker.dead_letters import dead_letter_envelope, publish_dead_letter
-from nsqworker.dispatch import DEFERRED, Dispatcher
+from nsqworker.dispatch import DEFERRED, MAX_ATTEMPTS_REASON, Dispatcher
 from nsqworker.eager import resume
 from nsqworker.errors import ConfigurationError
 from nsqworker.hooks import Hooks, call, run_after, run_on_error, with_hooks
@@ -31,6 +31,7 @@ from nsqworker.logging import TrafficSummary, get_logger, histogram_quantile
 from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.outcomes import (
     TIME_LIMIT,
+    Publish,
     Reject,
     Retry,
     TaskTimeout,
@@ -38,8 +39,16 @@ from nsqworker.outcomes import (
     outcome_of_error,
 )
 from nsqworker.pool import ThreadPool, run_traced
+from nsqworker.results import planned, publish_results
 from nsqworker.safe_text import one_line
-from nsqworker.stats import DURATION_BUCKETS, FROM_DISPATCHER, DurationHistogram, TaskStats
+from nsqworker.stats import (
+    DURATION_BUCKETS,
+    FINE_BUCKETS,
+    FROM_DISPATCHER,
+    DurationHistogram,
+    TaskStats,
+    coarse_counts,
+)
 from nsqworker.task import TaskSpec
 from nsqworker.transport import Capabilities
 
@@ -139,14 +148,18 @@ class TaskRunner:
         self.inst = _instrumentation(spec, worker.settings, worker.transport.capabilities)
         self.log = log.bind(task=spec.name, topic=spec.topic, channel=spec.channel)
         self.log_debug = self.log.is_enabled_for(logging.DEBUG)
-        self.summary = TrafficSummary(DURATION_BUCKETS, self.loop.time())
-        self.rejected: dict[str, BaseException] = {}  # Reject errors, for the dead-letter line
-        self.bounds = DURATION_BUCKETS
-        self.counts = [0] * (len(DURATION_BUCKETS) + 1)
+        self.summary = TrafficSummary(FINE_BUCKETS, self.loop.time())
+        self.logged: set[str] = set()  # given up by their handler: dead-letter line written
+        # Durations in fine buckets (summary quantiles close to the real figures); the
+        # coarse DURATION_BUCKETS histogram of stats() is summed from them.
+        self.bounds = FINE_BUCKETS
+        self.counts = [0] * (len(FINE_BUCKETS) + 1)
         self.dur_sum = 0.0
         self.dead_lettered = 0
         self.slow_floor = worker.settings.slow_handler_after
         self.pool: ThreadPool | None = None
+        #: Sync handlers' results being published (they complete their messages).
+        self.publishing: set[asyncio.Task[None]] = set()
         if not spec.is_async:
             name = f"nsqworker-{getattr(spec.func, '__name__', 'task')}"
             self.pool = ThreadPool(self.func, self.finish_sync, self.loop, max_in_flight, name)
@@ -170,7 +183,10 @@ class TaskRunner:
         try:
             coro = self.func(msg)
             yielded = context.run(coro.send, None)
-        except StopIteration:
+        except StopIteration as stop:
+            if stop.value is not None and self.publishes(stop.value):
+                publishing = self._publish_then_settle(msg, stop.value, start, token)
+                return self.loop.create_task(publishing, context=context)
             return self.succeeded(msg, perf_counter() - start, token, context)
         except (Exception, asyncio.CancelledError) as exc:
             return self.failed(msg, exc, perf_counter() - start, token, context)
@@ -196,7 +212,9 @@ class TaskRunner:
         token: Any,
     ) -> Outcome | None:
         try:
-            await resume(coro, yielded)
+            value = await resume(coro, yielded)
+            if value is not None and self.publishes(value):
+                await self.publish(msg, value)
         except (Exception, asyncio.CancelledError) as exc:
             error: BaseException = exc
             if msg in self.expired:  # our own cancel: the time limit, not a stop
@@ -215,6 +233,49 @@ class TaskRunner:
             if current is not None:
                 current.uncancel()
         return self.succeeded(msg, perf_counter() - start, token)
+
+    def publishes(self, value: Any) -> bool:
+        """Whether a handler's return value (not None) is published: with
+        ``publish_to``, or when it is a Publish or a list holding them."""
+        if self.spec.publish_to is not None or value.__class__ is Publish:
+            return True
+        return isinstance(value, list | tuple) and any(isinstance(v, Publish) for v in value)
+
+    async def publish(self, msg: Message, value: Any) -> None:
+        """Publish what ``value`` says on the task's transport (in the handler's
+        Context, its span current); raises what fails, a bad value included."""
+        plan = planned(value, self.spec.publish_to)
+        envelope = self.worker.settings.tracing_envelope
+        await publish_results(self.worker.transport, msg, plan, envelope=envelope)
+
+    async def _publish_then_settle(
+        self, msg: Message, value: Any, start: float, token: Any
+    ) -> Outcome | None:
+        """An async handler finished inline with something to publish: publish, then
+        its outcome (a failed publish is a failed attempt)."""
+        try:
+            await self.publish(msg, value)
+        except (Exception, asyncio.CancelledError) as exc:
+            return self.failed(msg, exc, perf_counter() - start, token, None)
+        return self.succeeded(msg, perf_counter() - start, token)
+
+    async def _publish_sync_result(
+        self, msg: Message, value: Any, duration: float, token: Any
+    ) -> None:
+        """A sync handler returned something to publish: publish it on the loop, in the
+        handler's Context with its span current, then hand the outcome on."""
+        attached = otel_context.attach(token[1]) if token is not None else None
+        began = perf_counter()
+        try:
+            await self.publish(msg, value)
+        except (Exception, asyncio.CancelledError) as exc:
+            outcome = self.failed(msg, exc, duration + perf_counter() - began, token, None)
+        else:
+            outcome = self.succeeded(msg, duration + perf_counter() - began, token)
+        finally:
+            if attached is not None:
+                otel_context.detach(attached)
+        self.dispatcher.complete(msg, outcome)
 
     def succeeded(
         self, msg: Message, duration: float, token: Any, context: Any = None
@@ -277,7 +338,7 @@ class TaskRunner:
 
     def finish_sync(
         self, msg: Message, ctx: contextvars.Context, token: Any,
-        error: BaseException | None, duration: float,
+        error: BaseException | None, duration: float, result: Any = None,
     ) -> None:  # fmt: skip
         """On the loop: record a sync handler's result and hand its outcome on."""
         if self.overdue:
@@ -287,6 +348,12 @@ class TaskRunner:
         if self.expired and msg in self.expired:  # retried at its limit: its thread is done
             self.expired.discard(msg)
             self.dispatcher.complete(msg, None)
+            return
+        if error is None and result is not None and self.publishes(result):
+            publishing = self._publish_sync_result(msg, result, duration, token)
+            task = self.loop.create_task(publishing, context=ctx)  # it completes the message
+            self.publishing.add(task)  # the loop keeps only a weak reference
+            task.add_done_callback(self.publishing.discard)
             return
         if error is not None:
             outcome = self.failed(msg, error, duration, token, ctx)
@@ -326,6 +393,12 @@ class TaskRunner:
                 f"{exc} on attempt {msg.attempts} (timeout_dead_letter_attempts "
                 f"{self.timeout_dead_letter}: not retried)"
             )
+        elif (
+            isinstance(outcome, Requeue)
+            and outcome.backoff
+            and msg.attempts >= self.dispatcher.max_attempts
+        ):  # the last allowed attempt failed: dead-lettered now
+            outcome = GiveUp(MAX_ATTEMPTS_REASON)
         if isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
             outcome = Requeue(self.dispatcher.requeue_delay(msg.attempts), backoff=outcome.backoff)
         if ctx is None:
@@ -357,8 +430,22 @@ class TaskRunner:
                 exc_info=not retry and exc,
                 **fields,
             )
-        else:  # a Reject: logged once, with its traceback, by give_up
-            self.rejected[msg.id] = exc
+        else:  # a give-up: its dead-letter line here, in the handler's span
+            assert isinstance(outcome, GiveUp)
+            self.log_dead_letter(msg, one_line(outcome.reason), exc)
+            self.logged.add(msg.id)
+
+    def log_dead_letter(self, msg: Message, reason: str, exc: BaseException | None) -> None:
+        """One line per dead letter: a Reject's at warning with its reason (an expected
+        outcome), any other at error with the traceback of the failure, if any."""
+        if isinstance(exc, Reject):
+            self.log.warning("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason)
+        else:
+            error = type(exc).__name__ if exc is not None else None
+            self.log.error(
+                "dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, error=error,
+                exc_info=exc,
+            )  # fmt: skip
 
     async def give_up(self, msg: Message, reason: str) -> None:
         """The dead-letter chain: publish to dead_letter_topic, then the task's
@@ -370,8 +457,10 @@ class TaskRunner:
         """
         spec = self.spec
         reason = one_line(reason)
-        exc = self.rejected.pop(msg.id, None)
-        self.log.error("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, exc_info=exc)
+        if msg.id in self.logged:  # its handler gave up: logged then, in its span
+            self.logged.discard(msg.id)
+        else:  # past max_attempts on arrival, undecodable...
+            self.log_dead_letter(msg, reason, None)
         if spec.dead_letter_topic is not None:
             producer = self.worker.transport.publisher(msg)
             await publish_dead_letter(producer, spec.dead_letter_topic, msg, reason, spec.name)
@@ -410,7 +499,7 @@ class TaskRunner:
         return rows
 
     def stats(self) -> TaskStats:
-        spec, counts, dispatcher = self.spec, list(self.counts), self.dispatcher
+        spec, counts, dispatcher = self.spec, coarse_counts(self.counts), self.dispatcher
         ds = dispatcher.stats()
         sub = ds.subscription
         return TaskStats(
@@ -418,6 +507,6 @@ class TaskRunner:
             dead_lettered=self.dead_lettered, connections=sub.connected, rdy=sub.window,
             buffered=sub.buffered, connection_errors=dict(sub.errors),
             system=self.worker.transport.capabilities.system,
-            duration=DurationHistogram(list(self.bounds), counts, self.dur_sum, sum(counts)),
+            duration=DurationHistogram(list(DURATION_BUCKETS), counts, self.dur_sum, sum(counts)),
             **{key: getattr(ds, key) for key in FROM_DISPATCHER.split()},
         )  # fmt: skip

@@ -90,7 +90,15 @@ class Capabilities:
     """A publish may ask the broker to hold the message back."""
     reply_address: bool = False
     """A request may name the broker address its reply goes to: the RPC-over-NSQ wire
-    format (an nsqd host and port in the request), so NSQ's alone; ``@rpc`` needs it."""
+    format (an nsqd host and port in the request), so NSQ's alone."""
+    request_reply: bool = False
+    """The broker routes replies itself (a request carries a reply subject: NATS); the
+    transport has ``subscribe_requests`` for ``@rpc`` endpoints."""
+
+    @property
+    def rpc(self) -> bool:
+        """Whether ``@rpc`` endpoints can run here (one of the two above)."""
+        return self.reply_address or self.request_reply
 
 
 @dataclass

@@ -28,6 +28,7 @@ from nsqworker import logging as _logs
 from nsqworker.dispatch import Dispatcher, Policy
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import configure_logging, get_logger
+from nsqworker.message import Message, Requeue
 from nsqworker.settings import Settings
 from nsqworker.stats import (
     TaskStats,
@@ -39,6 +40,8 @@ from nsqworker.transport import Transport, create_transport
 from nsqworker.watchdog import LoopWatchdog
 
 __all__ = ["Worker", "dead_letter_envelope", "event_loop_factory", "run_worker"]
+
+_HAND_BACK = Requeue(0.0, backoff=False)  # a message past max_tasks_per_child: unstarted
 
 log = get_logger("nsqworker.worker")
 _copy_context = contextvars.copy_context
@@ -78,7 +81,8 @@ class Worker:
         self._unregister_metrics: Callable[[], None] | None = None
         self.watchdog: LoopWatchdog | None = None
         self._summaries: asyncio.Task[None] | None = None
-        self._recycler: asyncio.Task[None] | None = None
+        #: Messages this process may still start (max_tasks_per_child), or None: no limit.
+        self._budget: int | None = None
         #: Why this process should be replaced after a drain (see request_recycle), or None.
         self.recycle: str | None = None
         #: Called (on the loop) when a recycle is first requested.
@@ -136,11 +140,16 @@ class Worker:
                 transport.check_channel(spec.channel),
             )
             runner = TaskRunner(self, spec, policy.max_in_flight)
-            sub = transport.subscribe(
-                topic, channel, name=spec.name, max_in_flight=policy.max_in_flight
-            )
+            subscribe = transport.subscribe
+            if getattr(spec.func, "serves_requests", False):  # @rpc: NATS request/reply
+                subscribe = getattr(transport, "subscribe_requests", subscribe)
+            sub = subscribe(topic, channel, name=spec.name, max_in_flight=policy.max_in_flight)
+            callback = runner.callback
+            if settings.max_tasks_per_child > 0:  # else the hot path is left as it is
+                self._budget = settings.max_tasks_per_child
+                callback = self._counted(callback)
             runner.dispatcher = Dispatcher(
-                sub, runner.callback, policy, on_give_up=runner.give_up, name=spec.name,
+                sub, callback, policy, on_give_up=runner.give_up, name=spec.name,
                 max_retry_delay=caps.max_retry_delay, keep_alive=caps.keep_alive,
             )  # fmt: skip
             runner.dispatcher.on_slow = runner.on_slow
@@ -162,8 +171,6 @@ class Worker:
             self.watchdog = LoopWatchdog.start_for(self.registry, settings.watchdog_timeout)
         if (every := settings.log_summary_interval) > 0:
             self._summaries = asyncio.create_task(_logs.every(every, self._log_summaries))
-        if settings.max_tasks_per_child > 0:
-            self._recycler = asyncio.create_task(_logs.every(0.2, self._count_for_recycle))
         waiting = [r.spec.name for r in self._runners if not r.dispatcher.subscribed]
         if waiting:  # each subscription logs "subscribed on ..." when it gets there
             log.warning("not subscribed yet; retrying", pid=os.getpid(), waiting_for=waiting)
@@ -186,10 +193,30 @@ class Worker:
             d.finished + d.requeued + d.given_up for d in (r.dispatcher for r in self._runners)
         )
 
-    def _count_for_recycle(self) -> None:
+    def _counted(self, callback: Callable[[Message], Any]) -> Callable[[Message], Any]:
+        """``callback`` that starts at most the process's ``max_tasks_per_child``
+        messages (over all its tasks); the last one starts the drain, and what arrives
+        after it is handed back at once, unstarted, for the next process."""
+
+        def counted(msg: Message) -> Any:
+            left = self._budget
+            if left is None or left <= 0:
+                return _HAND_BACK
+            self._budget = left - 1
+            if left == 1:
+                self._budget_spent()
+            return callback(msg)
+
+        return counted
+
+    def _budget_spent(self) -> None:
         limit = self.settings.max_tasks_per_child
-        if self.recycle is None and (handled := self.handled()) >= limit:
-            self.request_recycle(f"handled {handled} messages (max_tasks_per_child {limit})")
+        self.request_recycle(f"started {limit} messages (max_tasks_per_child {limit})")
+        # Take no more now (the drain pauses every task's flow); the supervisor starts
+        # the replacement when this process exits. run() returns once drained.
+        self.request_stop()
+        if self._stop_task is None:  # as stop() starts it; run() and __aexit__ await it
+            self._stop_task = asyncio.ensure_future(self._stop(self.settings.drain_timeout))
 
     def _log_summaries(self) -> None:
         for r in self._runners:  # each busy task's periodic info line
@@ -242,8 +269,6 @@ class Worker:
             await self.transport.close()
         except Exception:
             log.exception("closing the transport failed")
-        if self._recycler is not None:
-            self._recycler.cancel()
         if self._summaries is not None:  # and the last window, so short runs get one too
             self._summaries.cancel()
             self._log_summaries()

@@ -7,7 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from nsqworker.cli.common import AsJson, ConfigFile, Target, load_registry, load_settings
+from nsqworker.cli.common import (
+    AsJson,
+    ConfigFile,
+    NatsOption,
+    NsqdOption,
+    RabbitOption,
+    Target,
+    TransportOption,
+    load_registry,
+    load_settings,
+)
 from nsqworker.cli.safe import cell
 from nsqworker.safe_text import one_line
 
@@ -17,16 +27,27 @@ if TYPE_CHECKING:
     from nsqworker.settings import Settings
     from nsqworker.task import TaskSpec
 
-__all__ = ["show_settings", "task_row", "tasks"]
+__all__ = ["pipeline_edges", "show_settings", "task_row", "tasks"]
 
 # ---------------------------------------------------------------------------- tasks
 
 _DEFAULTED = ("max_in_flight", "max_attempts", "requeue_delay")
 
 
-def tasks(target: Target, config: ConfigFile = None, as_json: AsJson = False) -> None:
+def tasks(
+    target: Target,
+    config: ConfigFile = None,
+    as_json: AsJson = False,
+    transport: TransportOption = None,
+    nsqd: NsqdOption = None,
+    nats: NatsOption = None,
+    rabbitmq: RabbitOption = None,
+) -> None:
     """List the tasks of MODULE with their settings; dimmed values are defaults."""
-    settings = load_settings(config)
+    settings = load_settings(
+        config, transport=transport, nsqd_tcp_addresses=nsqd or None,
+        nats_servers=nats or None, rabbitmq_stream_uri=rabbitmq,
+    )  # fmt: skip
     registry = load_registry(target)
     rows = [task_row(spec, settings) for spec in registry]
     if as_json:
@@ -52,6 +73,7 @@ def tasks(target: Target, config: ConfigFile = None, as_json: AsJson = False) ->
     table.add_column("attempts", justify="right", no_wrap=True)
     table.add_column("requeue", justify="right", no_wrap=True)
     table.add_column("dead letter", overflow="fold", min_width=11)
+    table.add_column("publishes", overflow="fold")
     table.add_column("kind", no_wrap=True, min_width=5)
     for row in rows:
         defaults = set(row["defaults"])
@@ -61,10 +83,13 @@ def tasks(target: Target, config: ConfigFile = None, as_json: AsJson = False) ->
         ]
         name = row["name"]  # in full, as logs and metrics name it
         kind = row["kind"] if row["body"] is None else f"{row['kind']}, {row['body']}"
+        publishes = cell(f"→ {row['publish_to']}" if row["publish_to"] else "-")
         cells = [cell(row["topic"]), cell(row["channel"]), *resolved, _dead_letter_text(row)]
-        table.add_row(cell(name), *cells, cell(kind))
+        table.add_row(cell(name), *cells, publishes, cell(kind))
     console = Console()
     console.print(table)
+    for edge in pipeline_edges(rows):
+        console.print(one_line(edge), highlight=False, markup=False)
     console.print(
         "[dim]dimmed[/dim]: the default from settings; @task(...) arguments override it",
         highlight=False,
@@ -89,8 +114,22 @@ def task_row(spec: TaskSpec, settings: Settings) -> dict[str, Any]:
         "body": None if spec.body is None else spec.body.name,
         "timeout": spec.timeout if spec.timeout is not None else settings.task_timeout,
         "transport": settings.transport,
+        "publish_to": spec.publish_to,
         "defaults": defaults,
     }
+
+
+def pipeline_edges(rows: list[dict[str, Any]]) -> list[str]:
+    """``a → topic → b, c`` for each task whose results go to a topic (``publish_to``),
+    naming the tasks here that consume it."""
+    edges = []
+    for row in rows:
+        if not row["publish_to"]:
+            continue
+        readers = [r["name"] for r in rows if r["topic"] == row["publish_to"]]
+        to = ", ".join(readers) if readers else "(no task here reads it)"
+        edges.append(f"pipeline: {row['name']} → {row['publish_to']} → {to}")
+    return edges
 
 
 def _where(settings: Settings) -> str:

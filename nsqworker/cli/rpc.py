@@ -3,7 +3,8 @@
 ``nsqworker rpc call pricing '{"sku": "A1"}' --timeout 5`` prints the response on
 standard output (bytes as base64 with ``--encoding binary``); errors go to standard
 error. Exit codes: 0 answered, 1 the endpoint raised (``RpcError``), 3 no answer in
-time, 4 nsqd unreachable or another failure, 2 bad arguments.
+time, 4 nsqd (or NATS) unreachable or another failure, 2 bad arguments. With
+``--transport nats`` (and ``--nats URL``) the call is a NATS request.
 """
 
 from __future__ import annotations
@@ -16,7 +17,16 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from nsqworker.cli.common import EXIT_USAGE, Command, ConfigFile, Group, NsqdOption, load_settings
+from nsqworker.cli.common import (
+    EXIT_USAGE,
+    Command,
+    ConfigFile,
+    Group,
+    NatsOption,
+    NsqdOption,
+    TransportOption,
+    load_settings,
+)
 from nsqworker.cli.publish import _quiet_library_logs
 from nsqworker.cli.safe import markup_safe
 
@@ -71,9 +81,12 @@ def call(
         ),
     ] = None,
     config: ConfigFile = None,
+    transport: TransportOption = None,
+    nats: NatsOption = None,
 ) -> None:
-    """Call the endpoint on TOPIC with REQUEST and print its answer as JSON."""
-    settings = load_settings(config)
+    """Call the endpoint on TOPIC with REQUEST and print its answer as JSON
+    (``--transport nats``: a NATS request, to --nats URL)."""
+    settings = load_settings(config, transport=transport, nats_servers=nats or None)
     code = call_command(
         topic,
         request,
@@ -120,8 +133,11 @@ def call_command(
         return code
 
     text = stdin.read() if request == "-" else request
-    if not (nsqd or lookupd or getattr(settings, "nsqd_tcp_addresses", None)) and not getattr(
-        settings, "lookupd_http_addresses", None
+    on_nats = getattr(settings, "transport", "nsq") == "nats" and not (nsqd or lookupd)
+    if (
+        not on_nats
+        and not (nsqd or lookupd or getattr(settings, "nsqd_tcp_addresses", None))
+        and not getattr(settings, "lookupd_http_addresses", None)
     ):
         return fail(
             EXIT_USAGE,
@@ -129,7 +145,8 @@ def call_command(
             "--lookupd URL, or set NSQWORKER_NSQD_TCP_ADDRESSES",
         )
     try:
-        check_topic(topic)
+        if not on_nats:
+            check_topic(topic)
         code = codec.encoding_code(encoding)
         value: Any = text.encode() if code == codec.BINARY else json.loads(text)
         client = RpcClient(

@@ -19,4 +19,5 @@ CAPABILITIES = Capabilities(
     headers=True,
     delayed_publish=True,  # JetStream message schedules (nats-server 2.12+)
     reply_address=False,
+    request_reply=True,  # core NATS requests: @rpc answers on their reply subject
 )

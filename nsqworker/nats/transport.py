@@ -14,6 +14,7 @@ from nsqworker.nats.capabilities import CAPABILITIES
 from nsqworker.nats.client import NatsConnection
 from nsqworker.nats.jetstream import check_channel, check_subject
 from nsqworker.nats.producer import NatsProducer
+from nsqworker.nats.requests import NatsRequestSubscription
 from nsqworker.nats.subscription import NatsSubscription
 
 if TYPE_CHECKING:
@@ -50,6 +51,14 @@ class NatsTransport:
         """The channel's durable consumer on the stream holding ``topic``."""
         return NatsSubscription(
             topic, channel, self.connection, self.settings, name=name, max_in_flight=max_in_flight
+        )
+
+    def subscribe_requests(
+        self, topic: str, channel: str, *, name: str, max_in_flight: int
+    ) -> NatsRequestSubscription:
+        """NATS requests to ``topic`` (core NATS, queue group ``channel``), for ``@rpc``."""
+        return NatsRequestSubscription(
+            topic, channel, self.connection, name=name, max_in_flight=max_in_flight
         )
 
     def publisher(self, near: Message | None = None) -> NatsProducer:

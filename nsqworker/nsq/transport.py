@@ -65,6 +65,21 @@ class NsqTransport:
             )  # fmt: skip
         return producer
 
+    def results_publisher(self, near: Message | None, envelope: bool) -> Producer:
+        """The producer of what handlers publish (``publish_to``, ``Publish``): as
+        :meth:`publisher`, but wrapping bodies in the trace envelope (with its send
+        span's context) when ``envelope`` is True."""
+        if not envelope:
+            return self.publisher(near)
+        key = "" if self.settings.nsqd_tcp_addresses or near is None else near.address
+        producer = self._producers.get(key + " envelope")
+        if producer is None:
+            producer = self._producers[key + " envelope"] = Producer(
+                [key] if key else None, settings=self.settings,
+                connection_config=self.config, envelope=True,
+            )  # fmt: skip
+        return producer
+
     def describe(self) -> dict[str, str]:
         """The nsqd and nsqlookupd addresses of the settings."""
         described = {}

@@ -39,23 +39,16 @@ from nsqworker.nsq.options import ConnectionConfig
 from nsqworker.nsq.producer import Producer
 from nsqworker.nsq.subscription import NsqSubscription
 from nsqworker.rpc import codec
-from nsqworker.rpc.codec import Response
+from nsqworker.rpc.codec import Response, is_error_value
 
 if TYPE_CHECKING:
+    from nsqworker.rpc.nats import NatsCaller
     from nsqworker.settings import Settings
 
 __all__ = ["RpcClient", "is_error_value"]
 
 REPLY_CHANNEL: Final = "reply#ephemeral"
 _COUNTER: Final = struct.Struct(">Q")
-
-
-def is_error_value(value: Any) -> bool:
-    """Whether a decoded response is an endpoint's ``{"error": {"type", "message"}}``."""
-    if type(value) is not dict or len(value) != 1:
-        return False
-    error = value.get("error")
-    return type(error) is dict and isinstance(error.get("type"), str)
 
 
 def _expire(future: asyncio.Future[Response]) -> None:
@@ -82,7 +75,8 @@ class RpcClient:
             applies, and those nsqd get the AUTH secret only over TLS unless
             ``lookupd_auth_without_tls``.
         settings: connection settings (TLS, AUTH, timeouts); default from the
-            environment.
+            environment. With ``transport="nats"`` (and no nsqd or lookupd given)
+            calls are NATS requests to ``nats_servers`` (docs/rpc.md, "RPC on NATS").
         reply_nsqd: the nsqd (TCP ``host:port``) to receive responses on, as
             endpoints will reach it; default the first of ``nsqd_tcp_addresses``.
         nsqd_http_address: the reply nsqd's HTTP ``host:port``, used to delete the
@@ -120,10 +114,15 @@ class RpcClient:
             nsqd_tcp_addresses = [a.strip() for a in nsqd_tcp_addresses.split(",") if a.strip()]
         if isinstance(lookupd_http_addresses, str):
             lookupd_http_addresses = [lookupd_http_addresses]
-        if not nsqd_tcp_addresses and not lookupd_http_addresses:
+        self._nats: NatsCaller | None = None
+        if settings.transport == "nats" and not nsqd_tcp_addresses and not lookupd_http_addresses:
+            from nsqworker.rpc.nats import NatsCaller
+
+            self._nats = NatsCaller(settings)
+        elif not nsqd_tcp_addresses and not lookupd_http_addresses:
             nsqd_tcp_addresses = list(settings.nsqd_tcp_addresses)
             lookupd_http_addresses = list(settings.lookupd_http_addresses)
-        if not nsqd_tcp_addresses and not lookupd_http_addresses:
+        if not nsqd_tcp_addresses and not lookupd_http_addresses and self._nats is None:
             raise ConfigurationError(
                 "RpcClient needs nsqd addresses or lookupd addresses "
                 "(or NSQWORKER_NSQD_TCP_ADDRESSES in the environment)"
@@ -187,6 +186,10 @@ class RpcClient:
         await asyncio.shield(self._starting)
 
     async def _start(self) -> None:
+        if self._nats is not None:
+            await self._nats.start()
+            self._ready = True
+            return
         given = self.reply_nsqd  # the caller's choice, not lookupd's: a direct nsqd
         if not self._nsqd:
             await self._discover()
@@ -271,6 +274,8 @@ class RpcClient:
         for future in pending.values():
             if not future.done():
                 future.set_exception(ConnectionClosed("the RpcClient closed during the call"))
+        if self._nats is not None:
+            await self._nats.close()
         if self._consumer is not None:
             await self._consumer.stop(0)
         if self._producer is not None:
@@ -320,6 +325,15 @@ class RpcClient:
         timeout = self.timeout if timeout is None else timeout
         if not self._ready:
             await self.start()
+        if self._nats is not None:
+            if self._closed:
+                raise ConnectionClosed("the RpcClient is closed")
+            self.calls += 1
+            try:
+                return await self._nats.call(topic, value, timeout, code)
+            except RpcTimeout:
+                self.timeouts += 1
+                raise
         body = codec.encode_value(code, value)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

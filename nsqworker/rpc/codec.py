@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
 from nsqworker.errors import LocalProtocolError, RpcDecodeError
@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover - the `msgpack` extra is not installed
 __all__ = [
     "BERT",
     "BINARY",
+    "CONTENT_TYPES",
     "ID_LENGTH",
     "JSON",
     "MAX_DEPTH",
@@ -54,6 +55,8 @@ __all__ = [
     "encoding_code",
     "encoding_codes",
     "encoding_name",
+    "encoding_of_content_type",
+    "is_error_value",
     "supported_encodings",
     "unsupported_reply",
 ]
@@ -408,3 +411,31 @@ def _check_version(data: bytes, what: str) -> None:
 def _check_id(id: bytes) -> None:
     if not isinstance(id, bytes) or len(id) != ID_LENGTH:
         raise LocalProtocolError(f"RPC id must be {ID_LENGTH} bytes, got {id!r}")
+
+
+# --- RPC on NATS: the encoding in a header, no frame --------------------------------------
+
+CONTENT_TYPES: Final = {
+    JSON: "application/json",
+    MSGPACK: "application/msgpack",
+    BINARY: "application/octet-stream",
+}
+"""The ``Content-Type`` of each encoding, for RPC on NATS (docs/rpc.md)."""
+_BY_CONTENT_TYPE: Final = {mime: code for code, mime in CONTENT_TYPES.items()}
+
+
+def encoding_of_content_type(headers: Mapping[str, str] | None) -> int | None:
+    """The encoding a NATS request's ``Content-Type`` names (JSON without one); None:
+    one this side does not know."""
+    mime = (headers or {}).get("Content-Type")
+    if mime is None:
+        return JSON
+    return _BY_CONTENT_TYPE.get(mime.partition(";")[0].strip().lower())
+
+
+def is_error_value(value: Any) -> bool:
+    """Whether a decoded response is an endpoint's ``{"error": {"type", "message"}}``."""
+    if type(value) is not dict or len(value) != 1:
+        return False
+    error = value.get("error")
+    return type(error) is dict and isinstance(error.get("type"), str)

@@ -196,13 +196,19 @@ def _bind(endpoint: _Endpoint) -> Callable[[Message], Any]:
         return cast("Callable[[Message], Any]", handler)
 
     def bind_settings(settings: Settings) -> Callable[[Message], Any]:
+        if settings.transport == "nats":  # NATS routes the reply: no frame, no policy
+            details = settings.rpc_error_details
+            return named(functools.partial(_Endpoint.serve_nats, endpoint, details))
         policy = ReplyPolicy.for_settings(settings)
         return named(functools.partial(_Endpoint.serve, endpoint, policy))
 
     handler: Any = named(functools.partial(_Endpoint.handle, endpoint))
     handler.bind_settings = bind_settings
     # What the Worker checks against its transport's capabilities before it starts.
-    handler.needs = {"reply_address": "a request names the broker its reply goes to"}
+    handler.needs = {
+        "rpc": "a request says where its reply goes: an nsqd and topic, or a NATS reply subject"
+    }
+    handler.serves_requests = True  # on NATS: core request/reply, not a stream
     handler.kind = "an @rpc endpoint"
     return cast("Callable[[Message], Any]", handler)
 
@@ -294,6 +300,69 @@ class _Endpoint:
             await reply.error(exc, shown=True)
             return
         await reply.send(codec.encode_response(request.id, request.encoding, body))
+
+    async def serve_nats(self, details: bool, msg: Message) -> None:
+        """Answer one NATS request (RPC on NATS: docs/rpc.md): no frame, the encoding in
+        ``Content-Type``, the reply on the request's reply subject, errors with the NATS
+        service error headers (400 decode or Reject, 415 encoding, 500 raised or time
+        limit, 503 Retry: a core NATS request is never delivered again)."""
+        respond = getattr(msg, "respond", None)
+        if respond is None:
+            raise Reject("not a NATS request: no reply subject to answer on")
+        encoding = codec.encoding_of_content_type(msg.headers)
+        reply_encoding = codec.JSON if encoding in (None, codec.BINARY) else encoding
+
+        async def error(exc: BaseException, code: int, shown: bool = False) -> None:
+            value = error_value(exc, shown or details, msg.id)
+            headers = {
+                "Content-Type": codec.CONTENT_TYPES[reply_encoding],
+                "Nats-Service-Error": value["error"]["message"]
+                .replace("\r", " ")
+                .replace("\n", " "),
+                "Nats-Service-Error-Code": str(code),
+            }
+            await respond(msg.receipt, codec.encode_value(reply_encoding, value), headers)
+
+        if encoding is None or encoding not in self.encodings:
+            mime = (msg.headers or {}).get("Content-Type", "")
+            await error(RpcUserError(f"unsupported encoding {mime!r}; send application/json"), 415)
+            return
+        try:
+            if len(msg.body) > self.max_request_size:
+                raise RpcDecodeError(
+                    f"RPC body of {len(msg.body)} bytes is over the endpoint's "
+                    f"max_request_size of {self.max_request_size}"
+                )
+            value = codec.decode_value(encoding, msg.body, self.max_depth)
+        except RpcDecodeError as exc:
+            await error(exc, 400)
+            raise Reject(str(exc)) from None
+        try:
+            result = await call(self.func, value)
+        except asyncio.CancelledError as exc:
+            if exc.args != (TIME_LIMIT,):  # a stop: the caller's timeout is its retry
+                raise
+            await error(RpcUserError("the endpoint ran past its time limit"), 500)
+            return
+        except Retry as exc:  # core NATS never delivers a request again: the caller retries
+            await error(RpcUserError(f"the endpoint asks to retry later: {exc.reason or exc}"), 503)
+            return
+        except Reject as exc:
+            await error(exc, 400)
+            raise
+        except Exception as exc:
+            log.warning(
+                "answered with an error", topic=self.topic, id=msg.id, error=type(exc).__name__,
+                message=str(exc), exc_info=exc,
+            )  # fmt: skip
+            await error(exc, 500)
+            return
+        try:
+            body = codec.encode_value(encoding, result)
+        except LocalProtocolError as exc:
+            await error(exc, 500, shown=True)
+            return
+        await respond(msg.receipt, body, {"Content-Type": codec.CONTENT_TYPES[encoding]})
 
 
 class _Reply:

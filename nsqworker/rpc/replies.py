@@ -13,8 +13,8 @@ untrusted input (docs/security.md):
 * **credentials**: the AUTH secret and the TLS client certificate go only to the
   first three (addresses from the worker's own settings or its lookupd); an address
   allowed only by a pattern gets a connection without them.
-* **topic**: only topics matching ``rpc_reply_topics`` (``rpc_*`` by default, the
-  unique reply topics of RpcClient), so a request cannot make the endpoint publish,
+* **topic**: only topics matching ``rpc_reply_topics`` (``rpc_*`` and ``rcp-*`` by
+  default: the unique reply topics of RpcClient and of the seed's ensq_rpc), so a request cannot make the endpoint publish,
   with its identity, into any topic it likes.
 * **delivery**: a reply that cannot be published within :data:`REPLY_TIMEOUT`
   (the producer retries its connection once within it) is a failed delivery of that

@@ -1,6 +1,6 @@
 """The behaviour every transport must show under the same task code (issue: the transport
 seam). Each test runs once per transport in ``conftest.TRANSPORTS``, through a real
-``Worker``: the in-flight bound, ack, retry with a delay, dead letter after max attempts,
+``Worker``: the in-flight bound, ack, retry with a delay, dead letter at the last attempt,
 reject, keep-alive of a long handler, drain without loss, one span per delivery."""
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ async def test_after_max_attempts_a_message_is_dead_lettered_once(broker: Harnes
         await asyncio.sleep(0.2)
     assert calls[b"doomed"] == 3  # the handler ran max_attempts times, no more
     (body, reason, attempts) = hooked[0]
-    assert body == b"doomed" and reason == "max attempts exceeded" and attempts == 4
+    assert body == b"doomed" and reason == "max attempts exceeded" and attempts == 3
     letter = json.loads(dead()[0])
     assert letter["body"] == "doomed" and letter["topic"] == broker.topic
     assert letter["channel"] == CHANNEL and letter["reason"] == "max attempts exceeded"
@@ -159,6 +159,30 @@ async def test_a_retried_messages_dead_letter_names_the_original(broker: Harness
         assert (letter["stream"], letter["offset"]) == origin, letter
     else:
         assert origin is None and "stream" not in letter and "offset" not in letter
+
+
+async def test_the_last_failed_attempt_is_dead_lettered_then_without_a_retry_delay(
+    broker: Harness,
+) -> None:
+    hooked: list[tuple[str, int]] = []
+    reg = Registry()
+
+    def on_dead(msg: Message, reason: str) -> None:
+        hooked.append((reason, msg.attempts))
+
+    @reg.task(broker.topic, channel=CHANNEL, max_attempts=2, on_dead_letter=on_dead)
+    async def handle(msg: Message) -> None:
+        # The last attempt asks for a minute's delay: a dead letter that waited for it
+        # (and one more delivery) would come far past the deadline below.
+        raise Retry(delay=0.1 if msg.attempts < 2 else 60.0, reason="down")
+
+    await broker.publish(broker.topic, [b"once"])
+    async with worker(broker, reg) as w:
+        await broker.until(lambda: bool(hooked), 20, "the dead letter")
+        await asyncio.sleep(0.2)
+        stats = w.stats().tasks[handle.spec.name]
+    assert hooked == [("max attempts exceeded", 2)]  # with the attempts it had
+    assert stats.requeued == 1 and stats.dead_lettered == 1
 
 
 async def test_reject_dead_letters_at_once_without_a_retry(broker: Harness) -> None:

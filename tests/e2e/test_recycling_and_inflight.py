@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -116,10 +118,10 @@ def test_max_tasks_per_child_replaces_a_process_mid_backlog_losing_nothing(
     supervise: Start, write_module: Write, nsqd: NsqdProcess, tmp_path: Path
 ) -> None:
     module = write_module("recycle_tasks", COUNTED)
-    env = {"NSQWORKER_NSQD_TCP_ADDRESSES": nsqd.tcp_address, "NSQWORKER_MAX_TASKS_PER_CHILD": "100"}
+    env = {"NSQWORKER_NSQD_TCP_ADDRESSES": nsqd.tcp_address, "NSQWORKER_MAX_TASKS_PER_CHILD": "50"}
     run = supervise(module, env=env)
     run.wait_ready()
-    bodies = [f"m{i}" for i in range(400)]
+    bodies = [f"m{i}" for i in range(300)]
     nsqd.mpublish("recycle", bodies)
     done = tmp_path / "handled.txt"
 
@@ -130,24 +132,48 @@ def test_max_tasks_per_child_replaces_a_process_mid_backlog_losing_nothing(
 
     wait_for(
         lambda: {b for b, _ in seen()} >= set(bodies),
-        BOOT * 2,
-        message=lambda: f"{len({b for b, _ in seen()})} of 400 handled\n{run.output()}",
+        BOOT * 4,  # six process starts, each seconds long on a loaded machine
+        message=lambda: f"{len({b for b, _ in seen()})} of 300 handled\n{run.output()}",
     )
     counts = Counter(b for b, _ in seen())
     assert all(counts[b] == 1 for b in bodies), [b for b in bodies if counts[b] != 1]
-    pids = {p for _, p in seen()}
-    assert len(pids) >= 3, pids  # 400 messages, 100 a process: replaced at least twice
+    per_process = Counter(p for _, p in seen())
+    # Exact: 300 messages, at most 50 started by a process, so at least 6 processes.
+    assert len(per_process) >= 6, per_process
+    assert max(per_process.values()) <= 50, per_process
     output = run.output()
-    assert "max_tasks_per_child 100" in output and "replaced (asked)" in output
+    assert "started 50 messages (max_tasks_per_child 50)" in output
+    assert "replaced (asked)" in output
     # No gap in consumption longer than a restart: the drain (nothing slow runs here)
-    # plus a process start, measured at 0.74-0.83 s on a shared 2-core machine; the
-    # bound is about 3x (see GAP_BOUND).
+    # plus a process start, measured at 0.74-0.83 s on a shared 2-core machine (and up to
+    # 8 s while six agents share it); the bound is the slowest start seen plus GAP_BOUND.
     times = sorted(float(line.split()[2]) for line in done.read_text().splitlines())
     gap = max(b - a for a, b in pairwise(times))
-    print(f"longest pause between handled messages: {gap:.2f} s")
-    assert gap < GAP_BOUND, f"consumption paused {gap:.2f} s\n{run.output()}"
+    boot = longest_boot(output)
+    print(f"longest pause between handled messages: {gap:.2f} s (slowest start {boot:.2f} s)")
+    assert gap < boot + GAP_BOUND, f"consumption paused {gap:.2f} s\n{run.output()}"
     run.signal(signal.SIGTERM)
     assert run.wait(30) == 0
+
+
+def longest_boot(output: str) -> float:
+    """Seconds from the supervisor's "worker N started" to that process's own "worker
+    started" (its imports and connections), the longest in ``output``."""
+    started: dict[int, float] = {}
+    boots = [0.0]
+    for line in output.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict) or "pid" not in event:
+            continue
+        at = datetime.fromisoformat(event["timestamp"]).timestamp()
+        if re.fullmatch(r"worker \d+ started", str(event.get("event"))):
+            started[event["pid"]] = at
+        elif event.get("event") == "worker started" and event["pid"] in started:
+            boots.append(at - started[event["pid"]])
+    return max(boots)
 
 
 HOLDING = """

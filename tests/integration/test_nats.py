@@ -278,19 +278,6 @@ def test_sync_producer_on_nats(nats_server: NatsServerProcess) -> None:
     assert got == [b"one", b"two", b"three"]
 
 
-def test_rpc_is_refused_at_registration_on_nats() -> None:
-    from nsqworker.rpc import rpc
-
-    registry = Registry()
-
-    @rpc("calc.add", channel="rpc", registry=registry)
-    def add(request: dict[str, int]) -> int:
-        return request["a"] + request["b"]
-
-    with pytest.raises(ConfigurationError, match="needs a transport with reply_address"):
-        asyncio.run(Worker(registry, settings("nats://127.0.0.1:1")).start())
-
-
 # ---------------------------------------------------------------------------- telemetry
 
 

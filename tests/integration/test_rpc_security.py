@@ -277,3 +277,41 @@ async def test_the_functions_own_publishing_errors_are_generic(nsqd: NsqdProcess
             "LocalProtocolError",
             "cannot encode set as JSON: Object of type set is not JSON serializable",
         )
+
+
+async def test_the_seed_clients_rcp_reply_topic_is_answered_by_default(nsqd: NsqdProcess) -> None:
+    """ensq_rpc, the seed's reference client, names its reply topic ``rcp-<hash>``: a
+    request built by hand as it sends one (docs/rpc.md) gets its answer, settings left
+    at their defaults."""
+    import struct
+
+    from nsqworker.consumer import Consumer
+    from nsqworker.message import FINISH, Outcome
+
+    replies: list[bytes] = []
+
+    def record(msg: Message) -> Outcome:
+        replies.append(msg.body)
+        return FINISH
+
+    registry, letters = Registry(), list[str]()
+    endpoint(registry, letters)
+    host, topic, request_id = b"127.0.0.1", b"rcp-123456789", bytes(range(16))
+    # vsn 0, id, encoding 1 (JSON), len(host), len(topic), port, host, topic, body
+    request = struct.pack(">B16sBBBI", 0, request_id, 1, len(host), len(topic), nsqd.tcp_port)
+    request += host + topic + b"21"
+    nsqd.create_channel("rcp-123456789", "caller")
+    settings = Settings(
+        nsqd_tcp_addresses=[nsqd.tcp_address], requeue_delay=0.05, drain_timeout=5.0
+    )
+    assert "rcp-*" in settings.rpc_reply_topics  # the default, not set here
+    reader = Consumer("rcp-123456789", "caller", record, settings)
+    await reader.start()
+    try:
+        async with Worker(registry, settings):
+            nsqd.publish("sec_rpc", request)
+            await wait_until(lambda: replies or letters, timeout=15, message="the reply")
+    finally:
+        await reader.stop(0)
+    assert letters == []
+    assert replies == [b"\x00" + request_id + b"\x01" + b'{"ok":21}']

@@ -55,6 +55,6 @@ async def test_an_async_handler_timing_out_twice_is_dead_lettered(
             (2, "the handler ran past its time limit of 0.2s on attempt 2 "
                 "(timeout_dead_letter_attempts 2: not retried)")
         ]  # fmt: skip
-    else:  # retried until max_attempts, as before
+    else:  # retried until max_attempts, dead-lettered at the last one
         assert attempts == [1, 2, 3]
-        assert letters == [(4, "max attempts exceeded")]
+        assert letters == [(3, "max attempts exceeded")]

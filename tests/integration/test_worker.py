@@ -182,9 +182,7 @@ async def test_reject_calls_hooks_once_publishes_the_dead_letter_then_finishes(
     assert channel(nsqd)["depth"] == 0 and channel(nsqd)["requeue_count"] == 0
 
 
-async def test_attempts_over_max_go_to_hooks_without_calling_the_handler(
-    nsqd: NsqdProcess,
-) -> None:
+async def test_the_last_failed_attempt_goes_to_the_hooks_at_once(nsqd: NsqdProcess) -> None:
     prepare(nsqd, (TOPIC, CHANNEL), (DEAD, "reader"))
     calls: list[tuple[bytes, int, str]] = []
     letters: list[dict[str, Any]] = []
@@ -198,11 +196,41 @@ async def test_attempts_over_max_go_to_hooks_without_calling_the_handler(
     nsqd.publish(TOPIC, bytes([0xFF, 0x00]))
     async with Worker(reg, fast_settings(nsqd)):
         await wait_until(lambda: letters, 10, "dead letter")
-        await wait_until(lambda: client_counts(nsqd) == (1, 2), 5, "2 REQ then FIN")
-    assert handled == [1, 2]  # the third delivery never reached the handler
-    assert calls == [(bytes([0xFF, 0x00]), 3, "max attempts exceeded")]
-    assert letters[0]["attempts"] == 3 and letters[0]["reason"] == "max attempts exceeded"
+        await wait_until(lambda: client_counts(nsqd) == (1, 1), 5, "1 REQ then FIN")
+    assert handled == [1, 2]  # the second failure was the last: no third delivery
+    assert calls == [(bytes([0xFF, 0x00]), 2, "max attempts exceeded")]
+    assert letters[0]["attempts"] == 2 and letters[0]["reason"] == "max attempts exceeded"
     assert letters[0]["body"] == "/wA=" and letters[0]["body_encoding"] == "base64"
+
+
+async def test_attempts_over_max_go_to_hooks_without_calling_the_handler(
+    nsqd: NsqdProcess,
+) -> None:
+    """A message whose count is already past a task's max_attempts (retried by a worker
+    that allowed more) is dead-lettered on arrival, its handler not called."""
+    prepare(nsqd, (TOPIC, CHANNEL), (DEAD, "reader"))
+    first: list[int] = []
+
+    async def retry_later(msg: Message) -> None:
+        first.append(msg.attempts)
+        raise Retry(delay=1.0)
+
+    nsqd.publish(TOPIC, b"x")
+    async with Worker(dead_letter_registry([], [], handler=retry_later), fast_settings(nsqd)):
+        await wait_until(lambda: first, 10, "the first delivery")
+    calls: list[tuple[bytes, int, str]] = []
+    letters: list[dict[str, Any]] = []
+    handled: list[int] = []
+
+    async def handle(msg: Message) -> None:
+        handled.append(msg.attempts)
+
+    reg = dead_letter_registry(calls, letters, handler=handle, max_attempts=1)
+    async with Worker(reg, fast_settings(nsqd)):
+        await wait_until(lambda: letters, 15, "dead letter")
+    assert first == [1] and handled == []
+    assert calls == [(b"x", 2, "max attempts exceeded")]
+    assert letters[0]["attempts"] == 2
 
 
 async def test_a_failing_dead_letter_hook_requeues_the_message(nsqd: NsqdProcess) -> None:

@@ -1,6 +1,6 @@
 """The Worker's log policy against a real nsqd (DESIGN.md "Logs"): a success writes
-nothing at info, a REQ one warning, a dead letter one error with its traceback, each
-busy task an info summary; an embedded Worker applies Settings.log_level itself."""
+nothing at info, a REQ one warning, a dead letter one error with its traceback (a
+``Reject``: one warning with its reason), each busy task an info summary; an embedded Worker applies Settings.log_level itself."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ async def test_a_req_writes_one_warning_with_its_delay(
     assert "not yet" in line["exception"]
 
 
-async def test_a_dead_letter_writes_one_error_with_the_traceback(
+async def test_a_reject_writes_one_warning_with_its_reason_and_no_traceback(
     nsqd: NsqdProcess, lines: Callable[[], list[dict[str, Any]]]
 ) -> None:
     dead: list[str] = []
@@ -104,9 +104,33 @@ async def test_a_dead_letter_writes_one_error_with_the_traceback(
         nsqd.publish(TOPIC, b"x")
         await wait_until(lambda: dead)
     [line] = [line for line in lines() if "id" in line]
-    assert (line["level"], line["event"], line["reason"]) == ("error", "dead-letter", "malformed")
-    assert "Reject" in line["exception"]
-    assert "raise Reject" in line["exception"]
+    assert (line["level"], line["event"], line["reason"]) == ("warning", "dead-letter", "malformed")
+    assert "exception" not in line  # an expected outcome: no traceback
+
+
+async def test_a_last_failed_attempt_writes_one_error_with_the_traceback(
+    nsqd: NsqdProcess, lines: Callable[[], list[dict[str, Any]]]
+) -> None:
+    dead: list[str] = []
+    registry = Registry()
+
+    @registry.task(
+        TOPIC, channel=CHANNEL, max_attempts=1, on_dead_letter=lambda msg, r: dead.append(r)
+    )
+    async def handle(msg: Message) -> None:
+        raise ValueError("broken")
+
+    async with Worker(registry, settings(nsqd, log_summary_interval=0)):
+        nsqd.publish(TOPIC, b"x")
+        await wait_until(lambda: dead)
+    [line] = [line for line in lines() if "id" in line]
+    assert (line["level"], line["event"]) == ("error", "dead-letter")
+    assert (line["reason"], line["attempts"], line["error"]) == (
+        "max attempts exceeded",
+        1,
+        "ValueError",
+    )
+    assert "raise ValueError" in line["exception"]
 
 
 async def test_a_busy_task_logs_a_summary_and_an_idle_one_does_not(
@@ -138,6 +162,39 @@ async def test_a_busy_task_logs_a_summary_and_an_idle_one_does_not(
     first = summaries[0]
     assert first["rate"] > 0
     assert 0 < first["p50_ms"] <= first["p99_ms"] <= 1.0  # no-op handlers: the 1 ms bucket
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_the_summary_shows_a_known_handler_time(
+    nsqd: NsqdProcess, lines: Callable[[], list[dict[str, Any]]], kind: str
+) -> None:
+    """Handlers that take 100 ms show p50 ~100 ms (interpolated in a bucket a few percent
+    wide), not the middle of the 0.1-0.5 s Prometheus bucket (300 ms)."""
+    import asyncio
+    import time
+
+    seen: list[str] = []
+    registry = Registry()
+    if kind == "async":
+
+        @registry.task(TOPIC, channel=CHANNEL, name="timed", max_in_flight=10)
+        async def timed(msg: Message) -> None:
+            await asyncio.sleep(0.1)
+            seen.append(msg.id)
+    else:
+
+        @registry.task(TOPIC, channel=CHANNEL, name="timed", max_in_flight=10)
+        def timed_sync(msg: Message) -> None:
+            time.sleep(0.1)
+            seen.append(msg.id)
+
+    async with Worker(registry, settings(nsqd, log_summary_interval=60)):
+        nsqd.mpublish(TOPIC, [b"x"] * 20)
+        await wait_until(lambda: len(seen) == 20, 20)
+    [summary] = [line for line in lines() if line["event"] == "summary"]  # the last window
+    assert summary["finished"] == 20
+    assert 100 <= summary["p50_ms"] < 150, summary  # a sleep of 100 ms takes at least that
+    assert summary["p50_ms"] <= summary["p99_ms"] < 200, summary
 
 
 EMBEDDED = """

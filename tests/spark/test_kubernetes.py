@@ -155,7 +155,7 @@ async def test_create_runs_and_completes(
     assert spec["image"] == "registry.example/spark-jobs:1.0" and spec["type"] == "Python"
 
 
-async def test_failure_requeues_then_dead_letters(
+async def test_a_failure_of_the_last_attempt_is_dead_lettered_at_once(
     nsqd: NsqdProcess, namespace: str, operator: Operator
 ) -> None:
     nsqd = prepare(nsqd)
@@ -169,7 +169,7 @@ async def test_failure_requeues_then_dead_letters(
         operator.set_state(app["metadata"]["name"], "FAILED", "driver OOMKilled")
         await wait_until(lambda: dead, 15, "the dead letter")
         requeued = (nsqd.channel_stats(TOPIC, CHANNEL) or {})["requeue_count"]
-    assert requeued == 1
+    assert requeued == 0  # its one allowed attempt failed: dead-lettered then
     assert dead == ["max attempts exceeded"]
 
 
@@ -243,7 +243,7 @@ async def test_a_job_past_its_time_limit_is_deleted_retried_then_dead_lettered(
         running.cancel()
     assert len(seen) == 2  # a new application per attempt: the first was deleted
     assert left == []
-    assert requeued == 2
+    assert requeued == 1  # the second failure was the last: dead-lettered then
     assert dead == ["max attempts exceeded"]
 
 

@@ -127,10 +127,10 @@ async def test_failing_job_is_requeued_then_dead_lettered(nsqd: NsqdProcess) -> 
         await wait_until(lambda: dead, 120, "the dead letter")
         await wait_until(lambda: finished(nsqd) == 1, 10, "the FIN after the dead letter")
         stats = channel(nsqd)
-    # Two runs, each failing and requeued; the third delivery is past max_attempts.
+    # Two runs, each failing; the second was the last allowed: dead-lettered at once.
     assert runs == [1, 2]
-    assert stats["requeue_count"] == 2
-    assert dead == [(3, "max attempts exceeded")]
+    assert stats["requeue_count"] == 1
+    assert dead == [(2, "max attempts exceeded")]
 
 
 async def test_bad_job_is_dead_lettered_without_submitting(nsqd: NsqdProcess) -> None:
@@ -364,8 +364,8 @@ async def test_a_job_past_its_time_limit_is_stopped_retried_then_dead_lettered(
     assert len(groups) == 2  # one job per attempt, each stopped at the limit
     assert all(process_group_alive(pgid) == [] for pgid in groups)
     assert runner.jobs == {}
-    assert stats["requeue_count"] == 2
-    assert dead == [(3, "max attempts exceeded")]
+    assert stats["requeue_count"] == 1  # the second failure was the last: no retry
+    assert dead == [(2, "max attempts exceeded")]
     failures = errors[:2]
     if where == "task":
         assert [type(e).__name__ for e in failures] == ["TaskTimeout", "TaskTimeout"]

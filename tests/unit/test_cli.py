@@ -88,9 +88,9 @@ def test_tasks_table_shows_resolved_values(runner: CliRunner, module: str) -> No
     assert "2 tasks" in result.stdout
     # max_attempts and requeue from settings
     archive = row(result.stdout, f"{module}.archive")  # in full, as logs and metrics say
-    assert archive[1:] == ["clicks", "archive", "7", "9", "5s", "-", "async"]
+    assert archive[1:] == ["clicks", "archive", "7", "9", "5s", "-", "-", "async"]
     report = row(result.stdout, f"{module}.build_report")
-    assert report[1:] == ["reports", "spark", "100", "3", "2.5s", "alert()", "sync"]
+    assert report[1:] == ["reports", "spark", "100", "3", "2.5s", "alert()", "-", "sync"]
     assert row(result.stdout, "→ reports.dead")
 
 
@@ -111,6 +111,7 @@ def test_tasks_json(runner: CliRunner, module: str) -> None:
         "body": None,
         "timeout": None,
         "transport": "nsq",
+        "publish_to": None,
         "defaults": ["max_attempts", "requeue_delay"],
     }
     assert report["on_dead_letter"] == f"{module}.alert"
@@ -375,3 +376,46 @@ def test_no_help_shows_a_bool_placeholder(runner: CliRunner, command: list[str])
     result = runner.invoke(app, [*command, "--help"], terminal_width=100)
     assert result.exit_code == 0, result.output
     assert "-h" in result.stdout and "<bool>" not in result.stdout
+
+
+def test_tasks_takes_the_transport_and_its_servers(runner: CliRunner, module: str) -> None:
+    args = ["tasks", f"{module}:registry", "--transport", "nats", "--nats", "nats://127.0.0.1:4222"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "on nats (" in result.stdout and "127.0.0.1:4222" in result.stdout
+    as_json = runner.invoke(app, [*args, "--json"])
+    assert {row["transport"] for row in json.loads(as_json.stdout)} == {"nats"}
+    bad = runner.invoke(app, ["tasks", f"{module}:registry", "--transport", "kafka"])
+    assert bad.exit_code == 2 and "--transport" in bad.stderr
+
+
+PIPELINE = """
+from nsqworker.task import Registry
+
+registry = Registry()
+
+@registry.task("orders", channel="price", publish_to="priced")
+async def price(msg):
+    return msg.body
+
+@registry.task("priced", channel="bill", publish_to="billed")
+def bill(msg):
+    return msg.body
+
+@registry.task("priced", channel="audit")
+async def audit(msg):
+    pass
+"""
+
+
+def test_tasks_show_the_pipeline_edges(runner: CliRunner, tmp_path: Path, module: str) -> None:
+    (tmp_path / f"{module}_pipe.py").write_text(PIPELINE)
+    table = runner.invoke(app, ["tasks", f"{module}_pipe:registry"])
+    assert table.exit_code == 0, table.output
+    name = f"{module}_pipe"
+    assert "→ priced" in row(table.stdout, f"{name}.price")
+    assert f"pipeline: {name}.price → priced → {name}.bill, {name}.audit" in table.stdout
+    assert f"pipeline: {name}.bill → billed → (no task here reads it)" in table.stdout
+    as_json = runner.invoke(app, ["tasks", f"{name}:registry", "--json"])
+    edges = {t["name"].rpartition(".")[2]: t["publish_to"] for t in json.loads(as_json.stdout)}
+    assert edges == {"price": "priced", "bill": "billed", "audit": None}

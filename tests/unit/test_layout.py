@@ -37,6 +37,8 @@ BUILT_ON_NSQ = (
     "nsqworker.rpc.replies",
     "nsqworker.rpc.client",
     "nsqworker.rpc.sync",
+    # RPC on NATS, the caller's side: a NATS connection (the endpoint stays a task)
+    "nsqworker.rpc.nats",
     "nsqworker.testing",  # starts real nsqd for users' tests
 )
 """Modules that are NSQ features by design, not part of the task layer."""

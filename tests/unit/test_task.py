@@ -372,6 +372,7 @@ async def run_callback(runner: _TaskRunner, msg: Message) -> Outcome | None:
         requeue_delay=lambda attempts: requeue_delay(
             attempts, s.requeue_delay, s.requeue_multiplier, s.max_requeue_delay
         ),
+        max_attempts=runner.spec.max_attempts or s.max_attempts,
     )
     result = runner.callback(msg)
     if result is DEFERRED:  # a sync handler: the pool reports through complete()

@@ -62,7 +62,7 @@ async def test_a_task_that_needs_a_capability_is_refused_at_start() -> None:
     with pytest.raises(ConfigurationError) as caught:
         await worker.start()
     text = str(caught.value)
-    assert "an @rpc endpoint" in text and "needs a transport with reply_address" in text
+    assert "an @rpc endpoint" in text and "needs a transport with rpc" in text
     assert "transport 'memory' has not" in text
 
 
@@ -144,3 +144,11 @@ def test_producer_follows_the_transport_of_its_settings(monkeypatch: pytest.Monk
     monkeypatch.setenv("NSQWORKER_TRANSPORT", "memory")
     with pytest.raises(ConfigurationError, match="'memory' has no producer"):
         Producer()
+
+
+async def test_the_memory_transport_has_the_method_its_hint_names() -> None:
+    broker = MemoryTransport()
+    with pytest.raises(TypeError, match=r"use publish_json\(\)"):
+        await broker.publish("hinted", {"id": 1})
+    await broker.publish_json("hinted", {"id": 1, "name": "é"})
+    assert broker.messages("hinted") == ['{"id":1,"name":"é"}'.encode()]

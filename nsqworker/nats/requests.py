@@ -1,0 +1,220 @@
+"""NATS request/reply for ``@rpc``: a core NATS queue subscription, not JetStream.
+
+A NATS request is a message with a reply subject that NATS routes back to the caller
+(``nats req``, ``nc.request()``, :class:`~nsqworker.rpc.RpcClient` on NATS). A stream
+capturing the subject would answer it with its own publish ack, so endpoints read
+requests with a plain subscription in the queue group ``channel``: the server hands each
+request to one of the group's members. Core NATS delivers at most once: nothing here is
+acknowledged, retried or dead-lettered by the server; the caller's timeout is the retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from nsqworker.errors import ConfigurationError
+from nsqworker.message import Message
+from nsqworker.nats.jetstream import check_channel, check_subject
+from nsqworker.transport import Flow, Receiver, SubscriptionStats, Timer
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+    from nats.aio.subscription import Subscription as NatsSub
+
+    from nsqworker.nats.client import NatsConnection
+
+__all__ = ["NatsRequest", "NatsRequestSubscription"]
+
+log = logging.getLogger("nsqworker.nats")
+_monotonic = time.monotonic
+
+
+class NatsRequest(Message):
+    """A request read from NATS: ``receipt`` is its reply subject and
+    ``await respond(body, headers)`` answers it there."""
+
+    __slots__ = ("respond",)
+
+    def __init__(self, *args: Any, respond: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.respond = respond
+
+
+class NatsRequestSubscription:
+    """Requests to ``topic`` (a subject), one of the queue group ``channel`` each."""
+
+    def __init__(
+        self, topic: str, channel: str, connection: NatsConnection, *, name: str,
+        max_in_flight: int,
+    ) -> None:  # fmt: skip
+        self.topic = check_subject(topic)
+        self.channel = check_channel(channel)
+        self.name = name
+        self.connection = connection
+        self.window = max_in_flight
+        self.in_flight = 0
+        self.received = 0
+        self.dropped = 0
+        self._receiver: Receiver | None = None
+        self._deliver: Callable[[Message], bool] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sub: NatsSub | None = None
+        self._stopping = False
+        self._prefix = os.urandom(4).hex().encode()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __repr__(self) -> str:
+        return f"<NatsRequestSubscription {self.topic} queue={self.channel}>"
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def start(self, receiver: Receiver) -> None:
+        """Connect and join the queue group; a server that does not answer is retried
+        in the background (``ready`` stays False), refused credentials raise."""
+        if self._receiver is not None:
+            return
+        self._receiver = receiver
+        self._deliver = receiver.deliver
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self._subscribe()
+        except ConfigurationError:
+            raise
+        except Exception as exc:
+            log.warning("%s: NATS not ready (%s); retrying", self.name, exc)
+            self._spawn(self._subscribe_until_done())
+
+    async def _subscribe(self) -> None:
+        client = await self.connection.get()
+        if self._sub is None and not self._stopping:
+            self._sub = await client.subscribe(self.topic, queue=self.channel, cb=self._on_msg)
+            log.info(
+                "%s: serving NATS requests on %s (queue %s)", self.name, self.topic, self.channel
+            )
+
+    async def _subscribe_until_done(self) -> None:
+        delay = 0.1
+        while self._sub is None and not self._stopping:
+            await asyncio.sleep(delay)
+            try:
+                await self._subscribe()
+            except Exception as exc:
+                log.debug("%s: NATS still not ready: %s", self.name, exc)
+                delay = min(delay * 2, 5.0)
+
+    async def stop(self) -> None:
+        """Take no more requests: leave the queue group (the server sends new requests to
+        its other members); requests in hand are still answered."""
+        self._stopping = True
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await asyncio.wait_for(sub.unsubscribe(), timeout=5.0)
+            except Exception:
+                log.debug("leaving the queue group failed", exc_info=True)
+
+    async def close(self) -> None:
+        """Stop, and end the background work."""
+        await self.stop()
+        for task in list(self._tasks):
+            task.cancel()
+
+    @property
+    def subscribed(self) -> bool:
+        """True while in the queue group and connected."""
+        return self._sub is not None and self.connection.connected
+
+    @property
+    def ready(self) -> bool:
+        """Connected and serving."""
+        return self.subscribed and not self._stopping
+
+    def clock(self) -> float:
+        """Monotonic seconds: the clock of ``received_at``."""
+        return _monotonic()
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        """``callback`` after ``delay`` seconds, on the loop."""
+        loop = self._loop or asyncio.get_running_loop()
+        return loop.call_later(delay, callback)
+
+    def set_flow(self, flow: Flow, window: int) -> None:
+        """Noted only: core NATS has no flow control; requests over the window wait in
+        the dispatcher, and a caller that waits too long times out."""
+        self.window = window
+
+    # --- requests --------------------------------------------------------------
+
+    async def _on_msg(self, msg: Msg) -> None:
+        if not msg.reply:  # a plain publish, not a request: nobody to answer
+            self.dropped += 1
+            return
+        self.received += 1
+        message = NatsRequest(
+            self._prefix + b"%08x" % (self.received & 0xFFFFFFFF), msg.data, time.time_ns(), 1,
+            self.topic, self.channel, self.connection.address, self._receiver, msg.reply,
+            _monotonic(), msg.headers, respond=self._respond,
+        )  # fmt: skip
+        self.in_flight += 1
+        if self._deliver(message):  # type: ignore[misc]
+            self.in_flight -= 1
+
+    async def _respond(
+        self, reply: str, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> None:
+        client = await self.connection.get()
+        await client.publish(reply, body, headers=dict(headers) if headers else None)
+
+    def ack(self, msg: Message) -> None:
+        """Nothing to send: a core NATS request is not acknowledged."""
+        self.in_flight -= 1
+
+    def retry(self, msg: Message, delay: float) -> None:
+        """Nothing to send: core NATS does not deliver a request again (the caller's
+        timeout is the retry)."""
+        self.in_flight -= 1
+        self.dropped += 1
+
+    def reject(self, msg: Message) -> None:
+        """Nothing to send (its dead letter, if any, is written by the task layer)."""
+        self.in_flight -= 1
+
+    def keep_alive(self, msg: Message) -> None:
+        """Nothing: a request has no deadline on the server."""
+
+    def keep_alive_interval(self, msg: Message) -> float | None:
+        """None: nothing to keep alive."""
+        return None
+
+    def max_hold(self, msg: Message) -> float | None:
+        """None: no limit on the server's side (the caller's timeout is the limit)."""
+        return None
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- stats -----------------------------------------------------------------
+
+    def stats(self) -> SubscriptionStats:
+        """In hand, and the connection's errors."""
+        return SubscriptionStats(
+            connected=int(self.connection.connected),
+            window=self.window,
+            in_flight=self.in_flight,
+            errors=dict(self.connection.errors),
+            connections=[{
+                "address": self.connection.address, "subject": self.topic,
+                "queue": self.channel, "received": self.received, "dropped": self.dropped,
+            }],
+        )  # fmt: skip
+
+    def describe(self) -> dict[str, Any]:
+        """Where this subscription reads from (for logs)."""
+        return {"nats": self.connection.servers, "subject": self.topic, "queue": self.channel}
