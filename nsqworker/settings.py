@@ -45,6 +45,7 @@ from nsqworker.config_files import (
     unknown_env_vars,
 )
 from nsqworker.errors import ConfigurationError
+from nsqworker.schedules.settings import ScheduleSettings
 from nsqworker.setting_values import (
     app_uri_pattern,
     lookupd_address,
@@ -583,7 +584,7 @@ class _CoreSettings(BaseSettings):
         return str(value)
 
 
-class Settings(StreamSettings, NatsSettings, _CoreSettings):
+class Settings(ScheduleSettings, StreamSettings, NatsSettings, _CoreSettings):
     """nsqworker's settings; see the module docstring for where values come from.
 
     The other brokers' fields (:mod:`nsqworker.broker_settings`) come after NSQ's."""

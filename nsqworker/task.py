@@ -28,7 +28,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, Never, ParamSpec, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Never, ParamSpec, Protocol, TypeVar, cast
 
 from nsqworker.bodies import BodySpec, body_spec
 from nsqworker.errors import ConfigurationError, InvalidName
@@ -52,6 +52,9 @@ from nsqworker.outcomes import (
     outcome_of_error,
     outcome_of_return,
 )
+
+if TYPE_CHECKING:
+    from nsqworker.schedules.cron import Schedule
 
 __all__ = [
     "DeadLetterHook",
@@ -80,7 +83,7 @@ MAX_ATTEMPTS = 65535
 MAX_TIMEOUT = 7 * 86400.0
 OPTIONS = (
     "channel", "max_in_flight", "max_attempts", "requeue_delay", "on_dead_letter",
-    "dead_letter_topic", "name", "envelope", "timeout", "hooks",
+    "dead_letter_topic", "name", "envelope", "timeout", "hooks", "schedule", "timezone",
 )  # fmt: skip
 
 
@@ -123,6 +126,8 @@ class TaskSpec:
     """The task's own hooks (the registry's run first)."""
     body: BodySpec | None = None
     """The body's type when the handler declares one (typed bodies), else None."""
+    schedule: Schedule | None = None
+    """When the task fires on its own (``schedule=``), else None; docs/schedules.md."""
 
     @property
     def location(self) -> str:
@@ -328,6 +333,8 @@ class Registry:
         envelope: bool | None = None,
         timeout: float | None = None,
         hooks: list[object] | tuple[object, ...] | None = None,
+        schedule: str | list[str] | tuple[str, ...] | None = None,
+        timezone: str | None = None,
         **unknown: Never,
     ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]:
         """Declare the decorated function as the handler of ``topic`` on ``channel``.
@@ -355,6 +362,12 @@ class Registry:
                 replaced after a drain (docs/tasks.md, "Time limits").
             hooks: objects with any of ``before``, ``after``, ``on_error`` and
                 ``on_dead_letter`` methods, run for this task after the registry's.
+            schedule: a cron expression (5 fields, or 6 with seconds first), or a list
+                of them: at each tick the schedule leader publishes
+                ``{"task": name, "scheduled_for": "<UTC>"}`` to ``topic``, once across
+                every replica (docs/schedules.md).
+            timezone: the IANA time zone of ``schedule`` (default UTC); daylight saving
+                time is handled as Debian's cron does.
 
         Raises:
             TaskDefinitionError: at import, naming the problem and what to change.
@@ -387,11 +400,15 @@ class Registry:
         except TypeError as exc:
             _fail(where, str(exc).removeprefix(f"{where}: "))
 
+        if timezone is not None and schedule is None:
+            _fail(where, f"timezone={timezone!r} needs schedule=... (a cron expression)")
+
         def decorate(func: Callable[P, R]) -> TaskFunction[P, R]:
             body = _check_handler(where, func)
             module = str(getattr(func, "__module__", None) or "")
+            task_name = name or f"{module}.{_name(func)}"
             spec = TaskSpec(
-                name=name or f"{module}.{_name(func)}",
+                name=task_name,
                 topic=topic,
                 channel=channel,
                 func=cast("Callable[[Message], Any]", func),
@@ -406,6 +423,7 @@ class Registry:
                 timeout=None if timeout is None else float(timeout),
                 hooks=task_hooks,
                 body=body,
+                schedule=_schedule(f"{where}, task {task_name!r}", schedule, timezone),
             )
             self.add(spec)
             func.spec = spec  # type: ignore[attr-defined]
@@ -438,6 +456,18 @@ class Registry:
         if self is default_registry:
             for captured in _captures:
                 captured.append(spec.name)
+
+
+def _schedule(where: str, schedule: Any, timezone: str | None) -> Schedule | None:
+    """The checked :class:`~nsqworker.schedules.cron.Schedule` of ``schedule=``, or None."""
+    if schedule is None:
+        return None
+    from nsqworker.schedules.cron import Schedule, ScheduleError
+
+    try:
+        return Schedule.of(schedule, timezone)
+    except ScheduleError as exc:
+        _fail(where, str(exc))
 
 
 def _hook_callable(hook: Any, kind: str) -> Any:
