@@ -467,7 +467,8 @@ def _schedule(where: str, schedule: Any, timezone: str | None) -> Schedule | Non
     try:
         return Schedule.of(schedule, timezone)
     except ScheduleError as exc:
-        _fail(where, str(exc))
+        problem = str(exc)
+    _fail(where, problem)  # outside the except: the user's frame alone, not cronsim's
 
 
 def _hook_callable(hook: Any, kind: str) -> Any:
