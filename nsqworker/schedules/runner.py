@@ -90,9 +90,14 @@ def make_store(leader: str, settings: Settings, name: str) -> LeaseStore:
 Publish = Callable[[Scheduled, datetime], Awaitable[None]]
 
 
-def make_publisher(settings: Settings) -> tuple[Publish, Callable[[], Awaitable[None]]]:
-    """``(publish, close)`` on the settings' transport. NATS publishes carry the tick as
-    ``Nats-Msg-Id``, so the stream drops a second copy of a tick."""
+def make_publisher(
+    settings: Settings, tasks: list[Scheduled], name: str
+) -> tuple[Publish, Callable[[], Awaitable[None]]]:
+    """``(publish, close)`` on the settings' transport, deduplicated by the broker where
+    it can: NATS publishes carry ``Nats-Msg-Id: <task>@<tick>``; RabbitMQ Streams ones
+    the publisher reference ``nsqworker-schedules-<lease name>`` and publishing id
+    ``<tick in epoch seconds> * 1000 + <task's rank among the topic's scheduled
+    tasks>``, so the stream stores a second copy of a tick only once."""
     timeout = max(
         0.5, min(5.0, settings.schedule_lease_duration - settings.schedule_renew_deadline)
     )
@@ -107,6 +112,18 @@ def make_publisher(settings: Settings) -> tuple[Publish, Callable[[], Awaitable[
             )
 
         return publish_nats, nats.close
+    if settings.transport == "rabbitmq-stream":
+        from nsqworker.streams.producer import StreamProducer
+
+        reference = f"nsqworker-schedules-{name}"
+        stream = StreamProducer(settings=settings, timeout=timeout, reference=reference)
+        rank = stream_ranks(tasks)
+
+        async def publish_stream(task: Scheduled, tick: datetime) -> None:
+            pid = int(tick.timestamp()) * 1000 + rank[task.name]
+            await stream.send(task.topic, [tick_body(task.name, tick)], publishing_ids=[pid])
+
+        return publish_stream, stream.close
     from nsqworker.transport import create_transport
 
     transport = create_transport(settings)
@@ -116,6 +133,20 @@ def make_publisher(settings: Settings) -> tuple[Publish, Callable[[], Awaitable[
         await asyncio.wait_for(publisher.publish(task.topic, tick_body(task.name, tick)), timeout)
 
     return publish, transport.close
+
+
+def stream_ranks(tasks: Iterable[Scheduled]) -> dict[str, int]:
+    """Each task's rank (by name) among the scheduled tasks of its topic, below 1000:
+    the last three digits of its publishing ids on RabbitMQ Streams."""
+    by_topic: dict[str, list[str]] = {}
+    for task in tasks:
+        by_topic.setdefault(task.topic, []).append(task.name)
+    ranks = {}
+    for names in by_topic.values():
+        if len(names) > 1000:
+            raise ConfigurationError("more than 1000 scheduled tasks on one stream")
+        ranks.update({name: i for i, name in enumerate(sorted(names))})
+    return ranks
 
 
 def identity() -> str:
@@ -191,7 +222,7 @@ class ScheduleRunner:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         ready.set()
-        publish, close = make_publisher(self.settings)
+        publish, close = make_publisher(self.settings, self.tasks, self.name)
         self.scheduler = Scheduler(
             self.tasks, self.elector, publish, catchup=self.settings.schedule_catchup
         )
