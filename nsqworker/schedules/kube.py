@@ -33,9 +33,10 @@ ANNOTATION = "nsqworker.io/last-fired"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-def in_pod(account_dir: Path = SERVICE_ACCOUNT_DIR) -> bool:
+def in_pod(account_dir: Path | None = None) -> bool:
     """True in a Kubernetes pod that mounts a service-account token."""
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and (account_dir / "token").is_file()
+    token = (account_dir or SERVICE_ACCOUNT_DIR) / "token"
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and token.is_file()
 
 
 class KubeLeaseStore:

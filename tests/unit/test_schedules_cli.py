@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nsqworker.cli import app
+from nsqworker.message import Message
 from nsqworker.schedules.cron import parse_tick
 
 ENV = {"COLUMNS": "250", "NO_COLOR": "1", "TERM": "dumb"}
@@ -117,3 +118,47 @@ def test_run_refuses_lease_timings_that_cannot_work(write, monkeypatch: pytest.M
         "error: schedule_renew_deadline (20) must be below schedule_lease_duration (15), so "
         "that a leader stops firing before another may take over"
     )
+
+
+def test_spark_task_decorators_take_a_schedule() -> None:
+    from nsqworker import Registry
+    from nsqworker.spark import SparkJob, spark_task
+    from nsqworker.spark.session_task import spark_session_task
+
+    registry = Registry()
+
+    @spark_task(
+        "reports", channel="s", registry=registry, schedule="0 6 * * *", timezone="Europe/Berlin"
+    )
+    def daily(msg: Message) -> SparkJob:
+        return SparkJob(app="jobs/daily.py")
+
+    @spark_session_task("reports", channel="ss", registry=registry, schedule=["*/5 * * * * *"])
+    def session(msg, spark):  # type: ignore[no-untyped-def]
+        pass
+
+    shown = {spec.name.rsplit(".", 1)[1]: str(spec.schedule) for spec in registry}
+    assert shown == {"daily": "0 6 * * * (Europe/Berlin)", "session": "*/5 * * * * *"}
+
+
+def test_the_leader_defaults_to_kubernetes_only_in_a_pod_with_a_service_account(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nsqworker.schedules import kube
+    from nsqworker.schedules.runner import choose_leader, lease_name
+    from nsqworker.settings import Settings
+
+    monkeypatch.delenv("NSQWORKER_SCHEDULE_LEADER", raising=False)
+    monkeypatch.setattr(kube, "SERVICE_ACCOUNT_DIR", tmp_path)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert choose_leader(Settings())[0] == "none"
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    assert choose_leader(Settings())[0] == "none"  # no token mounted
+    (tmp_path / "token").write_text("t")
+    assert choose_leader(Settings()) == ("kubernetes", "running in a pod with a service account")
+    assert choose_leader(Settings(schedule_leader="NATS")) == ("nats", "NSQWORKER_SCHEDULE_LEADER")
+    assert (
+        lease_name("My_Service.tasks:registry", Settings())
+        == "nsqworker-schedules-my-service.tasks"
+    )
+    assert lease_name("x", Settings(schedule_lease_name="beat")) == "beat"
