@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from nsqworker.schedules.lease import Conflict, LeaseDenied, LeaseRecord
 
 if TYPE_CHECKING:
-    from nsqworker.nats.client import NatsConnection
     from nsqworker.settings import Settings
 
 __all__ = ["NatsLeaseStore"]
@@ -26,14 +25,14 @@ _PERMISSION = "permissions violation"
 
 
 class NatsLeaseStore:
-    """The entry ``key`` of bucket ``bucket`` on ``connection``."""
+    """The entry ``key`` of bucket ``bucket`` on ``connection`` (the NATS transport's
+    connection object, as its producer holds it: ``jetstream()`` and ``close()``)."""
 
-    def __init__(self, connection: NatsConnection, bucket: str, key: str, settings: Settings):
+    def __init__(self, connection: Any, bucket: str, key: str, settings: Settings):
         self.connection = connection
         self.bucket = bucket
         self.key = key
         self.replicas = settings.nats_stream_replicas
-        self.timeout = max(0.5, settings.schedule_renew_deadline / 2)
         self.description = f"JetStream KV {bucket}/{key}"
         self._kv: Any = None
 

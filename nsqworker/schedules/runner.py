@@ -79,11 +79,13 @@ def make_store(leader: str, settings: Settings, name: str) -> LeaseStore:
             raise ConfigurationError(
                 "schedule_leader nats needs nats-py: pip install 'nsq-worker[nats]'"
             )
-        from nsqworker.nats.client import NatsConnection
         from nsqworker.schedules.nats_kv import NatsLeaseStore
+        from nsqworker.transport import other_producer
 
-        connection = NatsConnection(settings, name="nsqworker-schedules")
-        return NatsLeaseStore(connection, settings.schedule_kv_bucket, name, settings)
+        # the NATS transport's own producer, for its connection (through the registry)
+        nats_settings = settings.model_copy(update={"transport": "nats"})
+        producer: Any = other_producer(nats_settings, 5.0)
+        return NatsLeaseStore(producer.connection, settings.schedule_kv_bucket, name, settings)
     return LocalStore()
 
 
@@ -101,22 +103,19 @@ def make_publisher(
     timeout = max(
         0.5, min(5.0, settings.schedule_lease_duration - settings.schedule_renew_deadline)
     )
-    if settings.transport == "nats":
-        from nsqworker.nats.producer import NatsProducer
+    from nsqworker.transport import create_transport, other_producer
 
-        nats = NatsProducer(settings=settings, timeout=timeout)
+    if settings.transport == "nats":
+        nats: Any = other_producer(settings, timeout)  # a NatsProducer, from the registry
 
         async def publish_nats(task: Scheduled, tick: datetime) -> None:
-            await nats.publish(
-                task.topic, tick_body(task.name, tick), msg_id=tick_id(task.name, tick)
-            )
+            body = tick_body(task.name, tick)
+            await nats.publish(task.topic, body, msg_id=tick_id(task.name, tick))
 
         return publish_nats, nats.close
     if settings.transport == "rabbitmq-stream":
-        from nsqworker.streams.producer import StreamProducer
-
-        reference = f"nsqworker-schedules-{name}"
-        stream = StreamProducer(settings=settings, timeout=timeout, reference=reference)
+        stream: Any = other_producer(settings, timeout)  # a StreamProducer, from the registry
+        stream.reference = f"nsqworker-schedules-{name}"
         rank = stream_ranks(tasks)
 
         async def publish_stream(task: Scheduled, tick: datetime) -> None:
@@ -124,8 +123,6 @@ def make_publisher(
             await stream.send(task.topic, [tick_body(task.name, tick)], publishing_ids=[pid])
 
         return publish_stream, stream.close
-    from nsqworker.transport import create_transport
-
     transport = create_transport(settings)
     publisher: Any = transport.publisher()
 
