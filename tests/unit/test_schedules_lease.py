@@ -4,9 +4,14 @@ store, a simulated clock, kills and pauses of the leader."""
 from __future__ import annotations
 
 import asyncio
+import io
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from nsqworker.logging import configure_logging
 from nsqworker.schedules.cron import Schedule, format_tick
 from nsqworker.schedules.firing import Scheduled, Scheduler, tick_body
 from nsqworker.schedules.lease import Conflict, Elector, LeaseRecord, LocalStore, Timings
@@ -14,6 +19,15 @@ from nsqworker.schedules.lease import Conflict, Elector, LeaseRecord, LocalStore
 START = datetime(2026, 1, 1, tzinfo=UTC)
 TIMINGS = Timings(lease_duration=6.0, renew_deadline=4.0, retry_period=1.0)
 TASK = Scheduled("app.tick", "ticks", Schedule.of("* * * * * *"))
+
+
+@pytest.fixture(autouse=True)
+def logs() -> Iterator[io.StringIO]:
+    """The lines these tests log, in a buffer of their own (not a stream another test
+    set up and closed)."""
+    buffer = io.StringIO()
+    configure_logging("info", "json", stream=buffer)
+    yield buffer
 
 
 class Clock:
