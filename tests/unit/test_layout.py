@@ -41,7 +41,7 @@ BUILT_ON_NSQ = (
 )
 """Modules that are NSQ features by design, not part of the task layer."""
 TASK_POLICY_WORDS = frozenset({
-    "max_attempts", "give_up", "dead_letter", "BackoffState", "requeue_delay", "Policy",
+    "max_attempts", "give_up", "dead_letter", "Backoff", "BackoffPhase", "requeue_delay", "Policy",
     "drain_timeout", "backoff_multiplier", "requeue_multiplier", "task_timeout", "DEFERRED",
     "GiveUp", "Dispatcher", "Hooks", "dead_letter_topic", "on_dead_letter",
 })  # fmt: skip
