@@ -171,9 +171,11 @@ class Supervisor:
         self.target = target
         self.schedules = schedules
         """This supervisor's schedule candidate (``@task(schedule=...)``), if any."""
+        self.metrics = WorkerMetrics()
+        if schedules is not None:
+            self.metrics.extra.append(schedules.metrics)
         self.settings = settings
         self.policy = policy or Policy()
-        self.metrics = WorkerMetrics()
         self._ctx = multiprocessing.get_context("spawn")
         self._slots: list[_Child | None] = [None] * settings.workers
         self._restart_at: dict[int, float] = {i: 0.0 for i in range(settings.workers)}

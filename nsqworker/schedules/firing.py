@@ -83,6 +83,10 @@ class Scheduler:
         self.denied: str | None = None
         """Why the lease may not be used (RBAC), once that was found; nothing fires."""
         self.fired = 0
+        self.fired_by_task: dict[str, int] = {t.name: 0 for t in self.tasks}
+        """Ticks this candidate published, per task (for /metrics)."""
+        self.skipped_by_task: dict[str, int] = {t.name: 0 for t in self.tasks}
+        """Ticks this candidate skipped as older than the catch-up window, per task."""
         self._pause_until = float("-inf")  # after a failed publish
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -159,6 +163,7 @@ class Scheduler:
                     f"older than schedule_catchup ({self.catchup:g} s)"
                 )
                 self._last[task.name] = found.last_skipped
+                self.skipped_by_task[task.name] += found.skipped
                 if not found.ticks and not await self.elector.record(
                     {task.name: format_tick(found.last_skipped)}
                 ):
@@ -178,6 +183,7 @@ class Scheduler:
                 return
             for task in tasks:
                 self._last[task.name] = tick
+                self.fired_by_task[task.name] += 1
             self.fired += len(tasks)
             if not await self._record({t.name: format_tick(tick) for t in tasks}):
                 return  # published, not recorded: the next leader fires it again
@@ -194,6 +200,10 @@ class Scheduler:
             log.warning(f"schedule {shown} fired, not yet recorded: {exc}")
             self._pause_until = self._clock() + PUBLISH_RETRY
             return False
+
+    def last_fired(self) -> dict[str, datetime]:
+        """The last tick fired (or skipped) per task, as this candidate knows it."""
+        return dict(self._last)
 
     def _sleep(self) -> float:
         """Seconds until the next tick or renewal, at most :data:`MAX_SLEEP`."""

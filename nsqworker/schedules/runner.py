@@ -16,7 +16,7 @@ import re
 import socket
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -184,6 +184,42 @@ class ScheduleRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self.scheduler: Scheduler | None = None
+
+    def metrics(self) -> Iterator[Any]:
+        """Prometheus families for the supervisor's /metrics: whether this candidate
+        leads, and per task the ticks it fired and skipped and the last tick fired."""
+        from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+
+        scheduler = self.scheduler
+        leading = GaugeMetricFamily(
+            "nsqworker_schedule_leader",
+            "1 while this supervisor is the schedule leader (may fire), else 0.",
+            labels=("backend",),
+        )
+        leading.add_metric([self.leader], 1.0 if self.elector.leading else 0.0)
+        yield leading
+        fired = CounterMetricFamily(
+            "nsqworker_schedule_ticks_fired", "Ticks this supervisor published.", labels=("task",)
+        )
+        skipped = CounterMetricFamily(
+            "nsqworker_schedule_ticks_skipped",
+            "Ticks skipped as older than schedule_catchup.",
+            labels=("task",),
+        )
+        last = GaugeMetricFamily(
+            "nsqworker_schedule_last_tick_seconds",
+            "Unix time of the last tick this supervisor fired or skipped, per task.",
+            labels=("task",),
+        )
+        marks = scheduler.last_fired() if scheduler is not None else {}
+        for task in self.tasks:
+            fired.add_metric([task.name], scheduler.fired_by_task[task.name] if scheduler else 0)
+            skipped.add_metric(
+                [task.name], scheduler.skipped_by_task[task.name] if scheduler else 0
+            )
+            if task.name in marks:
+                last.add_metric([task.name], marks[task.name].timestamp())
+        yield from (fired, skipped, last)
 
     def start(self) -> None:
         """Log the leader backend (once) and start campaigning on a daemon thread."""

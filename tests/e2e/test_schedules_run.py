@@ -87,6 +87,11 @@ def kill_the_leader_and_check(
     wait_for(lambda: max(handled(path), default="") >= until, 30, message=lambda: rest[0].output())
     new = leader()
     assert new in {r.proc.pid for r in rest}, (new, [r.proc.pid for r in rest])
+    # /metrics says who leads, and what it fired
+    leading = [r for r in rest if r.metric("nsqworker_schedule_leader") == 1]
+    assert [r.proc.pid for r in leading] == [new]
+    assert leading[0].metric("nsqworker_schedule_ticks_fired_total") >= 10
+    assert leading[0].metric("nsqworker_schedule_last_tick_seconds") > killed.timestamp()
     for run in rest:
         run.signal(signal.SIGTERM)
     for run in rest:
