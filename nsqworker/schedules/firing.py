@@ -93,7 +93,11 @@ class Scheduler:
         """Lead or follow until ``stop``; release the lease on the way out."""
         try:
             while not stop.is_set():
-                await self.turn()
+                try:
+                    await self.turn()
+                except Exception:  # a bug or a surprise: log it, keep campaigning
+                    log.exception("schedule turn failed; trying again")
+                    self._pause_until = self._clock() + self.elector.timings.retry_period
                 with_timeout = self._sleep()
                 try:
                     await asyncio.wait_for(stop.wait(), with_timeout)
