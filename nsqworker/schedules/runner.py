@@ -165,11 +165,6 @@ class ScheduleRunner:
 
         if problems := timing_problems(settings):
             raise ConfigurationError("; ".join(problems))
-        if settings.transport == "nsq" and not settings.nsqd_tcp_addresses:
-            raise ConfigurationError(
-                "scheduled tasks publish to nsqd_tcp_addresses, and none is set: set "
-                "NSQWORKER_NSQD_TCP_ADDRESSES (or --nsqd) to the nsqd the ticks go to"
-            )
         self.leader, why = choose_leader(settings)
         self.name = lease_name(target, settings)
         store = make_store(self.leader, settings, self.name)
