@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings
 
 __all__ = ["LEADERS", "ScheduleSettings", "timing_problems"]
@@ -31,13 +31,11 @@ class ScheduleSettings(BaseSettings):
     )
     schedule_lease_name: str | None = Field(
         None,
-        pattern=_DNS_NAME,
         description="Name of the Lease (or KV key) schedules elect their leader with;"
         " unset: nsqworker-schedules-<tasks module>.",
     )
     kubernetes_namespace: str | None = Field(
         None,
-        pattern=_NAMESPACE,
         description="Namespace of the Lease; unset: the pod's service-account namespace,"
         " else the kubeconfig context's, else default.",
     )
@@ -78,10 +76,32 @@ class ScheduleSettings(BaseSettings):
         "schedule_leader", "schedule_lease_name", "kubernetes_namespace", mode="before"
     )
     @classmethod
-    def _schedule_empty_is_unset(cls, value: Any) -> Any:
+    def _schedule_empty_is_unset(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, str):
             value = value.strip()
-            return value.lower() if value else None
+            if not value:
+                return None
+            return value.lower() if info.field_name == "schedule_leader" else value
+        return value
+
+    @field_validator("schedule_lease_name")
+    @classmethod
+    def _check_lease_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(_DNS_NAME, value):
+            raise ValueError(
+                "must be a Kubernetes object name: lower-case letters, digits, - and ., "
+                "starting and ending with a letter or digit, at most 253 characters"
+            )
+        return value
+
+    @field_validator("kubernetes_namespace")
+    @classmethod
+    def _check_namespace(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(_NAMESPACE, value):
+            raise ValueError(
+                "must be a namespace name: lower-case letters, digits and -, starting and "
+                "ending with a letter or digit, at most 63 characters"
+            )
         return value
 
     @field_validator("schedule_kv_bucket")
