@@ -65,12 +65,13 @@ lint: venv
 	.venv/bin/hadolint Dockerfile examples/docker/Dockerfile
 
 # The sections of docs/benchmarks.md (NATS among them: nats-server is installed too), then
-# RPC (bench/rpc.py) and Spark (bench/spark.py), which print their own tables (docs/rpc.md
-# and docs/spark.md explain them).
+# RPC (bench/rpc.py), schedules (bench/schedules.py) and Spark (bench/spark.py), which
+# print their own tables (docs/rpc.md, docs/schedules.md and docs/spark.md explain them).
 bench: venv tools-nsq
 	@scripts/install-tools nats
 	.venv/bin/python -m bench
 	.venv/bin/python -m bench.rpc
+	.venv/bin/python -m bench.schedules
 	@scripts/install-tools spark
 	.venv/bin/python -m bench.spark
 

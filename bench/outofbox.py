@@ -95,12 +95,15 @@ def measure(
     workers: int,
     idle: Series | None,
     tree: Path = ROOT,
+    tasks: str = TASKS,
+    extra_env: dict[str, str] | None = None,
 ) -> None:
-    """One run of ``nsqworker run --workers N`` (of ``tree``: this checkout by default)."""
+    """One run of ``nsqworker run --workers N`` (of ``tree``: this checkout by default)
+    on the module ``tasks`` (default: the one no-op task), with ``extra_env``."""
     topic = broker.fresh_topic("outofbox")
     with tempfile.TemporaryDirectory(prefix="nsqworker-outofbox-") as tmp:
         folder = Path(tmp)
-        (folder / "bench_tasks.py").write_text(TASKS)
+        (folder / "bench_tasks.py").write_text(tasks)
         port = _free_port()
         env = child_env(tree)
         env.update(
@@ -113,6 +116,7 @@ def measure(
         )
         if workers != 1:
             env["NSQWORKER_WORKERS"] = str(workers)
+        env.update(extra_env or {})
         argv = [sys.executable, "-m", "nsqworker", "run", "bench_tasks"]
         proc = spawn(argv, env=env, cwd=tree)
         try:

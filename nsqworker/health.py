@@ -170,6 +170,8 @@ class WorkerMetrics(Collector):
         """Processes started to replace one that died."""
         self.alive = 0
         """Processes running now (set by the supervisor)."""
+        self.extra: list[Callable[[], Iterable[Metric]]] = []
+        """More metric families, collected with these (the schedules' candidate)."""
 
     def update(self, key: int, snapshot: Mapping[str, Any]) -> None:
         """Store process ``key``'s latest snapshot."""
@@ -237,6 +239,8 @@ class WorkerMetrics(Collector):
             "Worker processes started to replace one that died.",
             value=self.restarts,
         )
+        for families in self.extra:
+            yield from families()
 
     @staticmethod
     def _counter_families(totals: list[TaskTotals]) -> Iterator[Metric]:

@@ -46,6 +46,7 @@ from nsqworker.config_files import (
 )
 from nsqworker.errors import ConfigurationError
 from nsqworker.handler_limits import HandlerLimitSettings
+from nsqworker.schedules.settings import ScheduleSettings
 from nsqworker.setting_values import (
     app_uri_pattern,
     lookupd_address,
@@ -585,7 +586,7 @@ class _CoreSettings(BaseSettings):
         return str(value)
 
 
-class Settings(HandlerLimitSettings, StreamSettings, NatsSettings, _CoreSettings):
+class Settings(ScheduleSettings, HandlerLimitSettings, StreamSettings, NatsSettings, _CoreSettings):
     """nsqworker's settings; see the module docstring for where values come from.
 
     The other brokers' fields (:mod:`nsqworker.broker_settings`) come after NSQ's."""

@@ -46,6 +46,7 @@ from nsqworker.logging import get_logger
 from nsqworker.watchdog import over_memory
 
 if TYPE_CHECKING:
+    from nsqworker.schedules.runner import ScheduleRunner
     from nsqworker.settings import Settings
 
 __all__ = [
@@ -160,11 +161,21 @@ class Supervisor:
     caller checks the task module first (see :func:`run`); the children import it again.
     """
 
-    def __init__(self, target: str, settings: Settings, policy: Policy | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        settings: Settings,
+        policy: Policy | None = None,
+        schedules: ScheduleRunner | None = None,
+    ) -> None:
         self.target = target
+        self.schedules = schedules
+        """This supervisor's schedule candidate (``@task(schedule=...)``), if any."""
+        self.metrics = WorkerMetrics()
+        if schedules is not None:
+            self.metrics.extra.append(schedules.metrics)
         self.settings = settings
         self.policy = policy or Policy()
-        self.metrics = WorkerMetrics()
         self._ctx = multiprocessing.get_context("spawn")
         self._slots: list[_Child | None] = [None] * settings.workers
         self._restart_at: dict[int, float] = {i: 0.0 for i in range(settings.workers)}
@@ -423,6 +434,8 @@ class Supervisor:
         return False
 
     def _begin_stop(self, exit_code: int) -> None:
+        if self.schedules is not None:  # stop firing first: another supervisor takes over
+            self.schedules.request_stop()
         self._stopping = True
         self._exit_code = exit_code
         self._restart_at.clear()
@@ -499,10 +512,16 @@ def run(
     passed on its command line (``{"health_port": "--health-port"}``). ``reload``
     restarts the workers when a source file of the task package changes.
     """
+    from nsqworker.errors import ConfigurationError
     from nsqworker.task import load_registry
 
-    load_registry(target)
-    supervisor = Supervisor(target, settings, policy)
+    registry = load_registry(target)
+    try:
+        schedules = _schedule_runner(target, settings, registry)
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    supervisor = Supervisor(target, settings, policy, schedules)
     health: HealthServer | None = None
     if settings.health_port:
         health = _start_health(settings, supervisor, spelled or {})
@@ -515,13 +534,26 @@ def run(
         reloader = Reloader(watched_paths(target), supervisor.request_reload)
         reloader.start()
         log.info("watching for changes (--reload): " + ", ".join(map(str, reloader.paths)))
+    if schedules is not None:
+        schedules.start()
     try:
         return supervisor.run()
     finally:
+        if schedules is not None:
+            schedules.stop()
         if reloader is not None:
             reloader.stop()
         if health is not None:
             health.stop()
+
+
+def _schedule_runner(target: str, settings: Settings, registry: Any) -> ScheduleRunner | None:
+    """The schedule candidate for ``registry``'s scheduled tasks, None without any;
+    ``ConfigurationError`` when the settings cannot work."""
+    from nsqworker.schedules.runner import ScheduleRunner, scheduled_tasks
+
+    tasks = scheduled_tasks(registry)
+    return ScheduleRunner(target, settings, tasks) if tasks else None
 
 
 def _start_health(

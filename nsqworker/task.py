@@ -1,6 +1,6 @@
 """Declaring tasks: ``@task``, ``TaskSpec``, ``Registry``, and what a handler's result means.
 
-A task binds a handler to one NSQ topic and channel::
+A task binds a handler to one topic and channel (on any transport)::
 
     from nsqworker import task, Message, Retry, Reject
 
@@ -8,9 +8,8 @@ A task binds a handler to one NSQ topic and channel::
     async def archive(msg: Message) -> None:
         await store(msg.json())
 
-Everything is checked when the module is imported: names, bounds, the handler's
-signature, duplicates. The decorator returns the function itself (with ``.spec``
-attached), so tests can still call ``archive(msg)`` directly.
+Everything is checked when the module is imported: names, bounds, the handler's signature,
+duplicates. The decorator returns the function itself (with ``.spec``), so tests can call it.
 
 What a handler's result means (ack, retry, dead letter) is in :mod:`nsqworker.outcomes`;
 a handler may take the message, its typed body (:mod:`nsqworker.bodies`) or both, and
@@ -28,7 +27,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic, Never, ParamSpec, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Never, ParamSpec, Protocol, TypeVar, cast
 
 from nsqworker.bodies import BodySpec, body_spec
 from nsqworker.errors import ConfigurationError, InvalidName
@@ -53,6 +52,9 @@ from nsqworker.outcomes import (
     outcome_of_error,
     outcome_of_return,
 )
+
+if TYPE_CHECKING:
+    from nsqworker.schedules.cron import Schedule
 
 __all__ = [
     "DeadLetterHook",
@@ -81,8 +83,8 @@ MAX_IN_FLIGHT = 1_000_000
 MAX_ATTEMPTS = 65535
 MAX_TIMEOUT = 7 * 86400.0
 OPTIONS = (
-    "channel", "max_in_flight", "max_attempts", "requeue_delay", "on_dead_letter",
-    "dead_letter_topic", "name", "envelope", "timeout", "hooks", "publish_to",
+    "channel", "max_in_flight", "max_attempts", "requeue_delay", "on_dead_letter", "timezone",
+    "dead_letter_topic", "name", "envelope", "timeout", "hooks", "publish_to", "schedule",
 )  # fmt: skip
 
 
@@ -127,6 +129,8 @@ class TaskSpec:
     """The body's type when the handler declares one (typed bodies), else None."""
     publish_to: str | None = None
     """Where the handler's return value is published before the ack (None: nowhere)."""
+    schedule: Schedule | None = None
+    """When the task fires on its own (``schedule=``), else None; docs/schedules.md."""
 
     @property
     def location(self) -> str:
@@ -339,6 +343,8 @@ class Registry:
         timeout: float | None = None,
         hooks: list[object] | tuple[object, ...] | None = None,
         publish_to: str | None = None,
+        schedule: str | list[str] | tuple[str, ...] | None = None,
+        timezone: str | None = None,
         **unknown: Never,
     ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]:
         """Declare the decorated function as the handler of ``topic`` on ``channel``.
@@ -371,6 +377,12 @@ class Registry:
                 nothing published). A publish that fails fails the attempt (retried,
                 then dead-lettered), so a result may be published twice, never lost.
                 A handler may also return :class:`Publish` values, with or without it.
+            schedule: a cron expression (5 fields, or 6 with seconds first), or a list
+                of them: at each tick the schedule leader publishes
+                ``{"task": name, "scheduled_for": "<UTC>"}`` to ``topic``, once across
+                every replica (docs/schedules.md).
+            timezone: the IANA time zone of ``schedule`` (default UTC); daylight saving
+                time is handled as Debian's cron does.
 
         Raises:
             TaskDefinitionError: at import, naming the problem and what to change.
@@ -404,11 +416,15 @@ class Registry:
         except TypeError as exc:
             _fail(where, str(exc).removeprefix(f"{where}: "))
 
+        if timezone is not None and schedule is None:
+            _fail(where, f"timezone={timezone!r} needs schedule=... (a cron expression)")
+
         def decorate(func: Callable[P, R]) -> TaskFunction[P, R]:
             body = _check_handler(where, func)
             module = str(getattr(func, "__module__", None) or "")
+            task_name = name or f"{module}.{_name(func)}"
             spec = TaskSpec(
-                name=name or f"{module}.{_name(func)}",
+                name=task_name,
                 topic=topic,
                 channel=channel,
                 func=cast("Callable[[Message], Any]", func),
@@ -424,6 +440,7 @@ class Registry:
                 hooks=task_hooks,
                 body=body,
                 publish_to=publish_to,
+                schedule=_schedule(f"{where}, task {task_name!r}", schedule, timezone),
             )
             self.add(spec)
             func.spec = spec  # type: ignore[attr-defined]
@@ -456,6 +473,19 @@ class Registry:
         if self is default_registry:
             for captured in _captures:
                 captured.append(spec.name)
+
+
+def _schedule(where: str, schedule: Any, timezone: str | None) -> Schedule | None:
+    """The checked :class:`~nsqworker.schedules.cron.Schedule` of ``schedule=``, or None."""
+    if schedule is None:
+        return None
+    from nsqworker.schedules.cron import Schedule, ScheduleError
+
+    try:
+        return Schedule.of(schedule, timezone)
+    except ScheduleError as exc:
+        problem = str(exc)
+    _fail(where, problem)  # outside the except: the user's frame alone, not cronsim's
 
 
 def _hook_callable(hook: Any, kind: str) -> Any:

@@ -94,6 +94,11 @@ def tasks(
         "[dim]dimmed[/dim]: the default from settings; @task(...) arguments override it",
         highlight=False,
     )
+    scheduled = [row for row in rows if "schedule" in row]
+    if scheduled:
+        console.print()
+        for row in scheduled:
+            console.print(_schedule_text(row), highlight=False, soft_wrap=True)
 
 
 def task_row(spec: TaskSpec, settings: Settings) -> dict[str, Any]:
@@ -116,6 +121,7 @@ def task_row(spec: TaskSpec, settings: Settings) -> dict[str, Any]:
         "transport": settings.transport,
         "publish_to": spec.publish_to,
         "defaults": defaults,
+        **({} if spec.schedule is None else {"schedule": schedule_info(spec)}),
     }
 
 
@@ -130,6 +136,34 @@ def pipeline_edges(rows: list[dict[str, Any]]) -> list[str]:
         to = ", ".join(readers) if readers else "(no task here reads it)"
         edges.append(f"pipeline: {row['name']} → {row['publish_to']} → {to}")
     return edges
+
+
+def schedule_info(spec: TaskSpec, count: int = 3) -> dict[str, Any]:
+    """A scheduled task's expressions, time zone and next ``count`` fire times (ISO, in
+    the schedule's time zone; UTC ends in Z)."""
+    from datetime import UTC, datetime
+    from zoneinfo import ZoneInfo
+
+    from nsqworker.schedules.cron import format_tick
+
+    schedule = spec.schedule
+    assert schedule is not None
+    utc = schedule.timezone.upper() in ("UTC", "ETC/UTC", "Z")
+    ticks = schedule.upcoming(datetime.now(UTC), count)
+    shown = [
+        format_tick(t) if utc else t.astimezone(ZoneInfo(schedule.timezone)).isoformat()
+        for t in ticks
+    ]
+    return {"expressions": list(schedule.expressions), "timezone": schedule.timezone, "next": shown}
+
+
+def _schedule_text(row: dict[str, Any]) -> str:
+    info = row["schedule"]
+    zone = "" if info["timezone"].upper() == "UTC" else f" ({info['timezone']})"
+    return (
+        f"{row['name']} fires on {' | '.join(info['expressions'])}{zone}; "
+        f"next: {', '.join(info['next'])}"
+    )
 
 
 def _where(settings: Settings) -> str:

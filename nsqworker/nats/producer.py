@@ -89,11 +89,19 @@ class NatsProducer(ProducerBase):
             await asyncio.wait_for(self.connection.close(), timeout)
 
     async def publish(
-        self, topic: str, body: Body, delay: float | None = None, timeout: float | None = None
+        self,
+        topic: str,
+        body: Body,
+        delay: float | None = None,
+        timeout: float | None = None,
+        *,
+        msg_id: str | None = None,
     ) -> None:
         """Publish one message; returns once its stream stored it. With ``delay``
         (seconds), the stream holds it as a schedule and the server publishes it to
-        ``topic`` then (JetStream message schedules, nats-server 2.12+).
+        ``topic`` then (JetStream message schedules, nats-server 2.12+). ``msg_id`` is
+        sent as ``Nats-Msg-Id``: the stream stores a message with an id it saw within
+        its duplicate window (2 minutes by default) only once.
 
         Raises:
             ConfigurationError: no stream can hold the subject (or, with ``delay``, its
@@ -115,7 +123,8 @@ class NatsProducer(ProducerBase):
                 assert delay is not None
                 await self._publish_later(topic, data, delay, timeout or self.timeout)
             else:
-                await self._publish(topic, data, timeout or self.timeout)
+                headers = None if msg_id is None else {"Nats-Msg-Id": msg_id}
+                await self._publish(topic, data, timeout or self.timeout, headers)
             call.published, call.nsqd_address = 1, self.connection.address
 
     async def _publish_later(self, subject: str, body: bytes, delay: float, timeout: float) -> None:

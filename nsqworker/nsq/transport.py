@@ -8,8 +8,10 @@ settings' nsqd and lookupd addresses, TLS, AUTH and IDENTIFY options. See
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
+from nsqworker.errors import NoConnection
 from nsqworker.message import Message
 from nsqworker.nsq import protocol
 from nsqworker.nsq.capabilities import CAPABILITIES
@@ -33,6 +35,7 @@ class NsqTransport:
         self.settings = settings
         self.config = ConnectionConfig.from_settings(settings)
         self._producers: dict[str, Producer] = {}
+        self._discovered: DiscoveredPublisher | None = None
 
     def __repr__(self) -> str:
         return f"<NsqTransport {self.describe()}>"
@@ -54,8 +57,14 @@ class NsqTransport:
             connection_config=self.config,
         )  # fmt: skip
 
-    def publisher(self, near: Message | None = None) -> Producer:
-        """A producer to the settings' nsqd, else to the nsqd that delivered ``near``."""
+    def publisher(self, near: Message | None = None) -> Producer | DiscoveredPublisher:
+        """A producer to the settings' nsqd, else to the nsqd that delivered ``near``,
+        else (lookupd only, no message: scheduled ticks) to the nsqd lookupd lists."""
+        settings = self.settings
+        if near is None and not settings.nsqd_tcp_addresses and settings.lookupd_http_addresses:
+            if self._discovered is None:
+                self._discovered = DiscoveredPublisher(settings, self.config)
+            return self._discovered
         key = "" if self.settings.nsqd_tcp_addresses or near is None else near.address
         producer = self._producers.get(key)
         if producer is None:
@@ -69,14 +78,13 @@ class NsqTransport:
         """The producer of what handlers publish (``publish_to``, ``Publish``): as
         :meth:`publisher`, but wrapping bodies in the trace envelope (with its send
         span's context) when ``envelope`` is True."""
-        if not envelope:
-            return self.publisher(near)
         key = "" if self.settings.nsqd_tcp_addresses or near is None else near.address
-        producer = self._producers.get(key + " envelope")
+        name = key + " envelope" if envelope else key  # no envelope: publisher()'s own
+        producer = self._producers.get(name)
         if producer is None:
-            producer = self._producers[key + " envelope"] = Producer(
+            producer = self._producers[name] = Producer(
                 [key] if key else None, settings=self.settings,
-                connection_config=self.config, envelope=True,
+                connection_config=self.config, envelope=envelope,
             )  # fmt: skip
         return producer
 
@@ -90,6 +98,98 @@ class NsqTransport:
         return described
 
     async def close(self) -> None:
-        """Close the producers made for dead letters."""
-        producers, self._producers = list(self._producers.values()), {}
+        """Close the producers made for dead letters (and ticks)."""
+        producers: list[Any] = list(self._producers.values())
+        if self._discovered is not None:
+            producers.append(self._discovered)
+        self._producers, self._discovered = {}, None
         await asyncio.gather(*(p.close() for p in producers), return_exceptions=True)
+
+
+class DiscoveredPublisher:
+    """Publishes to the nsqd that nsqlookupd's ``/nodes`` lists (validated like the
+    worker's discovery: entries checked, ``lookupd_allowed_nsqd``): found at the first
+    publish, and again after a publish fails."""
+
+    def __init__(self, settings: Settings, config: ConnectionConfig, timeout: float = 5.0):
+        self.settings = settings
+        self.config = config
+        self.timeout = timeout
+        self._producer: Producer | None = None
+
+    async def publish(
+        self,
+        topic: str,
+        body: bytes | str,
+        delay: float | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Publish one message to a listed nsqd; returns once it said OK."""
+        producer = await self._current()
+        try:
+            await producer.publish(topic, body, delay=delay, timeout=timeout)
+        except Exception:
+            await self._forget()
+            raise
+
+    async def publish_many(self, topic: str, bodies: Iterable[bytes | str]) -> None:
+        """Publish several messages to a listed nsqd (MPUB)."""
+        producer = await self._current()
+        try:
+            await producer.publish_many(topic, list(bodies))
+        except Exception:
+            await self._forget()
+            raise
+
+    async def close(self) -> None:
+        """Close the producer, if one was made."""
+        await self._forget()
+
+    async def _current(self) -> Producer:
+        if self._producer is None:
+            addresses = await discover_nsqd(
+                self.settings.lookupd_http_addresses,
+                self.settings.lookupd_allowed_nsqd,
+                self.timeout,
+            )
+            self._producer = Producer(
+                addresses, settings=self.settings, connection_config=self.config, envelope=False
+            )
+        return self._producer
+
+    async def _forget(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.close()
+
+
+async def discover_nsqd(lookupds: Iterable[str], allow: Iterable[str], timeout: float) -> list[str]:
+    """The TCP addresses of the nsqd that nsqlookupd ``/nodes`` lists (those matching
+    ``allow``, when given); ``NoConnection`` names why none was found."""
+    import httpx  # here, not at import: it costs ~60 ms
+
+    from nsqworker.nsq.lookupd import get_json, listed_nsqd, matches_address
+
+    patterns = list(allow)
+    found: list[str] = []
+    problems: list[str] = []
+    headers = {"Accept": "application/vnd.nsq; version=1.0"}
+    async with httpx.AsyncClient(timeout=timeout, headers=headers) as http:
+        for lookupd in lookupds:
+            url = lookupd if "://" in lookupd else f"http://{lookupd}"
+            try:
+                listed = listed_nsqd(await get_json(http, f"{url.rstrip('/')}/nodes"))
+            except (httpx.HTTPError, ValueError) as exc:
+                problems.append(f"{lookupd}: {type(exc).__name__}: {exc}")
+                continue
+            for address in listed:
+                if patterns and not matches_address(address, patterns):
+                    problems.append(
+                        f"{lookupd} lists {address}, not matched by lookupd_allowed_nsqd"
+                    )
+                elif address not in found:
+                    found.append(address)
+    if not found:
+        shown = f" ({'; '.join(problems)})" if problems else ""
+        raise NoConnection(f"no nsqd found through nsqlookupd {', '.join(lookupds)}{shown}")
+    return found

@@ -46,6 +46,7 @@ class StreamProducer(ProducerBase):
         settings: Settings | None = None,
         timeout: float = 5.0,
         connections: StreamConnections | None = None,
+        reference: str | None = None,
     ) -> None:
         super().__init__(timeout)
         if settings is None:
@@ -55,7 +56,11 @@ class StreamProducer(ProducerBase):
         self.settings = settings
         self._owns = connections is None
         self.connections = connections or StreamConnections(settings)
-        self.reference = f"nsqworker-{settings.client_id}-{os.getpid()}-{next(_numbers)}"
+        self.reference = (
+            reference or f"nsqworker-{settings.client_id}-{os.getpid()}-{next(_numbers)}"
+        )
+        """The publisher reference; the broker deduplicates publishing ids per reference
+        and stream. Give one explicitly to share it across processes (schedules do)."""
 
     @property
     def max_message_size(self) -> int:
@@ -113,9 +118,12 @@ class StreamProducer(ProducerBase):
         bodies: list[bytes],
         properties: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        publishing_ids: list[int] | None = None,
     ) -> None:
         """Send ``bodies`` (with the same application ``properties``) and await every
-        confirmation (the transport's retries use this too)."""
+        confirmation (the transport's retries use this too). ``publishing_ids``, one per
+        body and ascending: the broker stores a body only if its id is above the last one
+        stored for this reference on the stream (a deduplicated body is confirmed too)."""
         from rstream import AMQPMessage, ConfirmationStatus
 
         check_stream(stream)
@@ -141,7 +149,13 @@ class StreamProducer(ProducerBase):
                 future.set_result(status.is_confirmed)
 
         props = dict(properties) if properties else None
+        none: list[int | None] = [None] * len(bodies)
+        ids_given: list[int | None] = list(publishing_ids) if publishing_ids else none
+        if len(ids_given) != len(bodies):
+            raise LocalProtocolError("publishing_ids needs one id per body")
         batch = [AMQPMessage(body=body, application_properties=props) for body in bodies]
+        for message, pid in zip(batch, ids_given, strict=True):
+            message.publishing_id = pid  # rstream's keyword for it breaks the tuple's __new__
         from rstream.exceptions import ServerError
 
         try:

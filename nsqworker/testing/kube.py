@@ -174,6 +174,10 @@ class KubeControlPlane:
         work_dir: where data, certificates, logs and the kubeconfig go; a temporary
             directory (removed by :meth:`stop`) if None.
         ready_timeout: seconds both processes get to become ready.
+        authorization_mode: kube-apiserver's ``--authorization-mode``; ``RBAC`` checks
+            every request but the administrator's (``system:masters``), so a test can
+            act as a service account with only the rules it grants (ready about a
+            second later: the bootstrap roles are written first).
     """
 
     def __init__(
@@ -182,8 +186,10 @@ class KubeControlPlane:
         binaries: KubeBinaries | None = None,
         work_dir: str | os.PathLike[str] | None = None,
         ready_timeout: float = READY_TIMEOUT,
+        authorization_mode: str = "AlwaysAllow",
     ) -> None:
         self.binaries = binaries
+        self.authorization_mode = authorization_mode
         self.ready_timeout = ready_timeout
         self._owns_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir is not None else None
@@ -386,8 +392,8 @@ class KubeControlPlane:
             f"--cert-dir={self._dir / 'certs'}",
             f"--token-auth-file={self._dir / 'tokens.csv'}",
             "--anonymous-auth=false",  # only the token's holder gets in
-            # single admin user, RBAC not under test; see the class docstring
-            "--authorization-mode=AlwaysAllow",
+            # AlwaysAllow unless asked (see authorization_mode in the class docstring)
+            f"--authorization-mode={self.authorization_mode}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={self._dir / 'sa.pub'}",
             f"--service-account-signing-key-file={self._dir / 'sa.key'}",

@@ -42,6 +42,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/* Namespace of the SparkApplications. */}}
+{{- define "nsqworker.leaseName" -}}
+{{- default (printf "%s-schedules" (include "nsqworker.fullname" .)) .Values.schedules.leaseName }}
+{{- end }}
+
 {{- define "nsqworker.sparkNamespace" -}}
 {{- default .Release.Namespace .Values.spark.kubernetes.namespace }}
 {{- end }}
@@ -178,6 +182,10 @@ NSQWORKER_SPARK_IMAGE: {{ .Values.spark.kubernetes.image | quote }}
 NSQWORKER_SPARK_SERVICE_ACCOUNT: {{ .Values.spark.kubernetes.serviceAccount | quote }}
 NSQWORKER_SPARK_TTL: {{ include "nsqworker.envValue" .Values.spark.kubernetes.ttlSeconds | quote }}
 NSQWORKER_SPARK_APP_URIS: {{ toJson .Values.spark.kubernetes.appUris | quote }}
+{{- end }}
+{{- if .Values.schedules.enabled }}
+NSQWORKER_SCHEDULE_LEADER: "kubernetes"
+NSQWORKER_SCHEDULE_LEASE_NAME: {{ include "nsqworker.leaseName" . | quote }}
 {{- end }}
 {{- range $name, $value := .Values.settings }}
 {{ printf "NSQWORKER_%s" (upper $name) }}: {{ include "nsqworker.envValue" $value | quote }}
