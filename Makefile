@@ -9,7 +9,7 @@ UV_VERSION := 0.13.9
 UV := .tools/uv/bin/uv
 UV_STAMP := .tools/uv/.uv-$(UV_VERSION)
 VENV_STAMP := .venv/.synced
-EXTRAS := --extra dev --extra snappy --extra uvloop --extra spark --extra kubernetes --extra reload --extra nats --extra rabbitmq
+EXTRAS := --extra dev --extra snappy --extra uvloop --extra spark --extra kubernetes --extra reload --extra nats --extra rabbitmq --extra console
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 

@@ -35,6 +35,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from nsqworker.admin.console.settings import CONSOLE_SECRETS, ConsoleSettings
 from nsqworker.broker_settings import BROKER_SECRETS, NatsSettings, StreamSettings
 from nsqworker.config_files import (
     ENV_PREFIX,
@@ -57,7 +58,7 @@ from nsqworker.setting_values import (
 __all__ = ["ENV_PREFIX", "RESERVED_ENV_VARS", "Settings", "SettingsError"]
 
 MASK = "********"
-_SECRET_FIELDS = frozenset({"auth_secret"}) | BROKER_SECRETS
+_SECRET_FIELDS = frozenset({"auth_secret"}) | BROKER_SECRETS | CONSOLE_SECRETS
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 # Field names found in the config file being loaded; read by _FileSource.
 _FILE_VALUES: ContextVar[Mapping[str, Any] | None] = ContextVar("nsqw_file", default=None)
@@ -583,7 +584,7 @@ class _CoreSettings(BaseSettings):
         return str(value)
 
 
-class Settings(StreamSettings, NatsSettings, _CoreSettings):
+class Settings(ConsoleSettings, StreamSettings, NatsSettings, _CoreSettings):
     """nsqworker's settings; see the module docstring for where values come from.
 
     The other brokers' fields (:mod:`nsqworker.broker_settings`) come after NSQ's."""

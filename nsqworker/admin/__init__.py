@@ -1,0 +1,1 @@
+"""The operator's side of nsqworker: dead letters and the web console."""

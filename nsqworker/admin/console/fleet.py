@@ -1,0 +1,244 @@
+"""The fleet as the console shows it: every supervisor's ``/status`` and ``/inflight``,
+merged per task, with the broker's backlog and rates computed over the last minutes.
+
+:class:`Fleet` reads everything once per ``console_poll_interval`` in the background, so
+a page renders from memory (50 tasks and 20 processes in a few milliseconds) and the
+workers are read once per interval however many people look.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from nsqworker.admin.console.backlog import Backlog, BacklogValue, TaskKey
+from nsqworker.admin.console.discovery import Discovery, Endpoint
+from nsqworker.logging import get_logger
+
+__all__ = ["RATE_WINDOW", "RECENT_WINDOW", "Fleet", "FleetView", "Supervisor", "TaskRow"]
+
+log = get_logger("nsqworker.console")
+
+#: Seconds over which "handled per second" is measured.
+RATE_WINDOW = 60.0
+#: Seconds over which retries and dead letters are counted ("in the last 5 minutes").
+RECENT_WINDOW = 300.0
+#: Seconds a read of one worker may take.
+READ_TIMEOUT = 3.0
+
+
+@dataclass
+class Supervisor:
+    """One ``nsqworker run`` as read from its health server."""
+
+    endpoint: Endpoint
+    status: dict[str, Any] = field(default_factory=dict)
+    inflight: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def inflight_of(self, pid: int) -> list[dict[str, Any]]:
+        """What worker process ``pid`` holds, oldest first."""
+        return [row for row in self.inflight if row.get("pid") == pid]
+
+
+@dataclass
+class TaskRow:
+    """One task over the whole fleet."""
+
+    task: str
+    system: str
+    topic: str
+    channel: str
+    dead_letter_topic: str | None = None
+    backlog: int | None = None
+    backlog_note: str = ""
+    in_flight: int = 0
+    received: int = 0
+    finished: int = 0
+    requeued: int = 0
+    dead_lettered: int = 0
+    rate: float = 0.0
+    """Messages handled (finished, retried or dead-lettered) per second, last minute."""
+    retries_recent: int = 0
+    dead_recent: int = 0
+    last_error: dict[str, Any] | None = None
+    supervisors: int = 0
+    subscribed: bool = False
+
+    @property
+    def key(self) -> TaskKey:
+        return (self.system, self.topic, self.channel)
+
+    @property
+    def handled(self) -> int:
+        return self.finished + self.requeued + self.dead_lettered
+
+
+@dataclass
+class FleetView:
+    """What the pages render: one consistent read of the fleet."""
+
+    supervisors: list[Supervisor]
+    tasks: list[TaskRow]
+    at: float
+    """Unix time of the read."""
+    discovery_error: str | None = None
+
+    @property
+    def processes(self) -> int:
+        return sum(len(s.status.get("workers") or ()) for s in self.supervisors)
+
+
+def merge_tasks(supervisors: list[Supervisor]) -> list[TaskRow]:
+    """Per task (name, transport, topic, channel), summed over supervisors; the latest
+    last error of any."""
+    rows: dict[tuple[str, str, str, str], TaskRow] = {}
+    for sup in supervisors:
+        for raw in sup.status.get("tasks") or ():
+            key = (str(raw.get("task")), str(raw.get("system") or "nsq"),
+                   str(raw.get("topic")), str(raw.get("channel")))  # fmt: skip
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = TaskRow(*key)
+            row.supervisors += 1
+            row.subscribed = row.subscribed or bool(raw.get("subscribed"))
+            row.dead_letter_topic = raw.get("dead_letter_topic") or row.dead_letter_topic
+            for name in ("in_flight", "received", "finished", "requeued", "dead_lettered"):
+                setattr(row, name, getattr(row, name) + int(raw.get(name) or 0))
+            error = raw.get("last_error")
+            if isinstance(error, dict) and (
+                row.last_error is None or error.get("at", 0) > row.last_error.get("at", 0)
+            ):
+                row.last_error = error
+    return [rows[k] for k in sorted(rows)]
+
+
+class _History:
+    """Counter readings per task over the last :data:`RECENT_WINDOW` seconds."""
+
+    def __init__(self) -> None:
+        self._readings: deque[tuple[float, dict[str, tuple[int, int, int]]]] = deque()
+
+    def add(self, now: float, tasks: list[TaskRow]) -> None:
+        self._readings.append(
+            (now, {r.task: (r.handled, r.requeued, r.dead_lettered) for r in tasks})
+        )
+        while self._readings and now - self._readings[0][0] > RECENT_WINDOW + 1:
+            self._readings.popleft()
+
+    def apply(self, now: float, tasks: list[TaskRow]) -> None:
+        """Set each row's rate and recent counts from the oldest reading in the window."""
+        for row in tasks:
+            rate_from = self._oldest(now - RATE_WINDOW, row.task)
+            if rate_from is not None and now > rate_from[0]:
+                handled = row.handled - rate_from[1][0]
+                row.rate = max(0, handled if handled >= 0 else row.handled) / (now - rate_from[0])
+            recent = self._oldest(now - RECENT_WINDOW, row.task)
+            base = recent[1] if recent is not None else (0, 0, 0)
+            row.retries_recent = _delta(row.requeued, base[1])
+            row.dead_recent = _delta(row.dead_lettered, base[2])
+
+    def _oldest(self, since: float, task: str) -> tuple[float, tuple[int, int, int]] | None:
+        for at, counts in self._readings:
+            if at >= since and task in counts:
+                return at, counts[task]
+        return None
+
+
+def _delta(now: int, then: int) -> int:
+    """Growth of a counter; after a reset (a supervisor restarted) its whole value."""
+    return now - then if now >= then else now
+
+
+class Fleet:
+    """Reads the fleet every ``interval`` seconds; :meth:`view` is the latest read."""
+
+    def __init__(
+        self,
+        discovery: Discovery,
+        backlog: Callable[[httpx.AsyncClient], Backlog] | None,
+        interval: float,
+    ) -> None:
+        self.discovery = discovery
+        self.interval = interval
+        self.http = httpx.AsyncClient(timeout=READ_TIMEOUT, trust_env=False)
+        self.backlog = backlog(self.http) if backlog is not None else None
+        self._history = _History()
+        self._view: FleetView | None = None
+        self._first = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def view(self) -> FleetView:
+        """The latest read (waits for the first one)."""
+        if self._task is None:
+            await self.refresh()
+        await self._first.wait()
+        assert self._view is not None
+        return self._view
+
+    def start(self) -> None:
+        """Read now and then every ``interval`` seconds, until :meth:`close`."""
+        self._task = asyncio.create_task(self._loop(), name="nsqworker-console-fleet")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.backlog is not None:
+            await self.backlog.close()
+        await self.http.aclose()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # never stop reading: the next turn may work
+                log.exception("reading the fleet failed")
+            await asyncio.sleep(self.interval)
+
+    async def refresh(self) -> FleetView:
+        """Read every worker and the backlog once; the new view."""
+        problem = None
+        try:
+            endpoints = await self.discovery.endpoints()
+        except Exception as exc:
+            endpoints, problem = [], f"cannot find the workers: {type(exc).__name__}: {exc}"
+        supervisors = list(await asyncio.gather(*(self._read(e) for e in endpoints)))
+        tasks = merge_tasks([s for s in supervisors if s.ok])
+        if self.backlog is not None and tasks:
+            values = await self.backlog.measure(sorted({t.key for t in tasks}))
+            for row in tasks:
+                value = values.get(row.key) or BacklogValue(None, "not measured")
+                row.backlog, row.backlog_note = value.count, value.note
+        now = time.monotonic()
+        self._history.add(now, tasks)
+        self._history.apply(now, tasks)
+        self._view = FleetView(supervisors, tasks, time.time(), problem)
+        self._first.set()
+        return self._view
+
+    async def _read(self, endpoint: Endpoint) -> Supervisor:
+        sup = Supervisor(endpoint)
+        try:
+            status, inflight = await asyncio.gather(
+                self.http.get(f"{endpoint.url}/status"), self.http.get(f"{endpoint.url}/inflight")
+            )
+            status.raise_for_status()
+            inflight.raise_for_status()
+            sup.status = dict(status.json())
+            sup.inflight = list(inflight.json().get("inflight") or [])
+        except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
+            sup.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return sup
