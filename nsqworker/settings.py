@@ -35,7 +35,6 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from nsqworker.admin.console.settings import CONSOLE_SECRETS, ConsoleSettings
 from nsqworker.broker_settings import BROKER_SECRETS, NatsSettings, StreamSettings
 from nsqworker.config_files import (
     ENV_PREFIX,
@@ -45,6 +44,7 @@ from nsqworker.config_files import (
     read_config_file,
     unknown_env_vars,
 )
+from nsqworker.console_settings import CONSOLE_SECRETS, ConsoleSettings
 from nsqworker.errors import ConfigurationError
 from nsqworker.setting_values import (
     app_uri_pattern,

@@ -119,7 +119,6 @@ def last_error(msg: Message, exc: BaseException, outcome: Outcome | None) -> dic
     }  # fmt: skip
 
 
-
 class TaskRunner:
     """The per-task half of the worker: the dispatcher's callback and give-up hook."""
 

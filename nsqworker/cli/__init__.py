@@ -1,5 +1,5 @@
 """The ``nsqworker`` command: ``run``, ``tasks``, ``settings``, ``inflight``, ``publish``,
-``rpc`` and ``console``.
+``rpc``, ``dead-letters`` and ``console``.
 
 One module per verb group (:mod:`.run`, :mod:`.inspect` for ``tasks`` and ``settings``,
 :mod:`.publish`, :mod:`.rpc`), what they share in :mod:`.common`; this module assembles the app.
@@ -16,6 +16,7 @@ import typer
 from nsqworker import __version__
 from nsqworker.cli.common import Command, Group
 from nsqworker.cli.console import console
+from nsqworker.cli.dead_letters import app as dead_letters_app
 from nsqworker.cli.inflight import inflight
 from nsqworker.cli.inspect import show_settings, tasks
 from nsqworker.cli.publish import publish
@@ -65,6 +66,7 @@ app.command("settings", cls=Command)(show_settings)
 app.command(cls=Command)(inflight)
 app.command(cls=Command)(publish)
 app.add_typer(rpc_app)
+app.add_typer(dead_letters_app)
 app.command(cls=Command)(console)
 
 

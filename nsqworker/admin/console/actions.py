@@ -96,13 +96,10 @@ async def perform(settings: Settings, order: Order) -> dict[str, Any]:
 
 
 def _report(report: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """Counts by kind, plus ``details``: id -> why, for refused and left ones (100 at most)."""
     result: dict[str, Any] = {}
     for name in names:
-        value = getattr(report, name, 0)
-        if isinstance(value, int):
-            result[name] = value
-        else:
-            items = list(value or ())
-            result[name] = len(items)
-            result[f"{name}_items"] = [str(getattr(i, "id", i)) for i in items][:100]
+        result[name] = len(getattr(report, name))
+    why = {**dict(getattr(report, "refused", {})), **dict(getattr(report, "errors", {}))}
+    result["details"] = dict(list(why.items())[:100])
     return result

@@ -86,7 +86,10 @@ function startActions() {
       const counts = Object.entries(answer.doc)
         .filter(([key, value]) => typeof value === "number")
         .map(([key, value]) => `${value} ${key}`).join(", ");
-      sessionStorage.setItem("nsqworker-console-result", `${action}: ${counts}`);
+      const details = Object.entries(answer.doc.details || {})
+        .map(([id, why]) => `${id}: ${why}`).join("; ");
+      sessionStorage.setItem(
+        "nsqworker-console-result", `${action}: ${counts}` + (details ? ` (${details})` : ""));
       const url = new URL(window.location.href);
       url.searchParams.delete("id");
       window.location.assign(url);

@@ -1,4 +1,5 @@
-"""The console's settings, a base of :class:`nsqworker.settings.Settings` (``console_*``)."""
+"""The settings of ``nsqworker console`` (:mod:`nsqworker.admin.console`): a base of
+:class:`nsqworker.settings.Settings`, so its fields are ordinary ``console_*`` settings."""
 
 from __future__ import annotations
 

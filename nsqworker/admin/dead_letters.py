@@ -1,0 +1,298 @@
+"""Dead letters you can list, replay and purge, the same on every transport.
+
+A task with a ``dead_letter_topic`` publishes there an envelope of each message it gave
+up on (:mod:`nsqworker.dead_letters`). These functions read that topic without settling
+anything (:mod:`nsqworker.admin.stores` and one store per broker), turn each message into
+a :class:`DeadLetter` (foreign or hostile messages included, with the ``problem`` that
+keeps them from being replayed), publish original bodies back, and remove dead letters
+only once what replaced them was acknowledged by the broker.
+
+Every function opens its own connections and closes them before it returns; the settings
+choose the broker (``settings.transport``) exactly as for ``nsqworker run``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from nsqworker.admin.envelopes import preview, read_envelope
+from nsqworker.admin.stores import QUIET, Store, Stored, open_store
+from nsqworker.errors import ConfigurationError, MessageTooLarge, NSQWorkerError, PublishError
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+
+__all__ = [
+    "DeadLetter",
+    "PurgeReport",
+    "ReplayReport",
+    "list_dead_letters",
+    "purge_dead_letters",
+    "replay_dead_letters",
+]
+
+log = logging.getLogger("nsqworker.admin")
+
+NOT_FOUND = "no such dead letter"
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One message of a dead-letter topic, as the tools show it.
+
+    ``id`` is stable across listings and is what ``--id`` takes (nsqd's message id, a
+    JetStream sequence, a stream offset). ``task``, ``topic`` (the original topic),
+    ``attempts`` and ``reason`` come from the envelope (None for a foreign message);
+    ``given_up_at`` is when the broker took the dead letter. ``body`` is the original
+    body when it can be recovered whole; ``problem`` says why it cannot be replayed
+    (None when it can).
+    """
+
+    id: str
+    task: str | None
+    topic: str | None
+    attempts: int | None
+    reason: str | None
+    given_up_at: datetime | None
+    body_preview: str
+    body: bytes | None
+    problem: str | None
+    envelope: dict[str, Any] | None
+
+    @property
+    def replayable(self) -> bool:
+        """True when the original body can be published again."""
+        return self.problem is None and self.body is not None and self.topic is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the body as base64 under ``body_base64``)."""
+        import base64
+
+        return {
+            "id": self.id,
+            "task": self.task,
+            "topic": self.topic,
+            "attempts": self.attempts,
+            "reason": self.reason,
+            "given_up_at": None if self.given_up_at is None else self.given_up_at.isoformat(),
+            "body_preview": self.body_preview,
+            "body_base64": None if self.body is None else base64.b64encode(self.body).decode(),
+            "problem": self.problem,
+            "replayable": self.replayable,
+        }
+
+
+@dataclass
+class ReplayReport:
+    """What a replay did: ``replayed`` (published and removed, or with ``dry_run``, would
+    be), ``refused`` (id -> why it is not replayed: a problem, or no such dead letter),
+    ``left`` (replayable but still there: the publish or the removal failed, see
+    ``errors``)."""
+
+    replayed: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+    left: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    dry_run: bool = False
+
+    def summary(self) -> str:
+        """``replayed 3, refused 1, left 0`` (``would replay`` on a dry run)."""
+        verb = "would replay" if self.dry_run else "replayed"
+        return f"{verb} {len(self.replayed)}, refused {len(self.refused)}, left {len(self.left)}"
+
+
+@dataclass
+class PurgeReport:
+    """What a purge did: ``purged`` (removed) and ``left`` (chosen, not removed: see
+    ``errors``; an id that matches no dead letter is left with that error)."""
+
+    purged: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """``purged 3, left 0``."""
+        return f"purged {len(self.purged)}, left {len(self.left)}"
+
+
+def _checker(settings: Settings) -> Callable[[str], object]:
+    from nsqworker.transport import create_transport
+
+    return create_transport(settings).check_topic
+
+
+def to_dead_letter(item: Stored, check_topic: Callable[[str], object] | None) -> DeadLetter:
+    """The :class:`DeadLetter` of one stored message (never raises)."""
+    reading = read_envelope(item.data, check_topic)
+    env = reading.envelope or {}
+    attempts = env.get("attempts")
+    return DeadLetter(
+        id=item.id,
+        task=_text(env.get("task")),
+        topic=_text(env.get("topic")),
+        attempts=attempts if type(attempts) is int else None,
+        reason=_text(env.get("reason")),
+        given_up_at=item.stored_at,
+        body_preview=preview(reading.shown),
+        body=reading.body,
+        problem=reading.problem,
+        envelope=reading.envelope,
+    )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+async def list_dead_letters(
+    settings: Settings, topic: str, *, limit: int | None = None, quiet: float = QUIET
+) -> list[DeadLetter]:
+    """The dead letters on ``topic``, oldest first (the first ``limit``). Nothing is
+    removed, settled or reordered: listing twice gives the same answer.
+
+    ``quiet``: on NSQ and RabbitMQ Streams, seconds without a new message after which
+    the read is complete. Raises ``ConfigurationError`` for a bad topic or settings and
+    ``NoConnection`` when the broker cannot be reached.
+    """
+    if limit is not None and limit < 0:
+        raise ConfigurationError(f"limit must be >= 0, got {limit}")
+    check = _checker(settings)
+    async with open_store(settings, topic, quiet=quiet) as store:
+        items = await store.read(limit)
+    return [to_dead_letter(item, check) for item in items]
+
+
+async def replay_dead_letters(
+    settings: Settings,
+    topic: str,
+    *,
+    ids: Collection[str] | None = None,
+    to: str | None = None,
+    dry_run: bool = False,
+    quiet: float = QUIET,
+    on_replayed: Callable[[DeadLetter], None] | None = None,
+) -> ReplayReport:
+    """Publish the original body of each chosen dead letter (``ids``; None: all) to its
+    original topic, or to ``to``, oldest first; remove each dead letter only after the
+    broker acknowledged its publish. A replayed message is a new message: its attempts
+    start again. Refused (never published): foreign or hostile messages, truncated
+    bodies, invalid topics, unknown ids. With ``dry_run`` nothing is published or
+    removed. ``on_replayed`` is called after each dead letter is replayed.
+
+    A failure to reach the broker stops the replay (the rest are ``left``); a message
+    the broker refuses is left with the broker's reason and the replay goes on.
+    """
+    check = _checker(settings)
+    if to is not None:
+        check(to)
+    report = ReplayReport(dry_run=dry_run)
+    async with open_store(settings, topic, quiet=quiet) as store:
+        chosen = _choose(store, await store.read(), ids, report.refused, check)
+        stopped: str | None = None
+        for item, letter in chosen:
+            if letter.problem is not None or letter.body is None or letter.topic is None:
+                report.refused[letter.id] = letter.problem or "no original body"
+            elif stopped is not None:
+                report.left.append(letter.id)
+                report.errors[letter.id] = stopped
+            elif dry_run:
+                report.replayed.append(letter.id)
+            else:
+                stopped = await _replay_one(store, item, letter, to or letter.topic, report)
+                if on_replayed is not None and report.replayed[-1:] == [letter.id]:
+                    on_replayed(letter)
+    return report
+
+
+def _choose(
+    store: Store,
+    items: list[Stored],
+    ids: Collection[str] | None,
+    refused: dict[str, str],
+    check: Callable[[str], object],
+) -> list[tuple[Stored, DeadLetter]]:
+    """The stored dead letters ``ids`` names (all when None), oldest first; unknown
+    ids go to ``refused``."""
+    by_id = {item.id: item for item in items}
+    if ids is not None:
+        wanted = set(ids)
+        for missing in sorted(wanted - set(by_id)):
+            refused[missing] = NOT_FOUND
+        items = [item for item in items if item.id in wanted]
+    return [(item, to_dead_letter(item, check)) for item in items]
+
+
+async def _replay_one(
+    store: Store, item: Stored, letter: DeadLetter, target: str, report: ReplayReport
+) -> str | None:
+    """Publish, then remove; None, or why the replay must stop (the broker is gone)."""
+    assert letter.body is not None
+    try:
+        await store.publisher(item).publish(target, letter.body)
+    except (PublishError, MessageTooLarge) as exc:  # about this message: go on
+        report.left.append(letter.id)
+        report.errors[letter.id] = f"not published to {target}: {_one_line(exc)}"
+        return None
+    except (NSQWorkerError, OSError, TimeoutError) as exc:
+        report.left.append(letter.id)
+        report.errors[letter.id] = f"not published to {target}: {_one_line(exc)}"
+        return f"not tried: the replay stopped ({_one_line(exc)})"
+    try:
+        await store.remove(item)
+    except Exception as exc:
+        report.left.append(letter.id)
+        report.errors[letter.id] = (
+            f"published to {target} but not removed ({_one_line(exc)}): a second replay"
+            " would publish it again"
+        )
+        return f"not tried: the replay stopped ({_one_line(exc)})"
+    report.replayed.append(letter.id)
+    return None
+
+
+async def purge_dead_letters(
+    settings: Settings,
+    topic: str,
+    *,
+    ids: Collection[str] | None = None,
+    older_than: float | None = None,
+    quiet: float = QUIET,
+) -> PurgeReport:
+    """Remove dead letters for good: those ``ids`` names, or those given up more than
+    ``older_than`` seconds ago, or (neither given) all. Foreign messages are removed
+    like any other; a dead letter with no known time never matches ``older_than``."""
+    if older_than is not None and not older_than >= 0:
+        raise ConfigurationError(f"older_than must be seconds >= 0, got {older_than!r}")
+    report = PurgeReport()
+    async with open_store(settings, topic, quiet=quiet) as store:
+        items = await store.read()
+        if ids is not None:
+            wanted = set(ids)
+            for missing in sorted(wanted - {i.id for i in items}):
+                report.left.append(missing)
+                report.errors[missing] = NOT_FOUND
+            items = [item for item in items if item.id in wanted]
+        if older_than is not None:
+            cutoff = time.time() - older_than
+            items = [
+                item for item in items
+                if item.stored_at is not None and item.stored_at.timestamp() < cutoff
+            ]  # fmt: skip
+        for item in items:
+            try:
+                await store.remove(item)
+            except Exception as exc:
+                report.left.append(item.id)
+                report.errors[item.id] = f"not removed: {_one_line(exc)}"
+            else:
+                report.purged.append(item.id)
+    return report
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__

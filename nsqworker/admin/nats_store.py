@@ -1,0 +1,96 @@
+"""Dead letters on NATS JetStream: read from the stream by sequence, without a consumer.
+
+A read asks the stream that holds the dead-letter subject for its messages on that
+subject one after the other (``STREAM.MSG.GET`` with ``next_by_subj``): no consumer is
+created, nothing is acknowledged, and the workers' consumers of the stream see nothing.
+A dead letter's id is its stream sequence; a removal deletes that sequence
+(``STREAM.MSG.DELETE``), answered by the server before it counts as done.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nsqworker.admin.stores import Stored
+from nsqworker.errors import ConfigurationError, PublishError
+from nsqworker.nats.client import NatsConnection
+from nsqworker.nats.jetstream import check_subject
+from nsqworker.nats.producer import NatsProducer
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+
+__all__ = ["NatsStore"]
+
+
+class NatsStore:
+    """A dead-letter subject on JetStream; see the module docstring."""
+
+    def __init__(self, settings: Settings, topic: str) -> None:
+        self.settings = settings
+        self.topic = check_subject(topic)
+        self.connection = NatsConnection(settings, name="nsqworker-dead-letters")
+        self.stream: str | None = None
+        self._producer: NatsProducer | None = None
+
+    async def __aenter__(self) -> NatsStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _stream(self) -> str | None:
+        from nats.js.errors import NotFoundError
+
+        js = await self.connection.jetstream()
+        if self.settings.nats_stream is not None:
+            return self.settings.nats_stream
+        try:
+            return await js.find_stream_name_by_subject(self.topic)
+        except NotFoundError:
+            return None  # no stream holds the subject: nothing was dead-lettered there
+
+    async def read(self, limit: int | None = None) -> list[Stored]:
+        """The subject's messages in stream order (the order they were stored)."""
+        from nats.js.errors import NotFoundError
+
+        self.stream = await self._stream()
+        if self.stream is None:
+            return []
+        js = await self.connection.jetstream()
+        found: list[Stored] = []
+        seq = 1
+        while limit is None or len(found) < limit:
+            try:
+                msg = await js.get_msg(self.stream, seq, subject=self.topic, next=True)
+            except NotFoundError:
+                break
+            if msg.seq is None:
+                break
+            found.append(Stored(str(msg.seq), msg.data or b"", msg.time))
+            seq = msg.seq + 1
+        return found
+
+    async def remove(self, item: Stored) -> None:
+        """Delete the message at the dead letter's sequence."""
+        from nats.js.errors import APIError
+
+        if self.stream is None:
+            raise ConfigurationError("read the dead letters before removing one")
+        js = await self.connection.jetstream()
+        try:
+            deleted = await js.delete_msg(self.stream, int(item.id))
+        except APIError as exc:
+            raise PublishError(f"JETSTREAM_{exc.err_code}", str(exc.description)) from None
+        if not deleted:
+            raise PublishError("JETSTREAM", f"the server did not delete sequence {item.id}")
+
+    def publisher(self, item: Stored) -> NatsProducer:
+        """A producer on the store's connection."""
+        if self._producer is None:
+            self._producer = NatsProducer(settings=self.settings, connection=self.connection)
+        return self._producer
+
+    async def close(self) -> None:
+        """Close the connection (after flushing)."""
+        await self.connection.close()

@@ -1,0 +1,81 @@
+"""The seam between the dead-letter tools and each broker: a :class:`Store` reads what
+lies on a dead-letter topic without settling it, removes one message, and names the
+publisher a replay goes through.
+
+One module per broker (:mod:`.nsq_store`, :mod:`.nats_store`, :mod:`.streams_store`),
+each chosen by ``settings.transport`` in :func:`open_store`. A store is used once:
+``async with open_store(settings, topic) as store``, :meth:`Store.read`, then any
+:meth:`Store.remove`; leaving the block hands back what was read and not removed (on
+NSQ, where reading takes the messages).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from nsqworker.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+    from nsqworker.transport import Publisher
+
+__all__ = ["QUIET", "Store", "Stored", "open_store"]
+
+QUIET = 1.0
+"""Seconds without a new message after which a read of an NSQ channel or a RabbitMQ
+stream is taken to be complete (neither broker tells a client where the end is)."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One message of a dead-letter topic as the broker keeps it: ``id`` (stable across
+    reads: nsqd's message id, a JetStream sequence, a stream offset), the raw ``data``,
+    ``stored_at`` (when the broker took it: when the dead letter was written) and
+    ``where`` (the nsqd address on NSQ; empty elsewhere)."""
+
+    id: str
+    data: bytes
+    stored_at: datetime | None
+    where: str = ""
+
+
+class Store(Protocol):
+    """A dead-letter topic on one broker; see the module docstring."""
+
+    topic: str
+
+    async def read(self, limit: int | None = None) -> list[Stored]:
+        """Every message on the topic, oldest first (the first ``limit``)."""
+
+    async def remove(self, item: Stored) -> None:
+        """Remove ``item`` for good; raises when the broker did not take the removal."""
+
+    def publisher(self, item: Stored) -> Publisher:
+        """The publisher a replay of ``item`` uses (owned and closed by the store)."""
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Hand back what was read and not removed; close the connections."""
+
+
+def open_store(settings: Settings, topic: str, *, quiet: float = QUIET) -> Store:
+    """The store of ``topic`` on the broker ``settings.transport`` names."""
+    name = settings.transport
+    if name == "nsq":
+        from nsqworker.admin.nsq_store import NsqStore
+
+        return NsqStore(settings, topic, quiet=quiet)
+    if name == "nats":
+        from nsqworker.admin.nats_store import NatsStore
+
+        return NatsStore(settings, topic)
+    if name == "rabbitmq-stream":
+        from nsqworker.admin.streams_store import StreamStore
+
+        return StreamStore(settings, topic, quiet=quiet)
+    raise ConfigurationError(
+        f"dead letters cannot be read on transport {name!r}: use nsq, nats or rabbitmq-stream"
+    )
