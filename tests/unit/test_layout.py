@@ -38,6 +38,9 @@ BUILT_ON_NSQ = (
     "nsqworker.rpc.client",
     "nsqworker.rpc.sync",
     "nsqworker.testing",  # starts real nsqd for users' tests
+    # the operator's tools: each broker's own store of dead letters and its own numbers
+    # (nsqd /stats, JetStream consumer info) for the console's backlog
+    "nsqworker.admin",
 )
 """Modules that are NSQ features by design, not part of the task layer."""
 TASK_POLICY_WORDS = frozenset({
