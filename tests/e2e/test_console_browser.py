@@ -12,7 +12,10 @@ screenshots, docs/console-*.png; otherwise they go to the test's tmp_path.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -69,7 +72,10 @@ class ConsoleProcess:
             env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
+
+    def wait_up(self) -> ConsoleProcess:
         wait_for(self._up, 30, message=lambda: f"console never answered:\n{self.output()}")
+        return self
 
     def _up(self) -> bool:
         assert self.proc.poll() is None, f"console exited:\n{self.output()}"
@@ -159,21 +165,28 @@ def broker_env(request: pytest.FixtureRequest, transport: str) -> tuple[dict[str
     )
 
 
-def publish(transport: str, env: dict[str, str], topic: str, bodies: list[str]) -> None:
-    flags = ["--transport", "nats"] if transport == "nats" else []
-    nsqd = []
-    if transport == "nsq":  # the nsqd that lookupd knows
-        url = env["NSQWORKER_LOOKUPD_HTTP_ADDRESSES"] + "/nodes"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            import json
+def publish(env: dict[str, str], topic: str, bodies: list[str]) -> None:
+    """Publish with nsqworker's own Producer, from a thread of its own (Playwright's sync
+    API owns this thread's event loop)."""
+    from nsqworker import Producer
+    from nsqworker.settings import Settings
 
+    keys = ("TRANSPORT", "NATS_SERVERS", "LOOKUPD_HTTP_ADDRESSES")
+    values = {k.lower(): env[f"NSQWORKER_{k}"] for k in keys if f"NSQWORKER_{k}" in env}
+    settings = Settings(**values)
+    if settings.transport == "nsq":  # the nsqd that lookupd knows, for the Producer
+        url = settings.lookupd_http_addresses[0] + "/nodes"
+        with urllib.request.urlopen(url, timeout=5) as response:
             node = json.loads(response.read())["producers"][0]
-        nsqd = ["--nsqd", f"{node['broadcast_address']}:{node['tcp_port']}"]
-    for body in bodies:
-        subprocess.run(
-            [sys.executable, "-m", "nsqworker", "publish", topic, body, *flags, *nsqd],
-            env=env, check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
+        settings = Settings(nsqd_tcp_addresses=[f"127.0.0.1:{node['tcp_port']}"])
+
+    async def send() -> None:
+        async with Producer(settings=settings) as producer:
+            for body in bodies:
+                await producer.publish(topic, body.encode())
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, send()).result(60)
 
 
 def cell(page: Any, name: str) -> Any:
@@ -202,14 +215,15 @@ def test_the_console_in_a_browser(
             "HANDLED_FILE": str(handled)}  # fmt: skip
     write_module("consolesvc", MODULE)
     run = supervise("consolesvc", env=env)
-    run.wait_ready()
     worker = f"http://127.0.0.1:{run.health_port}"
     acting = console("--worker", worker, *console_flags, env={"NSQWORKER_CONSOLE_TOKEN": TOKEN})
     looking = console("--worker", worker, *console_flags)
+    run.wait_ready()
+    acting.wait_up(), looking.wait_up()
     publish_env = {**base_env, **env}
 
     # 1. Three messages while the handler is held: one in flight, two waiting.
-    publish(transport, publish_env, topic, ["bad-1", "ok-2", "ok-3"])
+    publish(publish_env, topic, ["bad-1", "ok-2", "ok-3"])
     page.goto(acting.url + "/")
     expect(page.locator("#tasks")).to_contain_text(TASK)
     expect(cell(page, "transport")).to_have_text(transport)
@@ -225,7 +239,7 @@ def test_the_console_in_a_browser(
         page.screenshot(path=str(shots / "console-workers.png"), full_page=True)
 
     # 2. Released: bad-1 and the hostile one are dead letters, the rest handled.
-    publish(transport, publish_env, topic, [HOSTILE])
+    publish(publish_env, topic, [HOSTILE])
     hold.unlink()
     wait_for(lambda: handled.exists() and handled.read_text().count("ok-") == 2, 30,
              message=run.output)  # fmt: skip
