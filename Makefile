@@ -23,7 +23,7 @@ unexport VIRTUAL_ENV
 export PATH := $(CURDIR)/.tools/bin:$(PATH)
 LINT_DIRS := $(wildcard nsqworker tests bench examples)
 
-.PHONY: venv tools tools-nsq test lint bench soak run run-spark clean lock image
+.PHONY: venv tools tools-nsq test lint bench soak run run-spark clean lock image screenshots
 
 $(UV_STAMP): scripts/bootstrap-uv
 	@scripts/bootstrap-uv $(UV_VERSION)
@@ -73,6 +73,11 @@ bench: venv tools-nsq
 	.venv/bin/python -m bench.rpc
 	@scripts/install-tools spark
 	.venv/bin/python -m bench.spark
+
+# docs/console-*.png: the console's browser test on nsqd, writing its screenshots to docs/.
+screenshots: venv tools-nsq
+	@scripts/install-tools browser
+	NSQWORKER_SCREENSHOTS=$(CURDIR)/docs .venv/bin/pytest -q "tests/e2e/test_console_browser.py::test_the_console_in_a_browser[nsq]"
 
 # Not part of `make test`: nsqworker run for SOAK_MINUTES while nsqd restart and workers
 # are killed; writes its figures to docs/reliability.md and docs/soak.png.

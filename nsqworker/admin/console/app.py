@@ -269,7 +269,11 @@ def create_app(settings: Settings, fleet: Fleet) -> ASGIApp:
 
         return wrapped
 
+    async def livez(request: Request) -> Response:
+        return JSONResponse({"live": True})
+
     routes = [
+        Route("/livez", livez),
         Route("/", console.tasks),
         Route("/workers", console.workers),
         Route("/dead-letters", console.dead_letters),
