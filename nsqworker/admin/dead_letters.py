@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from nsqworker.admin.envelopes import preview, read_envelope
-from nsqworker.admin.stores import QUIET, Store, Stored, open_store
+from nsqworker.admin.stores import QUIET, Store, Stored
 from nsqworker.errors import ConfigurationError, MessageTooLarge, NSQWorkerError, PublishError
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ __all__ = [
     "PurgeReport",
     "ReplayReport",
     "list_dead_letters",
+    "open_store",
     "purge_dead_letters",
     "replay_dead_letters",
 ]
@@ -118,6 +119,26 @@ class PurgeReport:
     def summary(self) -> str:
         """``purged 3, left 0``."""
         return f"purged {len(self.purged)}, left {len(self.left)}"
+
+
+def open_store(settings: Settings, topic: str, *, quiet: float = QUIET) -> Store:
+    """The store of ``topic`` on the broker ``settings.transport`` names."""
+    name = settings.transport
+    if name == "nsq":
+        from nsqworker.admin.nsq_store import NsqStore
+
+        return NsqStore(settings, topic, quiet=quiet)
+    if name == "nats":
+        from nsqworker.admin.nats_store import NatsStore
+
+        return NatsStore(settings, topic)
+    if name == "rabbitmq-stream":
+        from nsqworker.admin.streams_store import StreamStore
+
+        return StreamStore(settings, topic, quiet=quiet)
+    raise ConfigurationError(
+        f"dead letters cannot be read on transport {name!r}: use nsq, nats or rabbitmq-stream"
+    )
 
 
 def _checker(settings: Settings) -> Callable[[str], object]:

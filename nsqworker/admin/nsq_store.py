@@ -66,6 +66,7 @@ class NsqStore:
         self._producers: dict[str, Producer] = {}
         self._last_message = 0.0
         self._errors: list[NSQDError] = []
+        self._toucher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> NsqStore:
         return self
@@ -119,6 +120,7 @@ class NsqStore:
             self._connections[address] = conn
             conn.rdy(conn.server.max_rdy_count)
         self._last_message = loop.time()
+        self._toucher = asyncio.create_task(self._keep_alive())
         while (idle := loop.time() - self._last_message) < self.quiet:
             await asyncio.sleep(self.quiet - idle)
         for conn in self._connections.values():
@@ -154,6 +156,17 @@ class NsqStore:
 
         return take
 
+    async def _keep_alive(self) -> None:
+        """TOUCH what is held every third of its connection's message timeout, so a long
+        replay keeps its messages (up to nsqd's ``--max-msg-timeout``)."""
+        while True:
+            timeouts = [c.server.msg_timeout for c in self._connections.values()] or [60.0]
+            await asyncio.sleep(max(0.5, min(timeouts) / 3))
+            for held in list(self._taken):
+                conn = self._connections.get(held.address)
+                if held not in self._removed and conn is not None and conn.connected:
+                    conn.touch(held.id)
+
     def _on_error(self, conn: Connection, error: NSQDError) -> None:
         self._errors.append(error)
         log.warning("nsqd %s: %s", conn.address, error)
@@ -177,6 +190,10 @@ class NsqStore:
 
     async def close(self) -> None:
         """Hand back every message not removed (REQ 0, oldest first), CLS, close."""
+        if self._toucher is not None:
+            self._toucher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._toucher
         for held in sorted(self._taken, key=_age):
             conn = self._connections.get(held.address)
             if held not in self._removed and conn is not None and conn.connected:

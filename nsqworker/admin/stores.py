@@ -3,8 +3,8 @@ lies on a dead-letter topic without settling it, removes one message, and names 
 publisher a replay goes through.
 
 One module per broker (:mod:`.nsq_store`, :mod:`.nats_store`, :mod:`.streams_store`),
-each chosen by ``settings.transport`` in :func:`open_store`. A store is used once:
-``async with open_store(settings, topic) as store``, :meth:`Store.read`, then any
+chosen by ``settings.transport`` (:func:`nsqworker.admin.dead_letters.open_store`). A
+store is used once: ``async with open_store(settings, topic) as store``, :meth:`Store.read`, then any
 :meth:`Store.remove`; leaving the block hands back what was read and not removed (on
 NSQ, where reading takes the messages).
 """
@@ -15,13 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nsqworker.errors import ConfigurationError
-
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
     from nsqworker.transport import Publisher
 
-__all__ = ["QUIET", "Store", "Stored", "open_store"]
+__all__ = ["QUIET", "Store", "Stored"]
 
 QUIET = 1.0
 """Seconds without a new message after which a read of an NSQ channel or a RabbitMQ
@@ -59,23 +56,3 @@ class Store(Protocol):
 
     async def __aexit__(self, *exc: object) -> None:
         """Hand back what was read and not removed; close the connections."""
-
-
-def open_store(settings: Settings, topic: str, *, quiet: float = QUIET) -> Store:
-    """The store of ``topic`` on the broker ``settings.transport`` names."""
-    name = settings.transport
-    if name == "nsq":
-        from nsqworker.admin.nsq_store import NsqStore
-
-        return NsqStore(settings, topic, quiet=quiet)
-    if name == "nats":
-        from nsqworker.admin.nats_store import NatsStore
-
-        return NatsStore(settings, topic)
-    if name == "rabbitmq-stream":
-        from nsqworker.admin.streams_store import StreamStore
-
-        return StreamStore(settings, topic, quiet=quiet)
-    raise ConfigurationError(
-        f"dead letters cannot be read on transport {name!r}: use nsq, nats or rabbitmq-stream"
-    )

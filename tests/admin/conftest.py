@@ -155,3 +155,64 @@ async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
         yield made
     finally:
         await made.close()
+
+
+@pytest.fixture(params=["nats", "rabbitmq-stream"])
+async def client_broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
+    """NATS and RabbitMQ Streams, whose official clients the tests read with."""
+    made: Broker
+    if request.param == "nats":
+        made = NatsBroker(request.getfixturevalue("nats_server"))
+    else:
+        made = StreamBroker(request.getfixturevalue("rabbitmq"))
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+def official_tool(path: Path, what: str) -> Path:
+    """``path`` under this checkout; a missing tool skips, or fails under CI (it is
+    installed by scripts/install-tools)."""
+    if path.exists():
+        return path
+    message = f"{what} is missing at {path}: run scripts/install-tools"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI=true and {message}", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def read_with_official_client() -> Callable[[Broker, str, int], Any]:
+    """:func:`official_read`, for the tests (a conftest is not importable from them)."""
+    return official_read
+
+
+async def official_read(broker: Broker, topic: str, count: int) -> list[str]:
+    """The bodies on ``topic`` as the broker's official client reads them: the ``nats``
+    CLI (natscli), or the Java ``com.rabbitmq:stream-client``."""
+    import asyncio
+    import shutil
+    import subprocess
+
+    if isinstance(broker, NatsBroker):
+        nats = official_tool(ROOT / ".tools" / "bin" / "nats", "the nats CLI")
+        command = [str(nats), "--server", broker.server.url, "sub", topic, "--all", "--raw",
+                   "--count", str(count), "--wait", "30s"]  # fmt: skip
+    else:
+        from nsqworker.streams.client import Endpoint
+
+        lib = ROOT / ".tools" / "java" / "lib"
+        official_tool(lib / "stream-client-1.11.0.jar", "com.rabbitmq:stream-client")
+        java = shutil.which("java") or str(official_tool(Path("/usr/bin/java"), "java"))
+        e = Endpoint.from_settings(broker.settings())
+        source = Path(__file__).with_name("StreamRead.java")
+        command = [java, "-cp", f"{lib}/*", str(source), e.host, str(e.port), e.vhost,
+                   e.username, e.password, topic, str(count), "60"]  # fmt: skip
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    done = await asyncio.to_thread(run)
+    assert done.returncode == 0, f"{command[0]} failed: {done.stderr[-2000:]}"
+    return [line for line in done.stdout.splitlines() if line.strip()]

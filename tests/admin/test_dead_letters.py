@@ -179,5 +179,18 @@ async def test_a_replay_killed_midway_loses_nothing(broker: Broker) -> None:
     assert await list_dead_letters(settings, broker.dead) == []
 
 
+async def test_official_clients_read_the_replayed_messages(
+    client_broker: Broker, read_with_official_client: Any
+) -> None:
+    broker = client_broker
+    bodies = [b"replayed one", "replayed two \u00e9".encode()]
+    await broker.publish(broker.dead, [envelope(broker.topic, body) for body in bodies])
+    await listed(broker, 2)
+    report = await replay_dead_letters(broker.settings(), broker.dead)
+    assert len(report.replayed) == 2 and report.left == [] and report.refused == {}
+    lines = await read_with_official_client(broker, broker.topic, 2)
+    assert lines == ["replayed one", "replayed two \u00e9"]
+
+
 def envelope(topic: str, body: bytes) -> bytes:
     return dead_letter_envelope(make_message(body=body, topic=topic), "boom", "bill")

@@ -1,0 +1,73 @@
+"""NSQ's side of the dead-letter tools on a real nsqd: reading through the tools' own
+channel leaves every other channel of the topic alone, lists in age order however often
+nsqd's queue was rotated, and keeps what it holds alive past the message timeout."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from nsqworker.admin import list_dead_letters, purge_dead_letters
+from nsqworker.admin.nsq_store import CHANNEL, NsqStore
+from nsqworker.dead_letters import dead_letter_envelope
+from nsqworker.settings import Settings
+from nsqworker.testing import NsqdFactory, make_message, wait_for
+
+
+def settings_for(nsqd: Any, **overrides: Any) -> Settings:
+    return Settings(nsqd_tcp_addresses=[nsqd.tcp_address], log_level="warning", **overrides)
+
+
+def channel_stats(nsqd: Any, topic: str, channel: str) -> dict[str, Any]:
+    for t in nsqd.stats(topic)["topics"]:
+        for c in t["channels"]:
+            if c["channel_name"] == channel:
+                return dict(c)
+    raise AssertionError(f"no channel {channel} on {topic}")
+
+
+async def test_listing_leaves_other_channels_alone_and_keeps_its_order(
+    nsqd_factory: NsqdFactory,
+) -> None:
+    nsqd = nsqd_factory()
+    settings = settings_for(nsqd)
+    dead = "orders.dead"
+    nsqd.create_channel(dead, "alerts")  # someone else's consumer of the dead letters
+    nsqd.create_channel(dead, CHANNEL)  # created at deploy time, as docs/operations.md says
+    for i in range(20):
+        body = dead_letter_envelope(make_message(body=b"%d" % i, topic="orders"), "r", "t")
+        nsqd.publish(dead, body)
+    listings = [await list_dead_letters(settings, dead) for _ in range(3)]
+    assert listings[0] == listings[1] == listings[2]
+    assert [d.body for d in listings[0]] == [b"%d" % i for i in range(20)]
+    times = [d.given_up_at for d in listings[0]]
+    assert times == sorted(times)  # type: ignore[type-var]
+
+    alerts = channel_stats(nsqd, dead, "alerts")
+    assert (alerts["depth"], alerts["in_flight_count"], alerts["requeue_count"]) == (20, 0, 0)
+    ours = channel_stats(nsqd, dead, CHANNEL)
+    assert (ours["depth"], ours["in_flight_count"]) == (20, 0)  # all handed back
+
+    report = await purge_dead_letters(settings, dead)
+    assert len(report.purged) == 20
+    assert channel_stats(nsqd, dead, "alerts")["depth"] == 20  # theirs, untouched
+    wait_for(lambda: channel_stats(nsqd, dead, CHANNEL)["depth"] == 0, timeout=10)
+
+
+async def test_what_the_tool_holds_outlives_the_message_timeout(nsqd_factory: NsqdFactory) -> None:
+    nsqd = nsqd_factory()
+    settings = settings_for(nsqd, msg_timeout=1.0)
+    dead = "slow.dead"
+    for i in range(3):
+        body = dead_letter_envelope(make_message(body=b"%d" % i, topic="slow"), "r", "t")
+        nsqd.publish(dead, body)
+    async with NsqStore(settings, dead) as store:
+        items = await store.read()
+        assert len(items) == 3
+        await asyncio.sleep(3.0)  # three message timeouts: only TOUCH keeps them ours
+        for item in items:
+            await store.remove(item)
+    assert store._errors == []  # no E_FIN_FAILED: none had timed out
+    stats = channel_stats(nsqd, dead, CHANNEL)
+    assert stats["timeout_count"] == 0 and stats["depth"] == 0
+    assert await list_dead_letters(settings, dead) == []
