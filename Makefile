@@ -65,12 +65,13 @@ lint: venv
 	.venv/bin/hadolint Dockerfile examples/docker/Dockerfile
 
 # The sections of docs/benchmarks.md (NATS among them: nats-server is installed too), then
-# RPC (bench/rpc.py) and Spark (bench/spark.py), which print their own tables (docs/rpc.md
-# and docs/spark.md explain them).
+# RPC (bench/rpc.py), the console (bench/console.py) and Spark (bench/spark.py), which print
+# their own tables (docs/rpc.md, docs/operations.md and docs/spark.md explain them).
 bench: venv tools-nsq
 	@scripts/install-tools nats
 	.venv/bin/python -m bench
 	.venv/bin/python -m bench.rpc
+	.venv/bin/python -m bench.console
 	@scripts/install-tools spark
 	.venv/bin/python -m bench.spark
 

@@ -180,12 +180,16 @@ class Fleet:
         self._task: asyncio.Task[None] | None = None
 
     async def view(self) -> FleetView:
-        """The latest read (waits for the first one)."""
-        if self._task is None:
+        """The latest read (waits for the first one). Without :meth:`start` (an app
+        served without its lifespan), a read older than ``interval`` is renewed first."""
+        if self._task is None and (self._view is None or self._age() >= self.interval):
             await self.refresh()
         await self._first.wait()
         assert self._view is not None
         return self._view
+
+    def _age(self) -> float:
+        return time.time() - self._view.at if self._view is not None else float("inf")
 
     def start(self) -> None:
         """Read now and then every ``interval`` seconds, until :meth:`close`."""
