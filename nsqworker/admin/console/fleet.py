@@ -134,26 +134,34 @@ class _History:
         self._readings.append(
             (now, {r.task: (r.handled, r.requeued, r.dead_lettered) for r in tasks})
         )
-        while self._readings and now - self._readings[0][0] > RECENT_WINDOW + 1:
+        # keep one reading at or before the window's start: the base of "recent"
+        while len(self._readings) > 1 and now - self._readings[1][0] >= RECENT_WINDOW:
             self._readings.popleft()
 
     def apply(self, now: float, tasks: list[TaskRow]) -> None:
-        """Set each row's rate and recent counts from the oldest reading in the window."""
+        """Set each row's rate and recent counts against the reading that starts each
+        window (the last one at or before its start, else the oldest: the console is
+        younger than the window)."""
         for row in tasks:
-            rate_from = self._oldest(now - RATE_WINDOW, row.task)
+            rate_from = self._base(now - RATE_WINDOW, row.task)
             if rate_from is not None and now > rate_from[0]:
-                handled = row.handled - rate_from[1][0]
-                row.rate = max(0, handled if handled >= 0 else row.handled) / (now - rate_from[0])
-            recent = self._oldest(now - RECENT_WINDOW, row.task)
+                handled = _delta(row.handled, rate_from[1][0])
+                row.rate = handled / (now - rate_from[0])
+            recent = self._base(now - RECENT_WINDOW, row.task)
             base = recent[1] if recent is not None else (0, 0, 0)
             row.retries_recent = _delta(row.requeued, base[1])
             row.dead_recent = _delta(row.dead_lettered, base[2])
 
-    def _oldest(self, since: float, task: str) -> tuple[float, tuple[int, int, int]] | None:
+    def _base(self, since: float, task: str) -> tuple[float, tuple[int, int, int]] | None:
+        found = None
         for at, counts in self._readings:
-            if at >= since and task in counts:
-                return at, counts[task]
-        return None
+            if task not in counts:
+                continue
+            if found is None or at <= since:
+                found = (at, counts[task])
+            if at > since:
+                break
+        return found
 
 
 def _delta(now: int, then: int) -> int:
