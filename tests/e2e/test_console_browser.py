@@ -238,13 +238,16 @@ def test_the_console_in_a_browser(
     if transport == "nsq":
         page.screenshot(path=str(shots / "console-workers.png"), full_page=True)
 
-    # 2. Released: bad-1 and the hostile one are dead letters, the rest handled.
+    # 2. Released: bad-1 and the hostile one are dead letters, the rest handled; the
+    # open page follows by itself (live refresh), sorted as it was asked.
+    page.goto(acting.url + "/?sort=dead&order=desc")
+    expect(cell(page, "backlog")).to_have_text("2", timeout=WAIT_MS)
     publish(publish_env, topic, [HOSTILE])
     hold.unlink()
     wait_for(lambda: handled.exists() and handled.read_text().count("ok-") == 2, 30,
              message=run.output)  # fmt: skip
-    page.goto(acting.url + "/")
     expect(cell(page, "backlog")).to_have_text("0", timeout=WAIT_MS)
+    expect(page.locator('th[data-key="dead"]')).to_have_attribute("aria-sort", "descending")
     expect(cell(page, "dead")).to_have_text("2", timeout=WAIT_MS)
     expect(cell(page, "error")).to_contain_text("<script>window.__pwned", timeout=WAIT_MS)
 
