@@ -213,7 +213,7 @@ async def replay_dead_letters(
         check(to)
     report = ReplayReport(dry_run=dry_run)
     async with open_store(settings, topic, quiet=quiet) as store:
-        chosen = _choose(store, await store.read(), ids, report.refused, check)
+        chosen = _choose(await store.read(), ids, report.refused, check)
         stopped: str | None = None
         for item, letter in chosen:
             if letter.problem is not None or letter.body is None or letter.topic is None:
@@ -227,11 +227,17 @@ async def replay_dead_letters(
                 stopped = await _replay_one(store, item, letter, to or letter.topic, report)
                 if on_replayed is not None and report.replayed[-1:] == [letter.id]:
                     on_replayed(letter)
+    for letter_id, why in store.failed_removals.items():
+        if letter_id in report.replayed:
+            report.replayed.remove(letter_id)
+            report.left.append(letter_id)
+            report.errors[letter_id] = (
+                f"published but not removed ({why}): a second replay would publish it again"
+            )
     return report
 
 
 def _choose(
-    store: Store,
     items: list[Stored],
     ids: Collection[str] | None,
     refused: dict[str, str],
@@ -312,6 +318,11 @@ async def purge_dead_letters(
                 report.errors[item.id] = f"not removed: {_one_line(exc)}"
             else:
                 report.purged.append(item.id)
+    for letter_id, why in store.failed_removals.items():
+        if letter_id in report.purged:
+            report.purged.remove(letter_id)
+            report.left.append(letter_id)
+            report.errors[letter_id] = f"not removed: {why}"
     return report
 
 

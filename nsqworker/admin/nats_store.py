@@ -85,6 +85,11 @@ class NatsStore:
         if not deleted:
             raise PublishError("JETSTREAM", f"the server did not delete sequence {item.id}")
 
+    @property
+    def failed_removals(self) -> dict[str, str]:
+        """None: each removal was answered before :meth:`remove` returned."""
+        return {}
+
     def publisher(self, item: Stored) -> NatsProducer:
         """A producer on the store's connection."""
         if self._producer is None:

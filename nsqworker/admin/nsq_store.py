@@ -60,13 +60,17 @@ class NsqStore:
         self.quiet = quiet
         self.config = ConnectionConfig.from_settings(settings)
         self._connections: dict[str, Connection] = {}
-        self._taken: list[_Held] = []  # every message nsqd gave us, in arrival order
+        # every message nsqd gave us, by (nsqd, id): a message delivered again (its timeout
+        # passed) is the same message, held once
+        self._taken: dict[tuple[str, bytes], _Held] = {}
         self._held: dict[str, _Held] = {}  # the read's, by their Stored id
         self._removed: set[_Held] = set()
         self._producers: dict[str, Producer] = {}
         self._last_message = 0.0
         self._errors: list[NSQDError] = []
         self._toucher: asyncio.Task[None] | None = None
+        self._failed_fins: dict[tuple[str, bytes], str] = {}
+        self._keys: dict[str, _Held] = {}  # every id handed out, kept after close
 
     async def __aenter__(self) -> NsqStore:
         return self
@@ -128,7 +132,7 @@ class NsqStore:
                 conn.rdy(0)
         full = [
             a for a, c in self._connections.items()
-            if sum(h.address == a for h in self._taken) >= c.server.max_rdy_count
+            if sum(h.address == a for h in self._taken.values()) >= c.server.max_rdy_count
         ]  # fmt: skip
         if full:
             log.warning(
@@ -136,13 +140,13 @@ class NsqStore:
                 " (max_rdy_count): the oldest of the others show once these are removed",
                 ", ".join(full), self.topic,
             )  # fmt: skip
-        items = sorted(self._taken, key=_age)
+        items = sorted(self._taken.values(), key=_age)
         ids = [h.id.decode("ascii", "replace") for h in items]
         twice = {i for i in ids if ids.count(i) > 1}  # the same id on two nsqd
         stored = []
         for held, message_id in zip(items, ids, strict=True):
             key = f"{message_id}@{held.address}" if message_id in twice else message_id
-            self._held[key] = held
+            self._held[key] = self._keys[key] = held
             when = datetime.fromtimestamp(held.timestamp / 1e9, UTC)
             stored.append(Stored(key, held.body, when, held.address))
         return stored if limit is None else stored[:limit]
@@ -151,7 +155,9 @@ class NsqStore:
         loop = asyncio.get_running_loop()
 
         def take(timestamp: int, attempts: int, message_id: bytes, body: bytes) -> None:
-            self._taken.append(_Held(address, timestamp, message_id, body))
+            self._taken.setdefault(
+                (address, message_id), _Held(address, timestamp, message_id, body)
+            )
             self._last_message = loop.time()
 
         return take
@@ -162,7 +168,7 @@ class NsqStore:
         while True:
             timeouts = [c.server.msg_timeout for c in self._connections.values()] or [60.0]
             await asyncio.sleep(max(0.5, min(timeouts) / 3))
-            for held in list(self._taken):
+            for held in list(self._taken.values()):
                 conn = self._connections.get(held.address)
                 if held not in self._removed and conn is not None and conn.connected:
                     conn.touch(held.id)
@@ -170,6 +176,20 @@ class NsqStore:
     def _on_error(self, conn: Connection, error: NSQDError) -> None:
         self._errors.append(error)
         log.warning("nsqd %s: %s", conn.address, error)
+        if error.code == "E_FIN_FAILED":  # message: "FIN <id> failed ..."
+            parts = error.message.split()
+            if len(parts) > 1:
+                self._failed_fins[(conn.address, parts[1].encode())] = error.message
+
+    @property
+    def failed_removals(self) -> dict[str, str]:
+        """Removals nsqd refused (``E_FIN_FAILED``: the message was no longer held,
+        its timeout had passed), by id, with nsqd's words; complete once closed."""
+        return {
+            key: f"nsqd refused the FIN: {self._failed_fins[(h.address, h.id)]}"
+            for key, h in self._keys.items()
+            if (h.address, h.id) in self._failed_fins
+        }
 
     async def remove(self, item: Stored) -> None:
         """FIN the dead letter (nsqd drops it)."""
@@ -194,11 +214,11 @@ class NsqStore:
             self._toucher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._toucher
-        for held in sorted(self._taken, key=_age):
+        for held in sorted(self._taken.values(), key=_age):
             conn = self._connections.get(held.address)
             if held not in self._removed and conn is not None and conn.connected:
                 conn.req(held.id, 0)
-        self._taken, self._held, self._removed = [], {}, set()
+        self._taken, self._held, self._removed = {}, {}, set()
         connections, self._connections = list(self._connections.values()), {}
         producers, self._producers = list(self._producers.values()), {}
         for conn in connections:

@@ -49,6 +49,11 @@ class Store(Protocol):
     async def remove(self, item: Stored) -> None:
         """Remove ``item`` for good; raises when the broker did not take the removal."""
 
+    @property
+    def failed_removals(self) -> dict[str, str]:
+        """Removals the broker turned down after :meth:`remove` returned (NSQ answers a
+        FIN only when it fails), id -> why; complete once the store is closed."""
+
     def publisher(self, item: Stored) -> Publisher:
         """The publisher a replay of ``item`` uses (owned and closed by the store)."""
 

@@ -145,6 +145,11 @@ class StreamStore:
             await consumer.store_offset(self.topic, REFERENCE, mark)
             self.watermark = mark
 
+    @property
+    def failed_removals(self) -> dict[str, str]:
+        """None: each removal was answered before :meth:`remove` returned."""
+        return {}
+
     def publisher(self, item: Stored) -> StreamProducer:
         """A producer on the store's connections."""
         return self.producer

@@ -172,9 +172,9 @@ def _print_table(topic: str, letters: list[DeadLetter]) -> None:
         title=Text(f"{len(letters)} dead letters on {preview(topic.encode(), 200)}"),
         title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
     )  # fmt: skip
-    for column in ("id", "given up", "task", "topic", "attempts", "reason", "body"):
+    for column in ("id", "given up (UTC)", "task", "topic", "attempts", "reason", "body"):
         table.add_column(column, justify="right" if column == "attempts" else "left",
-                         overflow="fold", no_wrap=column in ("id", "given up"))  # fmt: skip
+                         overflow="fold", no_wrap=column in ("id", "given up (UTC)"))  # fmt: skip
 
     def cell(value: object) -> Text:
         return Text("-" if value is None else preview(str(value).encode(), 60), style="")
@@ -219,8 +219,11 @@ def replay(
     nats: NatsOption = None,
     rabbitmq: RabbitOption = None,
 ) -> None:
-    """Publish dead letters' original bodies again (fresh attempts), oldest first; each
-    dead letter is removed only after the broker acknowledged its publish."""
+    """Publish dead letters' original bodies again (fresh attempts), oldest first.
+
+    Each dead letter is removed only after the broker acknowledged its publish; foreign
+    messages and truncated bodies are refused, never replayed. Exit 1 if any was left.
+    """
     from nsqworker.admin.dead_letters import replay_dead_letters
 
     if all_ == bool(ids):
@@ -264,7 +267,9 @@ def purge(
     rabbitmq: RabbitOption = None,
 ) -> None:
     """Remove dead letters for good: --all, --id ID ..., or --older-than DURATION.
-    Asks for confirmation on a terminal unless --yes."""
+
+    Asks for confirmation on a terminal unless --yes. Exit 1 if any was left.
+    """
     from rich.text import Text
 
     from nsqworker.admin.dead_letters import purge_dead_letters
@@ -280,7 +285,7 @@ def purge(
         except ValueError as exc:
             raise _fail(f"--older-than: {exc}") from None
     settings = _settings(config, transport, nsqd, lookupd, nats, rabbitmq)
-    if not yes and sys.stdin.isatty():
+    if not yes and _interactive():
         which = (
             "every dead letter" if all_ else f"{len(ids or [])} dead letters by id"
             if ids else f"the dead letters given up more than {older_than} ago"
@@ -294,6 +299,11 @@ def purge(
         err.print(Text(f"left {_show(letter_id)}: {_show(report.errors.get(letter_id, ''), 300)}"))
     err.print(Text(report.summary()))
     raise typer.Exit(EXIT_LEFT if report.left else 0)
+
+
+def _interactive() -> bool:
+    """Whether a person can answer a question: standard input is a terminal."""
+    return sys.stdin.isatty()
 
 
 def _show(text: str, chars: int = 80) -> str:

@@ -55,6 +55,7 @@ async def test_a_dead_letter_is_listed_replayed_once_and_a_foreign_one_only_repo
     broker: Broker,
 ) -> None:
     handled: Counter[bytes] = Counter()
+    attempts: list[int] = []
     broken = [True]
     reg = Registry()
 
@@ -63,6 +64,7 @@ async def test_a_dead_letter_is_listed_replayed_once_and_a_foreign_one_only_repo
         if broken[0]:
             raise Reject("bug 42: no invoice")
         handled[msg.body] += 1
+        attempts.append(msg.attempts)
 
     settings = broker.settings()
     async with Worker(reg, settings):
@@ -109,6 +111,7 @@ async def test_a_dead_letter_is_listed_replayed_once_and_a_foreign_one_only_repo
         await wait_until(lambda: sum(handled.values()) >= 2, timeout=30, message="the replays")
         await asyncio.sleep(0.5)  # a duplicate would have come by now
         assert handled == {b'{"order": 1}': 1, b"line\nwith \x1b[31m escapes": 1}
+        assert attempts == [1, 1]  # a replayed message starts with fresh attempts
         assert await list_dead_letters(settings, broker.dead) == [alien]
 
         purged = await run_command(broker, "purge", broker.dead, "--id", alien.id)

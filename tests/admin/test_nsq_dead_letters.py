@@ -14,6 +14,11 @@ from nsqworker.settings import Settings
 from nsqworker.testing import NsqdFactory, make_message, wait_for
 
 
+HOLD = 6.5
+"""Seconds to hold a message for its 1 s timeout to pass for sure: nsqd looks for timed-out
+messages only in the channels it knew at its last refresh of the list (every 5 s)."""
+
+
 def settings_for(nsqd: Any, **overrides: Any) -> Settings:
     return Settings(nsqd_tcp_addresses=[nsqd.tcp_address], log_level="warning", **overrides)
 
@@ -64,10 +69,32 @@ async def test_what_the_tool_holds_outlives_the_message_timeout(nsqd_factory: Ns
     async with NsqStore(settings, dead) as store:
         items = await store.read()
         assert len(items) == 3
-        await asyncio.sleep(3.0)  # three message timeouts: only TOUCH keeps them ours
+        await asyncio.sleep(HOLD)  # past the message timeout: only TOUCH keeps them ours
         for item in items:
             await store.remove(item)
     assert store._errors == []  # no E_FIN_FAILED: none had timed out
     stats = channel_stats(nsqd, dead, CHANNEL)
     assert stats["timeout_count"] == 0 and stats["depth"] == 0
     assert await list_dead_letters(settings, dead) == []
+
+
+async def test_a_fin_nsqd_turns_down_is_reported_not_counted_as_removed(
+    nsqd_factory: NsqdFactory, monkeypatch: Any
+) -> None:
+    nsqd = nsqd_factory()
+    settings = settings_for(nsqd, msg_timeout=1.0)
+    dead = "late.dead"
+    nsqd.publish(dead, dead_letter_envelope(make_message(body=b"x", topic="late"), "r", "t"))
+
+    async def no_touch(self: NsqStore) -> None:  # a tool stalled past the timeout
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(NsqStore, "_keep_alive", no_touch)
+    async with NsqStore(settings, dead) as store:
+        (item,) = await store.read()
+        await asyncio.sleep(HOLD)
+        await store.remove(item)
+    assert list(store.failed_removals) == [item.id]
+    assert "E_FIN_FAILED" not in store.failed_removals[item.id]
+    assert "not in flight" in store.failed_removals[item.id]
+    assert [d.id for d in await list_dead_letters(settings, dead)] == [item.id]  # still there
