@@ -305,3 +305,13 @@ def test_the_console_in_a_browser(
     assert status == 403
     page.goto(f"{acting.url}/dead-letters?topic={dead}")
     expect(rows).to_have_count(1)  # the read-only console's purge removed nothing
+
+    # 6. Purge: the ticked ones on NSQ, all of the topic on NATS.
+    if transport == "nsq":
+        page.check("#select-all")
+        page.click('button[data-action="purge"][data-scope="selection"]')
+    else:
+        page.click('button[data-action="purge"][data-scope="all"]')
+    expect(page.locator("#result")).to_contain_text("1 purged", timeout=WAIT_MS)
+    expect(page.locator("#dead-letters .empty")).to_contain_text("No dead letters")
+    assert "<script>" not in handled.read_text()  # purged, never handled
