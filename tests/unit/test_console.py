@@ -17,7 +17,7 @@ from nsqworker.health import HealthServer, WorkerMetrics
 from nsqworker.settings import Settings, SettingsError
 
 TOKEN = "s3cret-console-token-1234"
-ORIGIN = "http://testserver"
+ORIGIN = "http://127.0.0.1:8081"
 ACT = {"content-type": "application/json", "x-nsqworker-console": "1", "origin": ORIGIN}
 HOSTILE = "<script>window.pwned=1</script><b>bold</b>"
 
@@ -190,6 +190,21 @@ async def test_an_unreachable_worker_is_shown_not_fatal(health: Callable[..., st
     async with client([good, f"http://127.0.0.1:{free_port()}"]) as web:
         page = (await web.get("/")).text
         assert 'data-task="a"' in page and "unreachable" in page
+
+
+async def test_bound_to_loopback_it_answers_only_loopback_names() -> None:
+    async with client([]) as web:
+        for host in ("127.0.0.1:8081", "localhost:8081", "LOCALHOST", "[::1]:8081"):
+            assert (await web.get("/livez", headers={"host": host})).status_code == 200
+        for host in ("evil.example:8081", "127.0.0.1.evil.example", "", "localhost.evil:80"):
+            answer = await web.get("/", headers={"host": host})
+            assert answer.status_code == 400, host  # a DNS-rebinding page reads nothing
+    settings = Settings(console_host="0.0.0.0")
+    fleet = Fleet(StaticWorkers([]), None, 0.2)
+    transport = httpx.ASGITransport(create_app(settings, fleet))
+    async with httpx.AsyncClient(transport=transport, base_url="http://console.shop:8081") as web:
+        assert (await web.get("/livez")).status_code == 200  # reached by its service name
+    await fleet.close()
 
 
 def test_console_settings() -> None:

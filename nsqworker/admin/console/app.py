@@ -59,13 +59,37 @@ SECURITY_HEADERS = [
 ]  # fmt: skip
 
 
-class _SecurityHeaders:
-    """Adds :data:`SECURITY_HEADERS` to every response."""
+#: Listen addresses that only this machine reaches, and the host names it is reached by.
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
 
-    def __init__(self, app: ASGIApp) -> None:
+
+def host_name(header: str) -> str:
+    """``Host`` without its port: ``127.0.0.1:8081`` -> ``127.0.0.1``, ``[::1]:80`` -> ``[::1]``."""
+    if header.startswith("["):
+        return header[: header.find("]") + 1]
+    return header.rpartition(":")[0] if ":" in header else header
+
+
+class _SecurityHeaders:
+    """Adds :data:`SECURITY_HEADERS` to every response; with ``loopback_only``, answers
+    400 to a request whose ``Host`` is not a loopback name (a DNS-rebinding page that
+    reaches 127.0.0.1 under its own name cannot read the console)."""
+
+    def __init__(self, app: ASGIApp, loopback_only: bool) -> None:
         self.app = app
+        self.loopback_only = loopback_only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.loopback_only and scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            host = host_name(headers.get(b"host", b"").decode("latin-1").lower())
+            if host not in LOOPBACK_NAMES:
+                response = JSONResponse({"error": "this console answers only to 127.0.0.1 "
+                                         "and localhost"}, 400)  # fmt: skip
+                await response(scope, receive, send)
+                return
+
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
@@ -282,4 +306,5 @@ def create_app(settings: Settings, fleet: Fleet) -> ASGIApp:
         Route("/api/dead-letters/{action:str}", console.act, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    return _SecurityHeaders(Starlette(routes=routes, lifespan=lifespan))
+    loopback = settings.console_host in LOOPBACK
+    return _SecurityHeaders(Starlette(routes=routes, lifespan=lifespan), loopback_only=loopback)
