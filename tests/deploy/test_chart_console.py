@@ -108,3 +108,21 @@ def test_without_a_token_secret_the_console_is_read_only(helm: Any) -> None:
 def test_bad_console_values_are_refused(helm: Any, values: dict[str, Any], message: str) -> None:
     with pytest.raises(HelmError, match=message):
         helm.template(values=values)
+
+
+def test_the_console_installs_into_a_real_api_server(kube: Any, kube_helm: Any) -> None:
+    from .test_chart_install import assert_contains, read_back
+
+    namespace = "console-install"
+    kube.create_namespace(namespace)
+    values = kube_helm.values_file({**CONSOLE, "tasks": "myservice.tasks"})
+    kube_helm.run("install", RELEASE, str(CHART), "-n", namespace, "-f", str(values))
+    try:
+        rendered = kube_helm.template(values=CONSOLE, namespace=namespace)
+        for obj in rendered:
+            if obj["metadata"]["name"] == NAME:  # stored as rendered: nothing pruned
+                assert_contains(read_back(kube, obj, namespace), obj, f"{obj['kind']}/{NAME}")
+        kinds = {o["kind"] for o in rendered if o["metadata"]["name"] == NAME}
+        assert kinds == {"ServiceAccount", "Role", "RoleBinding", "Service", "Deployment"}
+    finally:
+        kube_helm.run("uninstall", RELEASE, "-n", namespace)
