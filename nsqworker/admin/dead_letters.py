@@ -100,6 +100,7 @@ class ReplayReport:
     left: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
+    notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         """``replayed 3, refused 1, left 0`` (``would replay`` on a dry run)."""
@@ -115,6 +116,7 @@ class PurgeReport:
     purged: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         """``purged 3, left 0``."""
@@ -171,13 +173,19 @@ def _text(value: Any) -> str | None:
 
 
 async def list_dead_letters(
-    settings: Settings, topic: str, *, limit: int | None = None, quiet: float = QUIET
+    settings: Settings,
+    topic: str,
+    *,
+    limit: int | None = None,
+    quiet: float = QUIET,
+    on_note: Callable[[str], None] | None = None,
 ) -> list[DeadLetter]:
     """The dead letters on ``topic``, oldest first (the first ``limit``). Nothing is
     removed, settled or reordered: listing twice gives the same answer.
 
     ``quiet``: on NSQ and RabbitMQ Streams, seconds without a new message after which
-    the read is complete. Raises ``ConfigurationError`` for a bad topic or settings and
+    the read is complete. ``on_note`` gets what the reader should know (on NSQ, that
+    nsqd may hold more than one client can take at once). Raises ``ConfigurationError`` for a bad topic or settings and
     ``NoConnection`` when the broker cannot be reached.
     """
     if limit is not None and limit < 0:
@@ -185,6 +193,9 @@ async def list_dead_letters(
     check = _checker(settings)
     async with open_store(settings, topic, quiet=quiet) as store:
         items = await store.read(limit)
+    if on_note is not None:
+        for note in store.notes:
+            on_note(note)
     return [to_dead_letter(item, check) for item in items]
 
 
@@ -234,6 +245,7 @@ async def replay_dead_letters(
             report.errors[letter_id] = (
                 f"published but not removed ({why}): a second replay would publish it again"
             )
+    report.notes.extend(store.notes)
     return report
 
 
@@ -323,6 +335,7 @@ async def purge_dead_letters(
             report.purged.remove(letter_id)
             report.left.append(letter_id)
             report.errors[letter_id] = f"not removed: {why}"
+    report.notes.extend(store.notes)
     return report
 
 

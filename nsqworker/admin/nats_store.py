@@ -28,6 +28,7 @@ class NatsStore:
 
     def __init__(self, settings: Settings, topic: str) -> None:
         self.settings = settings
+        self.notes: list[str] = []  # nothing to say: a read here is complete
         self.topic = check_subject(topic)
         self.connection = NatsConnection(settings, name="nsqworker-dead-letters")
         self.stream: str | None = None

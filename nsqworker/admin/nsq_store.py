@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
@@ -69,6 +70,7 @@ class NsqStore:
         self._last_message = 0.0
         self._errors: list[NSQDError] = []
         self._toucher: asyncio.Task[None] | None = None
+        self.notes: list[str] = []
         self._failed_fins: dict[tuple[str, bytes], str] = {}
         self._keys: dict[str, _Held] = {}  # every id handed out, kept after close
 
@@ -135,14 +137,15 @@ class NsqStore:
             if sum(h.address == a for h in self._taken.values()) >= c.server.max_rdy_count
         ]  # fmt: skip
         if full:
-            log.warning(
-                "nsqd %s holds more dead letters of %s than one client may hold"
-                " (max_rdy_count): the oldest of the others show once these are removed",
-                ", ".join(full), self.topic,
-            )  # fmt: skip
+            self.notes.append(
+                f"nsqd {', '.join(full)} may hold more dead letters of {self.topic} than one"
+                " client may take at once (its --max-rdy-count): these are the first ones;"
+                " the others show once these are replayed or purged"
+            )
         items = sorted(self._taken.values(), key=_age)
         ids = [h.id.decode("ascii", "replace") for h in items]
-        twice = {i for i in ids if ids.count(i) > 1}  # the same id on two nsqd
+        counts = Counter(ids)
+        twice = {i for i, n in counts.items() if n > 1}  # the same id on two nsqd
         stored = []
         for held, message_id in zip(items, ids, strict=True):
             key = f"{message_id}@{held.address}" if message_id in twice else message_id

@@ -42,6 +42,8 @@ class Store(Protocol):
     """A dead-letter topic on one broker; see the module docstring."""
 
     topic: str
+    notes: list[str]
+    """What the reader should know about the read (a listing nsqd cut short)."""
 
     async def read(self, limit: int | None = None) -> list[Stored]:
         """Every message on the topic, oldest first (the first ``limit``)."""

@@ -49,6 +49,7 @@ class StreamStore:
 
     def __init__(self, settings: Settings, topic: str, *, quiet: float = QUIET) -> None:
         self.settings = settings
+        self.notes: list[str] = []  # nothing to say: a read here is complete
         self.topic = check_stream(topic)
         self.tombstones = check_stream(tombstone_stream(topic), "topic")
         self.quiet = quiet

@@ -12,6 +12,7 @@ characters escaped.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import sys
@@ -153,7 +154,7 @@ def list_(
     from nsqworker.admin.dead_letters import list_dead_letters
 
     settings = _settings(config, transport, nsqd, lookupd, nats, rabbitmq)
-    letters = _run(list_dead_letters(settings, topic, limit=limit))
+    letters = _run(list_dead_letters(settings, topic, limit=limit, on_note=_note))
     if as_json:
         typer.echo(json.dumps([d.to_json() for d in letters], indent=2, ensure_ascii=True))
         return
@@ -212,6 +213,7 @@ def replay(
         bool,
         typer.Option("--dry-run", metavar="", help="Say what would be replayed; change nothing."),
     ] = False,
+    as_json: AsJson = False,
     config: ConfigFile = None,
     transport: TransportOption = None,
     nsqd: NsqdOption = None,
@@ -239,7 +241,11 @@ def replay(
         err.print(Text(f"refused {_show(letter_id)}: {_show(why, 300)}"))
     for letter_id in report.left:
         err.print(Text(f"left {_show(letter_id)}: {_show(report.errors.get(letter_id, ''), 300)}"))
+    for note in report.notes:
+        _note(note)
     err.print(Text(report.summary()))
+    if as_json:
+        typer.echo(json.dumps(dataclasses.asdict(report), indent=2, ensure_ascii=True))
     raise typer.Exit(EXIT_LEFT if report.left else 0)
 
 
@@ -259,6 +265,7 @@ def purge(
     yes: Annotated[
         bool, typer.Option("--yes", "-y", metavar="", help="Do not ask for confirmation.")
     ] = False,
+    as_json: AsJson = False,
     config: ConfigFile = None,
     transport: TransportOption = None,
     nsqd: NsqdOption = None,
@@ -297,8 +304,18 @@ def purge(
     err = _err()
     for letter_id in report.left:
         err.print(Text(f"left {_show(letter_id)}: {_show(report.errors.get(letter_id, ''), 300)}"))
+    for note in report.notes:
+        _note(note)
     err.print(Text(report.summary()))
+    if as_json:
+        typer.echo(json.dumps(dataclasses.asdict(report), indent=2, ensure_ascii=True))
     raise typer.Exit(EXIT_LEFT if report.left else 0)
+
+
+def _note(text: str) -> None:
+    from rich.text import Text
+
+    _err().print(Text.assemble(("note: ", "yellow"), text))
 
 
 def _interactive() -> bool:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from nsqworker.admin import list_dead_letters, purge_dead_letters
+from nsqworker.admin import list_dead_letters, purge_dead_letters, replay_dead_letters
 from nsqworker.admin.nsq_store import CHANNEL, NsqStore
 from nsqworker.dead_letters import dead_letter_envelope
 from nsqworker.settings import Settings
 from nsqworker.testing import NsqdFactory, make_message, wait_for
-
 
 HOLD = 6.5
 """Seconds to hold a message for its 1 s timeout to pass for sure: nsqd looks for timed-out
@@ -98,3 +97,33 @@ async def test_a_fin_nsqd_turns_down_is_reported_not_counted_as_removed(
     assert "E_FIN_FAILED" not in store.failed_removals[item.id]
     assert "not in flight" in store.failed_removals[item.id]
     assert [d.id for d in await list_dead_letters(settings, dead)] == [item.id]  # still there
+
+
+async def test_through_lookupd_every_nsqd_is_read_and_each_replay_goes_where_it_was(
+    nsq_cluster: Any,
+) -> None:
+    settings = Settings(lookupd_http_addresses=nsq_cluster.lookupd_http_addresses,
+                        log_level="warning")  # fmt: skip
+    dead, target = "spread.dead", "spread"
+    first, second = nsq_cluster.nsqds
+    first.create_channel(target, "watch")
+    second.create_channel(target, "watch")
+    for i, nsqd in enumerate([first, second, first, second]):
+        body = dead_letter_envelope(make_message(body=b"%d" % i, topic=target), "r", "t")
+        nsqd.publish(dead, body)
+
+    async def both_listed() -> bool:
+        return len(await list_dead_letters(settings, dead)) == 4
+
+    deadline = asyncio.get_running_loop().time() + 30  # nsqd registers topics with lookupd
+    while not await both_listed():
+        assert asyncio.get_running_loop().time() < deadline, "lookupd never listed both nsqd"
+        await asyncio.sleep(0.5)
+    letters = await list_dead_letters(settings, dead)
+    assert [d.body for d in letters] == [b"0", b"1", b"2", b"3"]  # age order across nsqd
+
+    report = await replay_dead_letters(settings, dead)
+    assert len(report.replayed) == 4 and report.left == []
+    for nsqd in (first, second):  # each went back through the nsqd that held it
+        assert channel_stats(nsqd, target, "watch")["depth"] == 2
+    assert await list_dead_letters(settings, dead) == []
