@@ -62,8 +62,11 @@ class Order:
         return cls(action, topic, tuple(ids) if ids is not None else None, to)
 
 
-async def list_letters(settings: Settings, topic: str) -> tuple[list[DeadLetter], str | None]:
-    """The dead letters of ``topic``, oldest first, and a problem to show instead."""
+async def list_letters(
+    settings: Settings, topic: str, notes: list[str] | None = None
+) -> tuple[list[DeadLetter], str | None]:
+    """The dead letters of ``topic``, oldest first, and a problem to show instead;
+    what the reader should know is appended to ``notes``."""
     if not topic:
         return [], None
     try:
@@ -72,7 +75,13 @@ async def list_letters(settings: Settings, topic: str) -> tuple[list[DeadLetter]
         return [], f"dead letters cannot be read here: {exc}"
     try:
         letters = await asyncio.wait_for(
-            list_dead_letters(settings, topic, limit=LIST_LIMIT), LIST_TIMEOUT
+            list_dead_letters(
+                settings,
+                topic,
+                limit=LIST_LIMIT,
+                on_note=notes.append if notes is not None else None,
+            ),
+            LIST_TIMEOUT,
         )
     except TimeoutError:
         return [], f"listing {topic} took longer than {LIST_TIMEOUT:g} s"
@@ -102,4 +111,5 @@ def _report(report: Any, names: tuple[str, ...]) -> dict[str, Any]:
         result[name] = len(getattr(report, name))
     why = {**dict(getattr(report, "refused", {})), **dict(getattr(report, "errors", {}))}
     result["details"] = dict(list(why.items())[:100])
+    result["notes"] = [str(n) for n in getattr(report, "notes", ())]
     return result

@@ -188,12 +188,13 @@ class Console:
         topic = request.query_params.get("topic") or (topics[0] if topics else "")
         if topic and topic not in topics:
             topics.append(topic)
-        letters, problem = await actions.list_letters(self.settings, topic)
+        notes: list[str] = []
+        letters, problem = await actions.list_letters(self.settings, topic, notes)
         chosen = request.query_params.get("id")
         selected = next((x for x in letters if x.id == chosen), None)
         return self.render(
             request, "dead_letters.html", view=view, topics=topics, topic=topic,
-            letters=letters, problem=problem, selected=selected, chosen=chosen,
+            letters=letters, problem=problem, notes=notes, selected=selected, chosen=chosen,
             transport=self.settings.transport,
         )  # fmt: skip
 

@@ -88,8 +88,10 @@ function startActions() {
         .map(([key, value]) => `${value} ${key}`).join(", ");
       const details = Object.entries(answer.doc.details || {})
         .map(([id, why]) => `${id}: ${why}`).join("; ");
+      const notes = (answer.doc.notes || []).join(" ");
       sessionStorage.setItem(
-        "nsqworker-console-result", `${action}: ${counts}` + (details ? ` (${details})` : ""));
+        "nsqworker-console-result",
+        `${action}: ${counts}` + (details ? ` (${details})` : "") + (notes ? ` ${notes}` : ""));
       const url = new URL(window.location.href);
       url.searchParams.delete("id");
       window.location.assign(url);
