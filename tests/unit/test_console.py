@@ -4,6 +4,9 @@ page shows from real health servers (escaped, sorted), and its settings."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -221,3 +224,21 @@ def test_console_settings() -> None:
         discovery_for(Settings())
     with pytest.raises(ValueError, match="namespace"):
         discovery_for(Settings(console_kubernetes_selector="app=x"))
+
+
+def run_console(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("NSQWORKER_")}
+    return subprocess.run(
+        [sys.executable, "-m", "nsqworker", "console", *args],
+        env={**clean, **env}, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_the_command_says_what_is_missing() -> None:
+    nothing = run_console()
+    assert nothing.returncode == 2 and "--worker http://HOST:PORT" in nothing.stderr
+    short = run_console("--worker", "127.0.0.1:8080", NSQWORKER_CONSOLE_TOKEN="tooshort-secret")
+    assert short.returncode == 2 and "at least 16 characters" in short.stderr
+    assert "tooshort-secret" not in short.stderr + short.stdout  # never printed
+    bad = run_console("--worker", "ftp://x")
+    assert bad.returncode == 2 and "--worker" in bad.stderr
