@@ -108,3 +108,31 @@ def test_rates_and_recent_counts() -> None:
     history.add(RATE_WINDOW + 32.0, restarted)
     history.apply(RATE_WINDOW + 32.0, restarted)
     assert restarted[0].rate >= 0 and restarted[0].retries_recent == 1
+
+
+async def test_a_hostile_lookupd_is_a_note_not_a_crash() -> None:
+    import http.server
+    import threading
+
+    class Lookupd(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # a list where an object belongs
+            body = b'["producers", {"broadcast_address": 1}]'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Lookupd)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = Settings(lookupd_http_addresses=[f"http://127.0.0.1:{server.server_port}"])
+        async with httpx.AsyncClient(trust_env=False, timeout=2) as http_client:
+            key = ("nsq", "t", "c")
+            value = (await Backlog(settings, http_client).measure([key]))[key]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert value.count is None and "nsqd stats unavailable" in value.note

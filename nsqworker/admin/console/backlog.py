@@ -87,17 +87,13 @@ class Backlog:
         try:
             nsqds = await self._nsqd_http()
             stats = await asyncio.gather(*(self._nsqd_stats(url) for url in nsqds))
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            return {
+                key: BacklogValue(sum(_nsq_depth(topics, key[1], key[2]) for topics in stats))
+                for key in keys
+            }
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
             note = f"nsqd stats unavailable: {type(exc).__name__}: {exc}"
             return {key: BacklogValue(None, note) for key in keys}
-        result = {}
-        for key in keys:
-            _, topic, channel = key
-            total = 0
-            for topics in stats:
-                total += _nsq_depth(topics, topic, channel)
-            result[key] = BacklogValue(total)
-        return result
 
     async def _nsqd_stats(self, url: str) -> list[dict[str, Any]]:
         response = await self.http.get(
