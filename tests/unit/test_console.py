@@ -186,6 +186,19 @@ async def test_tasks_sort_and_sum_over_supervisors(health: Callable[..., str]) -
         assert workers.count('class="supervisor"') == 2 and "60.0 MiB" in workers
 
 
+async def test_odd_answers_are_shown_not_fatal(health: Callable[..., str]) -> None:
+    sparse = health({"tasks": [task("a", received="many", last_error={"at": "x"}),
+                               task("b", last_error={"at": 5, "error": "E"})],
+                     "workers": [{"pid": 7}]}, [])  # fmt: skip
+    twice = health({"tasks": [task("a", last_error={"at": 9, "error": "E2"})]}, [])
+    hostile = health({"tasks": "all of them", "workers": 3}, [])
+    async with client([sparse, hostile, twice]) as web:
+        for path in ("/", "/workers", "/?sort=error", "/?sort=error&order=asc"):
+            page = await web.get(path)
+            assert page.status_code == 200 and "malformed /status" in page.text
+        assert 'data-task="a"' in (await web.get("/")).text
+
+
 async def test_an_unreachable_worker_is_shown_not_fatal(health: Callable[..., str]) -> None:
     from nsqworker.testing import free_port
 

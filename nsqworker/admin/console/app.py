@@ -26,7 +26,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nsqworker.admin.console import actions
 from nsqworker.admin.console.auth import COOKIE, Guard
-from nsqworker.admin.console.fleet import RATE_WINDOW, RECENT_WINDOW, Fleet, FleetView, TaskRow
+from nsqworker.admin.console.fleet import (
+    RATE_WINDOW,
+    RECENT_WINDOW,
+    Fleet,
+    FleetView,
+    TaskRow,
+    error_time,
+)
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -44,7 +51,7 @@ SORT_KEYS: dict[str, Callable[[TaskRow], Any]] = {
     "rate": lambda r: r.rate,
     "retries": lambda r: r.retries_recent,
     "dead": lambda r: r.dead_recent,
-    "error": lambda r: (r.last_error or {}).get("at", 0),
+    "error": lambda r: error_time(r.last_error),
 }
 #: The part of a page the script refreshes (``?partial=1``).
 LIVE = {"tasks.html": "tasks_live.html", "workers.html": "workers_live.html"}
@@ -102,7 +109,7 @@ def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,  # every template, whatever its name: bodies are text
-        undefined=jinja2.StrictUndefined,
+        undefined=jinja2.ChainableUndefined,  # a field an older worker lacks: blank
         trim_blocks=True,
         lstrip_blocks=True,
     )
@@ -112,9 +119,10 @@ def _environment() -> jinja2.Environment:
 
 def duration(seconds: Any) -> str:
     """``0.4s``, ``12s``, ``5m 03s``, ``2h 01m``, ``3d 4h``."""
-    if seconds is None:
+    try:
+        s = float(seconds)
+    except (TypeError, ValueError, jinja2.UndefinedError):
         return "-"
-    s = float(seconds)
     if s < 10:
         return f"{s:.1f}s"
     s = int(s)
@@ -128,14 +136,18 @@ def duration(seconds: Any) -> str:
 
 
 def mib(value: Any) -> str:
-    return "-" if value is None else f"{int(value) / 2**20:.1f} MiB"
+    try:
+        return f"{int(value) / 2**20:.1f} MiB"
+    except (TypeError, ValueError, jinja2.UndefinedError):
+        return "-"
 
 
 def when(unix: Any) -> str:
     """A Unix time as UTC, to the second."""
-    if not unix:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(unix))) if unix else "-"
+    except (TypeError, ValueError, OverflowError, OSError, jinja2.UndefinedError):
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(unix)))
 
 
 def pretty(doc: Any) -> str:

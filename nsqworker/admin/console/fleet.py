@@ -22,7 +22,15 @@ from nsqworker.admin.console.backlog import Backlog, BacklogValue, TaskKey
 from nsqworker.admin.console.discovery import Discovery, Endpoint
 from nsqworker.logging import get_logger
 
-__all__ = ["RATE_WINDOW", "RECENT_WINDOW", "Fleet", "FleetView", "Supervisor", "TaskRow"]
+__all__ = [
+    "RATE_WINDOW",
+    "RECENT_WINDOW",
+    "Fleet",
+    "FleetView",
+    "Supervisor",
+    "TaskRow",
+    "error_time",
+]
 
 log = get_logger("nsqworker.console")
 
@@ -115,10 +123,10 @@ def merge_tasks(supervisors: list[Supervisor]) -> list[TaskRow]:
             row.subscribed = row.subscribed or bool(raw.get("subscribed"))
             row.dead_letter_topic = raw.get("dead_letter_topic") or row.dead_letter_topic
             for name in ("in_flight", "received", "finished", "requeued", "dead_lettered"):
-                setattr(row, name, getattr(row, name) + int(raw.get(name) or 0))
+                setattr(row, name, getattr(row, name) + _count(raw.get(name)))
             error = raw.get("last_error")
             if isinstance(error, dict) and (
-                row.last_error is None or error.get("at", 0) > row.last_error.get("at", 0)
+                row.last_error is None or error_time(error) > error_time(row.last_error)
             ):
                 row.last_error = error
     return [rows[k] for k in sorted(rows)]
@@ -162,6 +170,31 @@ class _History:
             if at > since:
                 break
         return found
+
+
+def error_time(error: dict[str, Any] | None) -> float:
+    """When a last error happened (Unix seconds); 0 when unknown or not a number."""
+    at = (error or {}).get("at")
+    return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else 0.0
+
+
+def _count(value: Any) -> int:
+    """A counter from a worker's JSON; anything but a whole number counts as 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _rows(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(r, dict) for r in value)
+
+
+def _well_formed(status: Any, inflight: Any) -> bool:
+    """``/status`` and ``/inflight`` have the shapes the pages read."""
+    rows = _rows
+    return (
+        isinstance(status, dict) and rows(status.get("tasks", []))
+        and rows(status.get("workers", [])) and isinstance(inflight, dict)
+        and rows(inflight.get("inflight", []))
+    )  # fmt: skip
 
 
 def _delta(now: int, then: int) -> int:
@@ -249,8 +282,12 @@ class Fleet:
             )
             status.raise_for_status()
             inflight.raise_for_status()
-            sup.status = dict(status.json())
-            sup.inflight = list(inflight.json().get("inflight") or [])
+            status_doc, inflight_doc = status.json(), inflight.json()
+            if not _well_formed(status_doc, inflight_doc):
+                sup.error = "malformed /status or /inflight (is this nsqworker run's health port?)"
+                return sup
+            sup.status = status_doc
+            sup.inflight = list(inflight_doc.get("inflight") or [])
         except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
             sup.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return sup
