@@ -255,3 +255,10 @@ def test_the_command_says_what_is_missing() -> None:
     assert "tooshort-secret" not in short.stderr + short.stdout  # never printed
     bad = run_console("--worker", "ftp://x")
     assert bad.returncode == 2 and "--worker" in bad.stderr
+
+
+async def test_actions_are_logged_with_their_peer(log_lines: Callable[[], list[Any]]) -> None:
+    async with client([], TOKEN) as web:
+        await web.post("/api/dead-letters/purge", json={"topic": "t", "all": True}, headers=ACT)
+    (line,) = [x for x in log_lines() if x["event"] == "console purge refused"]
+    assert line["reason"] == "enter the console token first" and line["peer"] == "127.0.0.1"

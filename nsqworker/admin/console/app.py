@@ -34,11 +34,14 @@ from nsqworker.admin.console.fleet import (
     TaskRow,
     error_time,
 )
+from nsqworker.logging import get_logger
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
 __all__ = ["SORT_KEYS", "create_app"]
+
+log = get_logger("nsqworker.console")
 
 HERE = Path(__file__).parent
 #: Columns of the tasks table that sort, by the name used in ``?sort=``.
@@ -238,18 +241,30 @@ class Console:
         return response
 
     async def act(self, request: Request) -> Response:
+        what = request.path_params["action"]
         denied = self.guard.check_action(request)
         if denied is not None:
+            log.warning(f"console {what} refused", reason=denied.message, peer=_peer(request))
             return JSONResponse({"error": denied.message}, denied.status)
-        what = request.path_params["action"]
         try:
             order = actions.Order.parse(what, await _json(request))
-            result = await actions.perform(self.settings, order)
         except actions.BadOrder as exc:
             return JSONResponse({"error": str(exc)}, 400)
+        chosen = "all" if order.ids is None else len(order.ids)
+        try:
+            result = await actions.perform(self.settings, order)
         except Exception as exc:  # the broker refused or is away: say so, keep serving
+            log.error(f"console {what} failed", topic=order.topic, chosen=chosen,
+                      error=str(exc), peer=_peer(request))  # fmt: skip
             return JSONResponse({"error": f"{what} failed: {type(exc).__name__}: {exc}"}, 502)
+        counts = {k: v for k, v in result.items() if isinstance(v, int)}
+        log.warning(f"console {what}", topic=order.topic, chosen=chosen, peer=_peer(request),
+                    **counts)  # fmt: skip
         return JSONResponse(result)
+
+
+def _peer(request: Request) -> str:
+    return request.client.host if request.client is not None else "?"
 
 
 async def _json(request: Request) -> dict[str, Any]:
