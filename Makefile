@@ -82,9 +82,12 @@ screenshots: venv tools-nsq
 
 # Not part of `make test`: nsqworker run for SOAK_MINUTES while nsqd restart and workers
 # are killed; writes its figures to docs/reliability.md and docs/soak.png.
+# TRANSPORT=nats or rabbitmq-stream soaks that broker instead of NSQ.
 SOAK_MINUTES ?= 30
+TRANSPORT ?= nsq
 soak: venv tools-nsq
-	SOAK_MINUTES=$(SOAK_MINUTES) .venv/bin/python -m bench.soak
+	@case "$(TRANSPORT)" in nats) scripts/install-tools nats;; rabbitmq-stream) scripts/install-tools rabbitmq;; esac
+	SOAK_MINUTES=$(SOAK_MINUTES) TRANSPORT=$(TRANSPORT) .venv/bin/python -m bench.soak
 
 run: venv tools-nsq
 	.venv/bin/python scripts/run-local $(RUN_ARGS)

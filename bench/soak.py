@@ -1,22 +1,31 @@
 """``make soak``: nsqworker run for SOAK_MINUTES (30 by default) while things break.
 
-A steady stream of messages goes to 3 nsqd registered with one nsqlookupd. ``nsqworker
-run`` (2 worker processes) consumes them with a handler that fails 1% of the time.
-Meanwhile each nsqd in turn is restarted (SIGTERM, start again on the same data path)
-every few minutes, and now and then a worker process is killed with SIGKILL.
+A steady stream of messages goes to the brokers of ``TRANSPORT`` (nsq: 3 nsqd registered
+with one nsqlookupd; nats: a nats-server with JetStream; rabbitmq-stream: RabbitMQ 4.0,
+see bench/soak_brokers.py). ``nsqworker run`` (2 worker processes, default settings)
+consumes them with a handler that raises ``Retry(delay=0.2)`` for SOAK_FAIL of the calls
+(1% by default). Meanwhile each broker in turn is restarted (SIGTERM, start again on the
+same data) every few minutes, and now and then a worker process is killed with SIGKILL.
 
 At the end the script checks that every published message was handled at least once,
-that nothing was dead-lettered (a 1% failure never reaches max_attempts=10), and that
-resident memory and open file descriptors stayed flat: the mean of the last window
-within 10% of the first window after warm-up (windows of 10 minutes, or a third of
-the run when it is shorter). It writes the figures into docs/reliability.md (between
-the ``soak`` markers) and a plot to docs/soak.png, and exits 1 if a check failed.
+that nothing was dead-lettered (max_attempts=10), that consumption never stalled (no
+backoff stall reported by the workers; on NSQ, no stretch longer than the longest
+backoff with a backlog and every connection at RDY 0), and, for runs of 5 minutes or
+more, that resident memory and open file descriptors stayed flat: the mean of the last
+window within 10% of the first window after warm-up (windows of 10 minutes, or a third of
+the run when it is shorter). Unless SOAK_DOC=0 it writes the figures into
+docs/reliability.md (between the transport's ``soak`` markers) and a plot to
+docs/soak.png (docs/soak-<transport>.png), and exits 1 if a check failed.
 
-    SOAK_MINUTES=3 .venv/bin/python -m bench.soak
+    SOAK_MINUTES=3 TRANSPORT=nats .venv/bin/python -m bench.soak
+    SOAK_SECONDS=60 SOAK_FAIL=0.05 SOAK_RATE=10 SOAK_DOC=0 .venv/bin/python -m bench.soak
+
+The suite runs that short form on each transport (tests/soak/).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -34,17 +43,20 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nsqworker.testing import NsqdProcess, NsqlookupdProcess, free_port, wait_for
+from bench.soak_brokers import BROKERS, Brokers, stalls_reported
+from nsqworker.settings import Settings
+from nsqworker.testing import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reliability.md"
-PLOT = ROOT / "docs" / "soak.png"
-BEGIN, END = "<!-- soak:begin -->", "<!-- soak:end -->"
-TOPIC, CHANNEL = "soak", "worker"
-RATE = 100  # messages per second
 WARMUP = 60.0  # seconds before the first memory window
 SAMPLE_EVERY = 5.0
 REBOOT = 20.0  # seconds after a worker kill left out of the memory windows
+MEMORY_CHECK_MINUTES = 5.0  # shorter runs are too short to tell a leak from a warm-up
+# A backlog that no connection may receive for longer than the longest backoff pause
+# plus the stall detector's margin is a stall.
+_defaults = Settings()
+LONGEST_PAUSE = _defaults.max_backoff_duration + 10.0
 
 TASKS = """
 import os
@@ -65,10 +77,13 @@ def dead(msg, reason):
     _append("SOAK_DEAD", msg.body)
 
 
+FAIL = float(os.environ["SOAK_FAIL"])
+
+
 @task("soak", channel="worker", max_attempts=10, max_in_flight=50, on_dead_letter=dead)
 async def soak(msg):
-    if random.random() < 0.01:
-        raise Retry(delay=0.2, reason="the 1% that fail")
+    if random.random() < FAIL:
+        raise Retry(delay=0.2, reason="the ones that fail")
     _append("SOAK_HANDLED", msg.body)
 """
 
@@ -90,10 +105,15 @@ class Run:
     """What happened during the soak."""
 
     minutes: float
+    transport: str = "nsq"
+    rate: int = 100
+    fail: float = 0.01
     published: int = 0
     publish_failures: int = 0
-    nsqd_restarts: int = 0
+    broker_restarts: int = 0
     worker_kills: int = 0
+    stalled_for: float = 0.0
+    """The longest stretch the broker showed a backlog no connection could receive."""
     samples: list[Sample] = field(default_factory=list)
     events: list[tuple[float, str]] = field(default_factory=list)
 
@@ -118,8 +138,10 @@ def get_json(url: str) -> dict[str, object]:
 
 
 class Soak:
-    def __init__(self, minutes: float, workdir: Path) -> None:
-        self.run = Run(minutes)
+    def __init__(self, run: Run, brokers: Brokers, workdir: Path, write_doc: bool = True) -> None:
+        self.run = run
+        self.brokers = brokers
+        self.write_docs = write_doc
         self.workdir = workdir
         self.handled_file = workdir / "handled.txt"
         self.dead_file = workdir / "dead.txt"
@@ -127,6 +149,8 @@ class Soak:
         self.lock = threading.Lock()
         self.down: set[int] = set()  # nsqd being restarted: publish elsewhere
         self.start = time.monotonic()
+        self.stalled_since = 0.0
+        self.stalls = 0
 
     def now(self) -> float:
         return time.monotonic() - self.start
@@ -140,39 +164,35 @@ class Soak:
     def main(self) -> int:
         (self.workdir / "soak_tasks.py").write_text(textwrap.dedent(TASKS))
         with contextlib.ExitStack() as stack:
-            lookupd = stack.enter_context(NsqlookupdProcess())
-            self.nsqds = [stack.enter_context(NsqdProcess([lookupd])) for _ in range(3)]
-            for nsqd in self.nsqds:
-                nsqd.create_channel(TOPIC, CHANNEL)
+            self.brokers.start(stack)
             self.health = free_port()
-            self.supervisor = self.start_worker(lookupd)
+            self.supervisor = self.start_worker()
             stack.callback(self.stop_worker)
             wait_for(self.ready, 60, message="the worker never became ready")
-            self.note("worker ready; publishing")
-            publisher = threading.Thread(target=self.publish, daemon=True)
+            self.start = time.monotonic()  # the run's minutes count from the first publish
+            self.note(f"worker ready on {self.brokers.name}; publishing {self.run.rate}/s")
+            publisher = threading.Thread(target=lambda: asyncio.run(self.publish()), daemon=True)
             publisher.start()
             self.chaos_and_sample()
             self.stop_publishing.set()
             publisher.join()
             self.note(f"published {self.run.published}; waiting for the last ones")
             complete = self.wait_handled(timeout=120)
+            self.stalls = stalls_reported(self.health)
             self.stop_worker()
         return self.report(complete)
 
-    def start_worker(self, lookupd: NsqlookupdProcess) -> subprocess.Popen[bytes]:
+    def start_worker(self) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("NSQWORKER_")}
         env |= {
             "PYTHONPATH": os.pathsep.join([str(self.workdir), env.get("PYTHONPATH", "")]),
             "SOAK_HANDLED": str(self.handled_file),
             "SOAK_DEAD": str(self.dead_file),
-            "NSQWORKER_LOOKUPD_HTTP_ADDRESSES": lookupd.http_address,
-            "NSQWORKER_LOOKUPD_POLL_INTERVAL": "5",
-            "NSQWORKER_RECONNECT_DELAY": "0.2",
-            "NSQWORKER_MAX_RECONNECT_DELAY": "2",
-            "NSQWORKER_MSG_TIMEOUT": "10",  # what a killed worker held comes back in 10 s
+            "SOAK_FAIL": str(self.run.fail),
             "NSQWORKER_REQUEUE_DELAY": "0.2",
             "NSQWORKER_LOG_LEVEL": "warning",
             "NSQWORKER_LOG_FORMAT": "json",
+            **self.brokers.worker_env(),
         }
         log = (self.workdir / "worker.log").open("wb")
         return subprocess.Popen(
@@ -204,27 +224,31 @@ class Soak:
 
     # -- load, chaos, samples --------------------------------------------------------------
 
-    def publish(self) -> None:
-        """RATE messages a second, in batches of RATE/10 every 0.1 s, round robin."""
-        seq, batch, turn = 0, RATE // 10, 0
+    async def publish(self) -> None:
+        """``rate`` messages a second, in batches every 0.1 s, round robin over the
+        brokers that are up; a batch counts once the broker acknowledged it."""
+        seq, turn, nodes = 0, 0, self.brokers.nodes
+        batch = max(1, self.run.rate // 10)
+        every = batch / self.run.rate
         next_at = time.monotonic()
         while not self.stop_publishing.is_set():
             bodies = [str(seq + i) for i in range(batch)]
-            for _ in range(len(self.nsqds)):
-                turn = (turn + 1) % len(self.nsqds)
+            for _ in range(nodes):
+                turn = (turn + 1) % nodes
                 with self.lock:
                     if turn in self.down:
                         continue
                 try:
-                    self.nsqds[turn].mpublish(TOPIC, bodies)
+                    await asyncio.wait_for(self.brokers.publish(turn, bodies), 10)
                 except Exception:
                     self.run.publish_failures += 1
                     continue
                 seq += batch
                 self.run.published = seq
                 break
-            next_at += 0.1
-            time.sleep(max(0.0, next_at - time.monotonic()))
+            next_at += every
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        await self.brokers.close_publishers()
 
     def chaos_and_sample(self) -> None:
         duration = self.run.minutes * 60
@@ -237,25 +261,22 @@ class Soak:
                 self.sample()
                 next_sample += SAMPLE_EVERY
             if self.now() >= next_restart:
-                self.restart_nsqd(which)
-                which = (which + 1) % len(self.nsqds)
+                self.restart_broker(which)
+                which = (which + 1) % self.brokers.nodes
                 next_restart += restart_every
             if self.now() >= next_kill:
                 self.kill_a_worker()
                 next_kill += kill_every
             time.sleep(0.2)
 
-    def restart_nsqd(self, index: int) -> None:
+    def restart_broker(self, index: int) -> None:
         with self.lock:
             self.down.add(index)
-        nsqd = self.nsqds[index]
-        nsqd.stop()
-        time.sleep(2.0)  # down for a moment: consumers notice, producers go elsewhere
-        nsqd.restart()
+        self.brokers.restart(index, down=2.0)
         with self.lock:
             self.down.discard(index)
-        self.run.nsqd_restarts += 1
-        self.note(f"nsqd {index + 1} restarted")
+        self.run.broker_restarts += 1
+        self.note(f"{self.brokers.what_restarts} {index + 1} restarted")
 
     def kill_a_worker(self) -> None:
         children = self.worker_pids()
@@ -267,6 +288,11 @@ class Soak:
             self.note(f"worker process {victim} killed with SIGKILL")
 
     def sample(self) -> None:
+        if self.brokers.stalled():
+            self.stalled_since = self.stalled_since or self.now()
+            self.run.stalled_for = max(self.run.stalled_for, self.now() - self.stalled_since)
+        else:
+            self.stalled_since = 0.0
         children = self.worker_pids()
         measured = [rss_and_fds(pid) for pid in children]
         sup = rss_and_fds(self.supervisor.pid)
@@ -319,39 +345,66 @@ class Soak:
             name: _drift([getattr(s, name) for s in first], [getattr(s, name) for s in last])
             for name in ("workers_rss", "workers_fds", "supervisor_rss", "supervisor_fds")
         }
+        long_enough = run.minutes >= MEMORY_CHECK_MINUTES
         checks = {
             "every message handled at least once": complete and not missing,
             "nothing dead-lettered": not dead,
-            "memory and fds flat (last window within 10% of the first)": all(
-                abs(d) <= 0.10 for d in drift.values()
+            "consumption never stalled (no backoff stall reported)": self.stalls == 0,
+            f"no backlog left unreceivable longer than {LONGEST_PAUSE:g} s": (
+                run.stalled_for <= LONGEST_PAUSE
             ),
         }
+        if long_enough:
+            checks["memory and fds flat (last window within 10% of the first)"] = all(
+                abs(d) <= 0.10 for d in drift.values()
+            )
         figures = {
-            "minutes": run.minutes,
+            "transport": run.transport,
+            "minutes": round(run.minutes, 2),
+            "rate (messages/s)": run.rate,
+            "handler failures (Retry)": f"{run.fail:.0%}",
             "published": run.published,
             "handled (distinct)": len(seen),
             "handled more than once (duplicates)": duplicates,
             "missing": len(missing),
             "dead-lettered": len(dead),
-            "nsqd restarts": run.nsqd_restarts,
+            f"{self.brokers.what_restarts} restarts": run.broker_restarts,
             "worker processes killed (SIGKILL)": run.worker_kills,
-            "publish batches refused (nsqd restarting)": run.publish_failures,
-            "window (s)": round(window),
-            **{f"{k} drift": f"{v:+.1%}" for k, v in drift.items()},
-            **{f"{k} first window (mean)": _mean_text(k, first) for k in drift},
-            **{f"{k} last window (mean)": _mean_text(k, last) for k in drift},
+            "publish batches refused (broker restarting)": run.publish_failures,
+            "backoff stalls reported": self.stalls,
+            "longest backlog with every connection at RDY 0 (s)": round(run.stalled_for, 1),
         }
+        if long_enough:
+            figures |= {
+                "window (s)": round(window),
+                **{f"{k} drift": f"{v:+.1%}" for k, v in drift.items()},
+                **{f"{k} first window (mean)": _mean_text(k, first) for k in drift},
+                **{f"{k} last window (mean)": _mean_text(k, last) for k in drift},
+            }
         print(json.dumps({"figures": figures, "checks": checks}, indent=2))
-        self.write_doc(figures, checks)
-        self.plot(first, last)
+        if self.write_docs:
+            self.write_doc(figures, checks)
+            self.plot(first, last)
         return 0 if all(checks.values()) else 1
+
+    @property
+    def markers(self) -> tuple[str, str]:
+        key = "soak" if self.run.transport == "nsq" else f"soak-{self.run.transport}"
+        return f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
+
+    @property
+    def plot_path(self) -> Path:
+        name = "soak.png" if self.run.transport == "nsq" else f"soak-{self.run.transport}.png"
+        return DOC.parent / name
 
     def write_doc(self, figures: dict[str, object], checks: dict[str, bool]) -> None:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        begin, end = self.markers
         lines = [
-            BEGIN,
-            f"Run of {when}, `SOAK_MINUTES={self.run.minutes:g}`, {RATE} messages/s, "
-            "3 nsqd, 2 worker processes, on the 2-core development machine.",
+            begin,
+            f"Run of {when}, `SOAK_MINUTES={self.run.minutes:g} TRANSPORT={self.run.transport}`, "
+            f"{self.run.rate} messages/s, {self.brokers.nodes} {self.brokers.what_restarts}, "
+            "2 worker processes, on the 2-core development machine.",
             "",
             "| figure | value |",
             "|---|---|",
@@ -361,14 +414,14 @@ class Soak:
             "|---|---|",
             *(f"| {k} | {'pass' if ok else '**FAIL**'} |" for k, ok in checks.items()),
             "",
-            "![RSS and open files of the worker processes during the soak](soak.png)",
-            END,
+            f"![RSS and open files of the worker processes during the soak]({self.plot_path.name})",
+            end,
         ]
-        text = DOC.read_text() if DOC.exists() else f"# Reliability\n\n{BEGIN}\n{END}\n"
-        if BEGIN not in text:
-            text += f"\n{BEGIN}\n{END}\n"
-        head, _, rest = text.partition(BEGIN)
-        _, _, tail = rest.partition(END)
+        text = DOC.read_text() if DOC.exists() else f"# Reliability\n\n{begin}\n{end}\n"
+        if begin not in text:
+            text += f"\n{begin}\n{end}\n"
+        head, _, rest = text.partition(begin)
+        _, _, tail = rest.partition(end)
         DOC.write_text(head + "\n".join(lines) + tail)
 
     def plot(self, first: list[Sample], last: list[Sample]) -> None:
@@ -396,9 +449,12 @@ class Soak:
                 if window:
                     axis.axvspan(window[0].t / 60, window[-1].t / 60, color="tab:green", alpha=0.08)
             axis.legend(loc="upper left")
-        top.set_title("soak: gray = nsqd restart, red = worker SIGKILL, green = compared windows")
+        top.set_title(
+            f"soak on {self.run.transport}: gray = {self.brokers.what_restarts} restart, "
+            "red = worker SIGKILL, green = compared windows"
+        )
         fig.tight_layout()
-        fig.savefig(PLOT, dpi=90)
+        fig.savefig(self.plot_path, dpi=90)
 
 
 def _drift(first: list[int], last: list[int]) -> float:
@@ -415,9 +471,22 @@ def _mean_text(name: str, window: list[Sample]) -> str:
 
 
 def main() -> int:
-    minutes = float(os.environ.get("SOAK_MINUTES", "30"))
+    env = os.environ
+    minutes = float(env["SOAK_SECONDS"]) / 60 if "SOAK_SECONDS" in env else None
+    minutes = minutes or float(env.get("SOAK_MINUTES", "30"))
+    transport = env.get("TRANSPORT", "nsq") or "nsq"
+    if transport not in BROKERS:
+        print(f"TRANSPORT must be one of {', '.join(BROKERS)}, not {transport!r}", file=sys.stderr)
+        return 2
+    run = Run(
+        minutes,
+        transport=transport,
+        rate=int(env.get("SOAK_RATE", "100")),
+        fail=float(env.get("SOAK_FAIL", "0.01")),
+    )
     with tempfile.TemporaryDirectory(prefix="nsqworker-soak-") as workdir:
-        return Soak(minutes, Path(workdir)).main()
+        soak = Soak(run, BROKERS[transport](), Path(workdir), env.get("SOAK_DOC", "1") != "0")
+        return soak.main()
 
 
 if __name__ == "__main__":

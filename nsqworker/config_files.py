@@ -21,9 +21,15 @@ __all__ = [
 ]
 
 ENV_PREFIX = "NSQWORKER_"
-#: ``NSQWORKER_*`` variables that are not settings: ``NSQWORKER_CONFIG`` names the
-#: config file ``Settings.load()`` reads when it is given none.
-RESERVED_ENV_VARS = frozenset({"NSQWORKER_CONFIG"})
+#: ``NSQWORKER_*`` variables that are not settings, which the docs give for other uses,
+#: so a shell that sets them can still run a worker: ``NSQWORKER_CONFIG`` names the
+#: config file ``Settings.load()`` reads when it is given none; ``NSQWORKER_TOOLS_BIN``
+#: and ``NSQWORKER_RABBITMQ_ROOTFS`` tell the test fixtures and ``nsqworker dev broker``
+#: where the brokers are (docs/testing.md); ``NSQWORKER_IMAGE`` is the base image a
+#: service's Dockerfile builds on (docs/kubernetes.md).
+RESERVED_ENV_VARS = frozenset(
+    {"NSQWORKER_CONFIG", "NSQWORKER_TOOLS_BIN", "NSQWORKER_RABBITMQ_ROOTFS", "NSQWORKER_IMAGE"}
+)
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

@@ -17,6 +17,7 @@ import json
 from typing import TYPE_CHECKING, Any, Final
 
 from nsqworker.errors import MessageTooLarge, PublishError
+from nsqworker.safe_text import one_line
 
 if TYPE_CHECKING:
     from nsqworker.message import Message
@@ -49,8 +50,7 @@ def dead_letter_envelope(
     ``body`` the base64 of as much of it as fits, and ``body_truncated`` (true when
     that is not all of it).
     """
-    if len(reason) > MAX_REASON:
-        reason = reason[:MAX_REASON] + "..."
+    reason = one_line(reason, MAX_REASON)  # it may quote the body: one line, escaped
     doc: dict[str, Any] = {"topic": msg.topic, "channel": msg.channel, "id": msg.id}
     doc.update(attempts=msg.attempts, reason=reason, timestamp=msg.timestamp, task=task)
     body = msg.body

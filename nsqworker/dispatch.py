@@ -30,16 +30,15 @@ import types
 from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
+from nsqworker.backoff import Alarm, Backoff, Phase
 from nsqworker.eager import finish_in_task
 from nsqworker.message import FINISH, Finish, GiveUp, Message, Outcome, Requeue, Undecodable
-from nsqworker.policy import BackoffPhase, BackoffState, Policy, requeue_delay
+from nsqworker.policy import Policy, requeue_delay
+from nsqworker.slow import newly_slow
 from nsqworker.stats import DispatchStats
-from nsqworker.transport import Flow, Subscription, Timer
-
-if TYPE_CHECKING:
-    pass
+from nsqworker.transport import Flow, Subscription
 
 __all__ = [
     "DEFERRED",
@@ -112,8 +111,8 @@ class Dispatcher:
         self._keep_alive = keep_alive
         self._ack = subscription.ack
         self._clock = subscription.clock
-        self._backoff = BackoffState(policy.backoff_multiplier, policy.max_backoff_duration)
-        self._resume_timer: Timer | None = None
+        self._backoff = Backoff(policy.backoff_multiplier, policy.max_backoff_duration)
+        self._alarm = Alarm(subscription.call_later, self._clock, self._on_timer)
         self._tasks: dict[Message, asyncio.Future[Any]] = {}
         self._deferred: set[Message] = set()  # callbacks that will call complete()
         self._backlog: deque[Message] = deque()
@@ -171,8 +170,8 @@ class Dispatcher:
         self._stopping = True
         self._plain = False
         self.draining.set()
-        if self._resume_timer is not None:
-            self._resume_timer.cancel()
+        self._backoff.stop(self._clock())
+        self._arm()
         await self.subscription.stop()
         # 2. Messages waiting for a handler slot have not started: give them back now.
         while self._backlog:
@@ -225,47 +224,64 @@ class Dispatcher:
     # --- flow and backoff -------------------------------------------------------
 
     def _set_flow(self) -> None:
-        phase = self._backoff.phase
-        if self._stopping or phase is BackoffPhase.PAUSED:
-            flow = Flow.PAUSED
-        elif phase is BackoffPhase.PROBING:
-            flow = Flow.PROBE
-        else:
-            flow = Flow.OPEN
+        flow = Flow.PAUSED if self._stopping else self._backoff.flow
         self._plain = flow is Flow.OPEN
         self.subscription.set_flow(flow, self.max_in_flight)
 
-    def _resume(self) -> None:
-        """The backoff pause is over: probe."""
-        self._resume_timer = None
-        if self._backoff.tick(self._clock()):
+    def _arm(self) -> None:
+        """One timer armed for the machine's deadline, none without one."""
+        self._alarm.set(self._backoff.deadline)
+
+    def _on_timer(self) -> None:
+        backoff = self._backoff
+        was = backoff.phase
+        if backoff.timer(self._clock(), self._probe_running()):
+            if backoff.phase is Phase.OPEN:
+                log.info("%s: no message to probe with; resuming full flow", self.name)
+            elif was is Phase.PAUSED:
+                log.debug("%s: backoff pause over, probing (level %d)", self.name, backoff.level)
             self._set_flow()
+        self._arm()
+
+    def _probe_running(self) -> bool:
+        """Whether a message of the current probe window is still being handled."""
+        if self._backoff.phase is not Phase.PROBING or not self._in_flight:
+            return False
+        since = self._backoff.since
+        return any(m.received_at >= since for m in (*self._tasks, *self._deferred, *self._backlog))
 
     def _backoff_signal(self, msg: Message, success: bool) -> None:
         now = self._clock()
         backoff = self._backoff
-        changed = (
-            backoff.on_success(msg.received_at, now)
-            if success
-            else backoff.on_failure(msg.received_at, now)
-        )
-        if not changed:
+        signal = backoff.success if success else backoff.failure
+        if signal(msg.received_at, now):
+            if backoff.phase is Phase.PAUSED:
+                pause = (backoff.deadline or now) - now
+                log.warning(
+                    "%s: backing off for %.1fs (level %d) after a failure",
+                    *(self.name, pause, backoff.level),
+                )
+            elif backoff.phase is Phase.OPEN:
+                log.info("%s: backoff over, resuming full flow", self.name)
+            if not self._stopping:
+                self._set_flow()
+        self._arm()
+
+    def _check_stall(self, now: float) -> None:
+        """The safety net: a paused or probing flow past its deadline by a margin (its
+        timer lost) is logged once, counted and opened again."""
+        backoff = self._backoff
+        phase, level = backoff.phase, backoff.level
+        due = backoff.deadline if backoff.deadline is not None else backoff.since
+        if self._stopping or not backoff.stalled(now, self._probe_running()):
             return
-        if backoff.phase is BackoffPhase.PAUSED:
-            pause = backoff.resume_at - now
-            log.warning(
-                "%s: backing off for %.1fs (level %d) after a failure",
-                self.name,
-                pause,
-                backoff.level,
-            )
-            if self._resume_timer is not None:
-                self._resume_timer.cancel()
-            self._resume_timer = self.subscription.call_later(max(pause, 0.0), self._resume)
-        else:
-            log.info("%s: backoff over, resuming full flow", self.name)
-        if not self._stopping:
-            self._set_flow()
+        log.error(
+            "%s: consumer backoff stalled: %s at level %d, %.1fs past its deadline "
+            "(timer armed: %s); reopening the flow",
+            *(self.name, phase.value, level, now - due, self._alarm.armed),
+        )
+        self._set_flow()
+        self._arm()
 
     # --- keep-alive -------------------------------------------------------------
 
@@ -274,6 +290,8 @@ class Dispatcher:
             await asyncio.sleep(KEEP_ALIVE_SWEEP)
             if self._tasks or self._deferred or self._backlog:
                 self._sweep(self._clock())
+            if self._backoff.phase is not Phase.OPEN:
+                self._check_stall(self._clock())
 
     def _sweep(self, now: float) -> None:
         if self.on_slow is not None:
@@ -296,25 +314,17 @@ class Dispatcher:
 
     def _look_for_slow(self, now: float) -> None:
         running = [*self._tasks, *self._deferred]
-        self._slow.intersection_update(running)
-        if not running:
+        if not running and not self._slow:
             return
-        after = self.slow_after()
-        began = self._began
-        ages = self.sync_ages() if self.sync_ages is not None and self._deferred else {}
-        for msg in running:
-            if msg in began:
-                age = now - began[msg]
-            elif msg in ages:
-                age = ages[msg]
-            elif msg in self._deferred and self.sync_ages is not None:
-                continue  # queued for a thread (one still held past a time limit)
-            else:
-                age = now - msg.received_at
-            if age > after and msg not in self._slow and not msg.answered:
-                self._slow.add(msg)
-                assert self.on_slow is not None
-                self.on_slow(msg, age)
+        ages = None
+        if self.sync_ages is not None:
+            ages = self.sync_ages() if self._deferred else {}
+        found = newly_slow(
+            now, running, self._began, ages, self._deferred, self.slow_after(), self._slow
+        )
+        for msg, age in found:
+            assert self.on_slow is not None
+            self.on_slow(msg, age)
 
     def tracked(self) -> list[tuple[Message, str, Any]]:
         """What is in flight beyond the hot path: ``(msg, state, handle)`` with state
@@ -487,7 +497,7 @@ class Dispatcher:
             self._ack(msg)
             self.finished += 1
             if not self._plain:
-                if self._backoff.phase is BackoffPhase.PROBING:
+                if self._backoff.phase is Phase.PROBING:
                     self._backoff_signal(msg, success=True)
                 self._release()
             else:
@@ -581,5 +591,6 @@ class Dispatcher:
             given_up=self.given_up,
             backoff_level=self._backoff.level,
             backoff_phase=self._backoff.phase.value,
+            backoff_stalls=self._backoff.stalls,
             subscription=self.subscription.stats(),
         )

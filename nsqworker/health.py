@@ -69,6 +69,11 @@ COUNTERS = (
         "nsqworker_messages_dead_lettered",
         "Messages given up on: rejected or out of attempts, dead-letter hooks called.",
     ),
+    (
+        "backoff_stalls",
+        "nsqworker_backoff_stalls",
+        "Times a paused or probing flow outlived its deadline and was reopened (a bug: report it).",
+    ),
 )
 # (snapshot key, metric name, help, how processes combine): live processes only.
 GAUGES = (

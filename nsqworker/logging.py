@@ -27,6 +27,8 @@ from typing import Any, TextIO, cast
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
+from nsqworker.safe_text import one_line
+
 __all__ = ["LEVELS", "add_trace_context", "configure_logging", "get_logger"]
 __all__ += ["TrafficSummary", "application_configured_logging", "configure_logging_by_default"]
 __all__ += ["every", "histogram_quantile"]
@@ -97,6 +99,20 @@ def _first_keys(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> 
     return head
 
 
+_MULTILINE_KEYS = frozenset(("exception", "exc_info", "stack"))
+
+
+def _one_line_values(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
+    """Console lines print strings as they are: escape the control characters of every
+    value (a message id, a reason quoting a body), so each line is one line and nothing
+    in it reaches the terminal as a command. Tracebacks and stacks stay multi-line. JSON
+    lines need none of this: JSON escapes them."""
+    for key, value in event_dict.items():
+        if value.__class__ is str and key not in _MULTILINE_KEYS and not value.isprintable():
+            event_dict[key] = one_line(value)
+    return event_dict
+
+
 def _json_default(value: Any) -> Any:
     return str(value)
 
@@ -121,12 +137,13 @@ def _processors(fmt: str, colors: bool) -> tuple[list[Processor], list[Processor
     else:
         shared.append(_short_time)
         render = [
+            _one_line_values,
             structlog.dev.ConsoleRenderer(
                 colors=colors,
                 # rich's traceback with locals blocks the event loop for tens of ms
                 # per failure; a plain one costs well under one.
                 exception_formatter=structlog.dev.plain_traceback,
-            )
+            ),
         ]
     return shared, render
 
@@ -366,8 +383,8 @@ class TrafficSummary:
         if not handled:
             return None
         return {
-            "fin": fin,
-            "req": req,
+            "finished": fin,
+            "retried": req,
             "dead_letter": dlq,
             "rate": round(handled / elapsed, 1) if elapsed > 0 else 0.0,
             "p50_ms": round(histogram_quantile(self.bounds, window, 0.5) * 1000, 3),

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from nsqworker.errors import AlreadyResponded, UndecodableBody
+from nsqworker.safe_text import one_line
 
 __all__ = [
     "FINISH",
@@ -151,8 +152,11 @@ class Message:
 
     @property
     def id(self) -> str:
-        """The message id as sent by nsqd: 16 hex characters."""
-        return self.id_bytes.decode("ascii")
+        """The message id as text (NSQ: the 16 hex characters nsqd sent). Never raises:
+        bytes that are not ASCII show as ``\\xff``, control characters escaped; each
+        transport checks its ids on arrival (docs/security.md)."""
+        text = self.id_bytes.decode("ascii", "backslashreplace")
+        return text if text.isprintable() else one_line(text)
 
     @property
     def datetime(self) -> datetime:

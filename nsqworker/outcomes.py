@@ -120,11 +120,12 @@ def outcome_of_error(msg: Message, exc: BaseException) -> Outcome | None:
 
 
 def describe_outcome(outcome: Outcome | None) -> str:
-    """A short word for logs: ``fin``, ``req 5s``, ``req``, ``dead-letter`` or ``answered``."""
+    """A short phrase for logs, the same on every broker: ``finished``, ``retry in 5s``,
+    ``retry``, ``dead-letter`` or ``answered``."""
     if outcome is None:
         return "answered"
     if isinstance(outcome, Requeue):
-        return "req" if outcome.delay is None else f"req {outcome.delay:g}s"
+        return "retry" if outcome.delay is None else f"retry in {outcome.delay:g}s"
     if isinstance(outcome, GiveUp):
         return "dead-letter"
-    return "fin"
+    return "finished"

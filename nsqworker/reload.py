@@ -12,14 +12,31 @@ from __future__ import annotations
 import importlib.util
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-__all__ = ["MISSING_HINT", "Reloader", "watched_paths"]
+__all__ = ["MISSING_HINT", "WARNING", "Reloader", "in_cluster_refusal", "watched_paths"]
 
 MISSING_HINT = (
     "--reload needs the watchfiles package: pip install 'nsq-worker[reload]' (or watchfiles itself)"
 )
+WARNING = (
+    "--reload is for development: whoever can write the watched files runs code in the "
+    "workers within a second, and can keep them unready by touching files"
+)
+"""Logged at warning when ``nsqworker run --reload`` starts."""
+
+
+def in_cluster_refusal(environ: Mapping[str, str], forced: bool) -> str | None:
+    """Why ``--reload`` must not start here, or None: in a Kubernetes pod (where
+    ``KUBERNETES_SERVICE_HOST`` is set) it refuses unless ``--reload-in-cluster`` forces it."""
+    if forced or not environ.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    return (
+        "--reload in a Kubernetes pod (KUBERNETES_SERVICE_HOST is set): it is for "
+        "development, and a deploy replaces pods instead; pass --reload-in-cluster as well "
+        "to reload here anyway (a development cluster)"
+    )
 
 
 def watched_paths(target: str) -> list[Path]:

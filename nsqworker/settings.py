@@ -46,6 +46,7 @@ from nsqworker.config_files import (
 )
 from nsqworker.console_settings import CONSOLE_SECRETS, ConsoleSettings
 from nsqworker.errors import ConfigurationError
+from nsqworker.handler_limits import HandlerLimitSettings
 from nsqworker.setting_values import (
     app_uri_pattern,
     lookupd_address,
@@ -322,7 +323,7 @@ class _CoreSettings(BaseSettings):
         " a task's timeout= overrides it; unset = no limit (docs/tasks.md, Time limits).",
     )
     drain_timeout: Seconds = _bounded(
-        30.0, 0, 86400, "Seconds a stop waits for running handlers before REQing them."
+        30.0, 0, 86400, "Seconds a stop waits for running handlers before returning their messages."
     )
     health_port: int = _bounded(8080, 0, 65535, "Port of /livez /readyz /metrics; 0 = off.")
     health_host: str = Field(
@@ -584,7 +585,7 @@ class _CoreSettings(BaseSettings):
         return str(value)
 
 
-class Settings(ConsoleSettings, StreamSettings, NatsSettings, _CoreSettings):
+class Settings(ConsoleSettings, HandlerLimitSettings, StreamSettings, NatsSettings, _CoreSettings):
     """nsqworker's settings; see the module docstring for where values come from.
 
     The other brokers' fields (:mod:`nsqworker.broker_settings`) come after NSQ's."""

@@ -62,6 +62,8 @@ class TaskStats:
     buffered: int = 0
     """nsqd read on their buffered connection (adaptive output buffering, under load)."""
     backoff_level: int = 0
+    backoff_stalls: int = 0
+    """Times the stall detector had to reopen a paused or probing flow (never, normally)."""
     duration: DurationHistogram = field(default_factory=_empty_histogram)
     connection_errors: dict[str, int] = field(default_factory=dict)
     system: str = "nsq"
@@ -74,7 +76,9 @@ class TaskStats:
 
 
 #: TaskStats fields copied from the dispatcher's own stats.
-FROM_DISPATCHER = "max_in_flight received finished requeued in_flight running backoff_level"
+FROM_DISPATCHER = (
+    "max_in_flight received finished requeued in_flight running backoff_level backoff_stalls"
+)
 
 
 @dataclass
@@ -107,6 +111,7 @@ class DispatchStats:
     given_up: int
     backoff_level: int
     backoff_phase: str
+    backoff_stalls: int = 0
     subscription: SubscriptionStats = field(default_factory=SubscriptionStats)
 
     @property

@@ -137,6 +137,13 @@ class _Child:
         elif not self.ready:
             tasks = (self.snapshot.get("tasks") or {}).values()
             state["waiting_for"] = [str(t.get("name")) for t in tasks if not t.get("ready")]
+        stalled = {
+            str(t.get("name")): int(t.get("backoff_stalls") or 0)
+            for t in (self.snapshot.get("tasks") or {}).values()
+            if t.get("backoff_stalls")
+        }
+        if stalled:
+            state["backoff_stalls"] = stalled  # each logged at error, then reopened
         return state
 
 

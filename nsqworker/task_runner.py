@@ -29,7 +29,7 @@ from nsqworker.eager import resume
 from nsqworker.errors import ConfigurationError
 from nsqworker.hooks import Hooks, call, run_after, run_on_error, with_hooks
 from nsqworker.logging import TrafficSummary, get_logger, histogram_quantile
-from nsqworker.message import FINISH, Message, Outcome, Requeue
+from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.outcomes import (
     TIME_LIMIT,
     Reject,
@@ -39,6 +39,7 @@ from nsqworker.outcomes import (
     outcome_of_error,
 )
 from nsqworker.pool import ThreadPool, run_traced
+from nsqworker.safe_text import one_line
 from nsqworker.stats import DURATION_BUCKETS, FROM_DISPATCHER, DurationHistogram, TaskStats
 from nsqworker.task import TaskSpec
 from nsqworker.transport import Capabilities
@@ -138,13 +139,15 @@ class TaskRunner:
             func, "close", None
         )
         if spec.body is not None:  # a typed body: validated before the handler
-            func = typed_handler(func, spec.body, Reject)
+            func = typed_handler(func, spec.body, Reject, worker.settings.typed_body_max_bytes)
         hooks: Hooks = getattr(worker.registry, "hooks", Hooks()) + spec.hooks
         self.func = with_hooks(func, hooks, spec.is_async, self.loop)
         self.after_hooks = hooks.after
         self.error_hooks = hooks.on_error
         self.dead_letter_hooks = hooks.on_dead_letter
         self.timeout = spec.timeout if spec.timeout is not None else worker.settings.task_timeout
+        #: From this delivery on, a time limit reached dead-letters the message (0: never).
+        self.timeout_dead_letter = worker.settings.timeout_dead_letter_attempts
         # Messages whose handler ran past the time limit: cancelled (async) or given back
         # while their thread still runs (sync); and the sync handlers' limit timers.
         self.expired: set[Message] = set()
@@ -284,6 +287,9 @@ class TaskRunner:
         )  # fmt: skip
         if isinstance(outcome, Requeue):
             msg.requeue(outcome.delay, backoff=outcome.backoff)
+        elif isinstance(outcome, GiveUp):  # timed out again: the dead-letter chain, now
+            msg.answered = True
+            self.dispatcher.settle(msg, outcome)
         self.worker.request_recycle(f"a sync handler of {self.spec.name} outlived its time limit")
 
     def finish_sync(
@@ -328,6 +334,15 @@ class TaskRunner:
         self.counts[bisect_left(self.bounds, duration)] += 1
         self.dur_sum += duration
         outcome = outcome_of_error(msg, exc)
+        if (
+            self.timeout_dead_letter
+            and isinstance(exc, TaskTimeout)
+            and msg.attempts >= self.timeout_dead_letter
+        ):
+            outcome = GiveUp(
+                f"{exc} on attempt {msg.attempts} (timeout_dead_letter_attempts "
+                f"{self.timeout_dead_letter}: not retried)"
+            )
         if isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
             outcome = Requeue(self.dispatcher.requeue_delay(msg.attempts), backoff=outcome.backoff)
         if not isinstance(exc, asyncio.CancelledError):
@@ -355,7 +370,7 @@ class TaskRunner:
             retry, delay = isinstance(exc, Retry), outcome.delay
             why = exc.reason or error if isinstance(exc, Retry) else error
             self.log.warning(
-                "req",
+                "retry",
                 delay=round(delay, 3) if delay is not None else None,
                 error=why,
                 exc_info=not retry and exc,
@@ -369,8 +384,11 @@ class TaskRunner:
         on_dead_letter, then the dead-letter hooks of the registry and the task.
 
         Any exception propagates, so the dispatcher retries the message instead.
+        The reason may quote the body (a key, a broker's property): it is made one line,
+        its control characters escaped, before anyone logs, publishes or hooks it.
         """
         spec = self.spec
+        reason = one_line(reason)
         exc = self.rejected.pop(msg.id, None)
         self.log.error("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, exc_info=exc)
         if spec.dead_letter_topic is not None:

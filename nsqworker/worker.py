@@ -213,15 +213,19 @@ class Worker:
         await asyncio.gather(
             *(r.dispatcher.stop(timeout) for r in self._runners), return_exceptions=True
         )
-        # 2. Sync handlers' threads: let idle ones exit; wait for busy ones until the deadline.
+        # 2. Sync handlers' threads: let idle ones exit; wait for busy ones until the
+        # deadline, except those of messages already retried at their time limit: they
+        # are settled, and nothing can stop their threads (the process exits without them).
         pools = [r.pool for r in self._runners if r.pool is not None]
         for pool in pools:
             pool.shutdown()
-        while any(p.alive() for p in pools) and loop.time() < deadline and not self._forced:
+        while self._threads()[0] and loop.time() < deadline and not self._forced:
             await asyncio.sleep(0.02)
-        stuck = sum(p.alive() for p in pools)
+        stuck, overdue = self._threads()
         if stuck:
             log.warning("sync handlers still running after the drain", threads=stuck)
+        if overdue:
+            log.info("not waiting for sync handlers past their time limit", threads=overdue)
         # 2b. What bound handlers hold open (a Spark session), now that none runs.
         for runner in self._runners:
             if runner.close_handler is not None:
@@ -244,6 +248,16 @@ class Worker:
             self._summaries.cancel()
             self._log_summaries()
         log.info("worker stopped")
+
+    def _threads(self) -> tuple[int, int]:
+        """Sync handlers' threads still alive: ``(to wait for, past their time limit)``,
+        the latter running a message already retried at its limit."""
+        alive = overdue = 0
+        for runner in self._runners:
+            if runner.pool is not None:
+                alive += runner.pool.alive()
+                overdue += sum(msg in runner.expired for msg in runner.pool.running())
+        return max(alive - overdue, 0), overdue
 
     async def run(self) -> None:
         """Start (unless started), serve until SIGTERM/SIGINT or :meth:`request_stop`,

@@ -35,3 +35,16 @@ def log_lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[dic
     root.setLevel(level)
     logging.captureWarnings(False)
     structlog.reset_defaults()
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
+    """Every async test runs on uvloop, the loop ``nsqworker run`` uses; tests marked
+    ``both_loops`` run on the standard loop too, so a difference between the two (timers
+    that fire early against ``time.monotonic``) can never hide again."""
+    import asyncio
+
+    import uvloop
+
+    if item.get_closest_marker("both_loops") is not None:
+        return {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
+    return {"uvloop": uvloop.new_event_loop}

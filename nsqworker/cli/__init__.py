@@ -1,8 +1,9 @@
 """The ``nsqworker`` command: ``run``, ``tasks``, ``settings``, ``inflight``, ``publish``,
-``rpc``, ``dead-letters`` and ``console``.
+``rpc``, ``dev``, ``dead-letters`` and ``console``.
 
 One module per verb group (:mod:`.run`, :mod:`.inspect` for ``tasks`` and ``settings``,
-:mod:`.publish`, :mod:`.rpc`), what they share in :mod:`.common`; this module assembles the app.
+:mod:`.publish`, :mod:`.rpc`, :mod:`.dev`), what they share in :mod:`.common`; this module
+assembles the app.
 Commands import what they need when they run, so ``nsqworker --version`` stays fast.
 """
 
@@ -17,6 +18,7 @@ from nsqworker import __version__
 from nsqworker.cli.common import Command, Group
 from nsqworker.cli.console import console
 from nsqworker.cli.dead_letters import app as dead_letters_app
+from nsqworker.cli.dev import app as dev_app
 from nsqworker.cli.inflight import inflight
 from nsqworker.cli.inspect import show_settings, tasks
 from nsqworker.cli.publish import publish
@@ -28,7 +30,7 @@ __all__ = ["app", "main"]
 app = typer.Typer(
     name="nsqworker",
     cls=Group,
-    help="Run Python task handlers on NSQ topics.",
+    help="Run Python task handlers on NSQ, NATS JetStream or RabbitMQ Streams.",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode="rich",
@@ -56,7 +58,8 @@ def _root(
         ),
     ] = False,
 ) -> None:
-    """Run Python task handlers on NSQ topics: supervised workers, retries, dead letters."""
+    """Run Python task handlers on NSQ, NATS JetStream or RabbitMQ Streams: supervised
+    workers, retries, dead letters."""
 
 
 # In this order in --help.
@@ -66,6 +69,7 @@ app.command("settings", cls=Command)(show_settings)
 app.command(cls=Command)(inflight)
 app.command(cls=Command)(publish)
 app.add_typer(rpc_app)
+app.add_typer(dev_app)
 app.add_typer(dead_letters_app)
 app.command(cls=Command)(console)
 

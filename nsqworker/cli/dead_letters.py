@@ -66,6 +66,16 @@ Ids = Annotated[
     typer.Option("--id", metavar="ID", help="A dead letter's id (from list); repeat for several."),
 ]
 All = Annotated[bool, typer.Option("--all", metavar="", help="Every dead letter on the topic.")]
+Wait = Annotated[
+    float,
+    typer.Option(
+        "--wait",
+        metavar="SECONDS",
+        min=0.1,
+        max=600,
+        help="NSQ and RabbitMQ Streams: seconds without a new message that end a read.",
+    ),
+]
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -143,6 +153,7 @@ def list_(
         int | None, typer.Option(min=0, help="Show the oldest N only.", show_default=False)
     ] = None,
     as_json: AsJson = False,
+    wait: Wait = 1.0,
     config: ConfigFile = None,
     transport: TransportOption = None,
     nsqd: NsqdOption = None,
@@ -154,7 +165,7 @@ def list_(
     from nsqworker.admin.dead_letters import list_dead_letters
 
     settings = _settings(config, transport, nsqd, lookupd, nats, rabbitmq)
-    letters = _run(list_dead_letters(settings, topic, limit=limit, on_note=_note))
+    letters = _run(list_dead_letters(settings, topic, limit=limit, on_note=_note, quiet=wait))
     if as_json:
         typer.echo(json.dumps([d.to_json() for d in letters], indent=2, ensure_ascii=True))
         return
@@ -214,6 +225,7 @@ def replay(
         typer.Option("--dry-run", metavar="", help="Say what would be replayed; change nothing."),
     ] = False,
     as_json: AsJson = False,
+    wait: Wait = 1.0,
     config: ConfigFile = None,
     transport: TransportOption = None,
     nsqd: NsqdOption = None,
@@ -232,7 +244,9 @@ def replay(
         raise _fail("say which dead letters: --all, or --id ID (repeatable)")
     settings = _settings(config, transport, nsqd, lookupd, nats, rabbitmq)
     report = _run(
-        replay_dead_letters(settings, topic, ids=None if all_ else ids, to=to, dry_run=dry_run)
+        replay_dead_letters(
+            settings, topic, ids=None if all_ else ids, to=to, dry_run=dry_run, quiet=wait
+        )
     )
     err = _err()
     from rich.text import Text
@@ -266,6 +280,7 @@ def purge(
         bool, typer.Option("--yes", "-y", metavar="", help="Do not ask for confirmation.")
     ] = False,
     as_json: AsJson = False,
+    wait: Wait = 1.0,
     config: ConfigFile = None,
     transport: TransportOption = None,
     nsqd: NsqdOption = None,
@@ -300,7 +315,9 @@ def purge(
         if not typer.confirm(f"Remove {which} on {_show(topic)} for good?", default=False):
             _err().print("nothing removed")
             raise typer.Exit(EXIT_LEFT)
-    report = _run(purge_dead_letters(settings, topic, ids=ids or None, older_than=seconds))
+    report = _run(
+        purge_dead_letters(settings, topic, ids=ids or None, older_than=seconds, quiet=wait)
+    )
     err = _err()
     for letter_id in report.left:
         err.print(Text(f"left {_show(letter_id)}: {_show(report.errors.get(letter_id, ''), 300)}"))

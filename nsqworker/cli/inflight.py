@@ -14,6 +14,8 @@ from typing import Annotated, Any
 import typer
 
 from nsqworker.cli.common import EXIT_USAGE, AsJson
+from nsqworker.cli.safe import cell, markup_safe
+from nsqworker.safe_text import one_line
 
 __all__ = ["inflight"]
 
@@ -36,10 +38,13 @@ def inflight(
     try:
         response = httpx.get(address, timeout=5.0, trust_env=False)
         response.raise_for_status()
-        rows: list[dict[str, Any]] = list(response.json().get("inflight") or [])
-    except (httpx.HTTPError, ValueError) as exc:
+        rows: list[dict[str, Any]] = [
+            row for row in response.json().get("inflight") or [] if isinstance(row, dict)
+        ]
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError) as exc:
         typer.echo(
-            f"error: cannot read {address} ({exc}); is `nsqworker run` serving health on "
+            f"error: cannot read {address} ({one_line(str(exc))}); is `nsqworker run` serving "
+            "health on "
             "that port? pass --url http://HOST:PORT",
             err=True,
         )
@@ -52,7 +57,7 @@ def inflight(
     from rich.table import Table
 
     table = Table(
-        title=f"{len(rows)} in flight at {url}",
+        title=f"{len(rows)} in flight at {markup_safe(url)}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -63,10 +68,18 @@ def inflight(
         ("attempts", "right"), ("state", "left"), ("handler", "left"),
     ):  # fmt: skip
         table.add_column(column, justify=justify, no_wrap=column != "handler")  # type: ignore[arg-type]
-    for row in rows:
+    for row in rows:  # every cell is what the server sent, shown as text (cli/safe.py)
         table.add_row(
-            f"{float(row.get('age_s') or 0):.1f}s", str(row.get("worker", "-")),
-            str(row.get("task", "?")), str(row.get("id", "?")), str(row.get("attempts", "?")),
-            str(row.get("state", "?")), str(row.get("handler", "-")),
+            cell(_age(row.get("age_s"))), cell(row.get("worker", "-")),
+            cell(row.get("task", "?")), cell(row.get("id", "?")), cell(row.get("attempts", "?")),
+            cell(row.get("state", "?")), cell(row.get("handler", "-")),
         )  # fmt: skip
     Console().print(table)
+
+
+def _age(value: Any) -> str:
+    """Seconds as ``12.3s``; what is not a number, as it was sent."""
+    try:
+        return f"{float(value or 0):.1f}s"
+    except (TypeError, ValueError):
+        return str(value)

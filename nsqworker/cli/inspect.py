@@ -8,8 +8,12 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from nsqworker.cli.common import AsJson, ConfigFile, Target, load_registry, load_settings
+from nsqworker.cli.safe import cell
+from nsqworker.safe_text import one_line
 
 if TYPE_CHECKING:
+    from rich.text import Text
+
     from nsqworker.settings import Settings
     from nsqworker.task import TaskSpec
 
@@ -57,8 +61,8 @@ def tasks(target: Target, config: ConfigFile = None, as_json: AsJson = False) ->
         ]
         name = row["name"]  # in full, as logs and metrics name it
         kind = row["kind"] if row["body"] is None else f"{row['kind']}, {row['body']}"
-        cells = [row["topic"], row["channel"], *resolved, _dead_letter_text(row), Text(kind)]
-        table.add_row(name, *cells)
+        cells = [cell(row["topic"]), cell(row["channel"]), *resolved, _dead_letter_text(row)]
+        table.add_row(cell(name), *cells, cell(kind))
     console = Console()
     console.print(table)
     console.print(
@@ -101,13 +105,15 @@ def _where(settings: Settings) -> str:
     return f"{settings.transport} ({places})" if places else settings.transport
 
 
-def _dead_letter_text(row: dict[str, Any]) -> str:
+def _dead_letter_text(row: dict[str, Any]) -> Text:
+    from rich.text import Text
+
     parts = []
     if row["on_dead_letter"]:
-        parts.append(f"{row['on_dead_letter'].rpartition('.')[2]}()")
+        parts.append(one_line(f"{row['on_dead_letter'].rpartition('.')[2]}()"))
     if row["dead_letter_topic"]:
-        parts.append(f"→ {row['dead_letter_topic']}")
-    return "\n".join(parts) or "-"
+        parts.append(one_line(f"→ {row['dead_letter_topic']}"))
+    return Text("\n".join(parts) or "-")  # a line each, never markup
 
 
 def _qualified(func: Any) -> str:
@@ -149,7 +155,7 @@ def show_settings(config: ConfigFile = None, as_json: AsJson = False) -> None:
     table.add_column("meaning", overflow="fold")
     for name, shown, source, doc in described:
         style = "dim" if source == "default" else "bold"
-        table.add_row(name, Text(shown, style=style), Text(source, style=style), doc)
+        table.add_row(name, cell(shown, style), Text(source, style=style), doc)
     Console().print(table)
 
 

@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any, Final
 import typer
 
 from nsqworker.cli.common import NatsOption, NsqdOption, RabbitOption, TransportOption
+from nsqworker.cli.safe import markup_safe
 from nsqworker.errors import ConfigurationError, NSQWorkerError
 from nsqworker.nsq import protocol
 
@@ -52,9 +53,15 @@ def publish(
     nats: NatsOption = None,
     rabbitmq: RabbitOption = None,
     delay: Annotated[
-        float | None, typer.Option(help="Seconds before nsqd delivers it (DPUB).")
+        float | None,
+        typer.Option(
+            help="Seconds before the broker delivers it (NSQ: DPUB; NATS: a scheduled"
+            " message; not on RabbitMQ Streams)."
+        ),
     ] = None,
-    batch_size: Annotated[int, typer.Option(help="Lines per MPUB when reading stdin.")] = 100,
+    batch_size: Annotated[
+        int, typer.Option(help="Lines per batch when reading stdin (one MPUB on NSQ).")
+    ] = 100,
 ) -> None:
     """Publish one message, or one per line of stdin."""
     from nsqworker.child import configure_telemetry
@@ -137,7 +144,7 @@ def publish_command(
         producer = Producer(None if other else nsqd or None, settings=settings, timeout=timeout)
     except (ConfigurationError, TypeError) as exc:
         for line in str(exc).splitlines():  # a SettingsError has one line per problem
-            console.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)
+            console.print(f"[red]error:[/red] {markup_safe(line)}", highlight=False, soft_wrap=True)
         return 2
     run = _Run(topic, delay, console)
     try:
@@ -151,7 +158,8 @@ def publish_command(
         return 130
     except (NSQWorkerError, OSError) as exc:
         done = f" after {run.count} messages" if run.count else ""
-        console.print(f"[red]error{done}:[/red] {_one_line(exc)}", highlight=False, soft_wrap=True)
+        text = markup_safe(_one_line(exc))  # a broker's error text, never markup
+        console.print(f"[red]error{done}:[/red] {text}", highlight=False, soft_wrap=True)
         return 1
     console.print(run.summary(), highlight=False, soft_wrap=True)
     return 0

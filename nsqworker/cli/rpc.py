@@ -18,6 +18,7 @@ import typer
 
 from nsqworker.cli.common import EXIT_USAGE, Command, ConfigFile, Group, NsqdOption, load_settings
 from nsqworker.cli.publish import _quiet_library_logs
+from nsqworker.cli.safe import markup_safe
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -111,8 +112,10 @@ def call_command(
         # rich only on failure: an answered call does not pay for importing it
         from rich.console import Console
 
+        # a remote endpoint's or a broker's text: its lines as text, never markup
+        shown = "\n".join(markup_safe(line) for line in text.splitlines())
         (console or Console(stderr=True)).print(
-            f"[red]error:[/red] {text}", highlight=False, soft_wrap=True
+            f"[red]error:[/red] {shown}", highlight=False, soft_wrap=True
         )
         return code
 

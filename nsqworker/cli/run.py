@@ -48,7 +48,9 @@ def run(
     ] = None,
     drain_timeout: Annotated[
         float | None,
-        typer.Option(help="Seconds a stop waits for running handlers before REQing them."),
+        typer.Option(
+            help="Seconds a stop waits for running handlers before returning their messages."
+        ),
     ] = None,
     hung_timeout: Annotated[
         float,
@@ -67,6 +69,15 @@ def run(
             metavar="",  # a plain flag: no <bool> placeholder in --help
             help="Restart the workers (draining first) when a source file of the task "
             "package changes; for development.",
+        ),
+    ] = False,
+    reload_in_cluster: Annotated[
+        bool,
+        typer.Option(
+            "--reload-in-cluster",
+            metavar="",
+            help="Allow reloading in a Kubernetes pod (KUBERNETES_SERVICE_HOST set), "
+            "refused otherwise; for a development cluster.",
         ),
     ] = False,
 ) -> None:
@@ -94,11 +105,16 @@ def run(
     }
     settings = load_settings(config, **given)
     load_registry(target)  # an import problem first: it is reported once, here
-    problem = transport_problem(settings) or (reload and _reload_problem())
+    problem = transport_problem(settings) or (reload and _reload_problem(reload_in_cluster))
     if problem:
         typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(EXIT_USAGE)
     configure_logging(settings.log_level, settings.log_format)
+    if reload:
+        from nsqworker.logging import get_logger
+        from nsqworker.reload import WARNING
+
+        get_logger("nsqworker.supervisor").warning(WARNING)
     policy = Policy(hung_timeout=hung_timeout, crash_limit=crash_limit, crash_window=crash_window)
     spelled = {name: flag(name) for name, value in given.items() if value is not None}
     warn_unreachable(settings)
@@ -110,14 +126,15 @@ def run(
     raise typer.Exit(code)
 
 
-def _reload_problem() -> str | None:
+def _reload_problem(in_cluster: bool) -> str | None:
     import importlib.util
+    import os
+
+    from nsqworker.reload import MISSING_HINT, in_cluster_refusal
 
     if importlib.util.find_spec("watchfiles") is None:
-        from nsqworker.reload import MISSING_HINT
-
         return MISSING_HINT
-    return None
+    return in_cluster_refusal(os.environ, in_cluster)
 
 
 def transport_problem(settings: Settings) -> str | None:
@@ -134,7 +151,8 @@ def transport_problem(settings: Settings) -> str | None:
         return (
             "no nsqd or nsqlookupd address to consume from: pass --nsqd 127.0.0.1:4150 "
             "or --lookupd http://127.0.0.1:4161, or set NSQWORKER_NSQD_TCP_ADDRESSES or "
-            "NSQWORKER_LOOKUPD_HTTP_ADDRESSES"
+            "NSQWORKER_LOOKUPD_HTTP_ADDRESSES (no nsqd yet? `nsqworker dev broker` starts one "
+            "and prints them)"
         )
     import importlib.util
 

@@ -20,7 +20,7 @@ already put on the wire then arrive on top of the new window, so nsqd may briefl
 up to one window more in flight; the consumer still runs at most max_in_flight
 callbacks at once (the rest wait in order).
 
-When connections outnumber max_in_flight, turns rotate: each holder keeps RDY 1 for
+When connections outnumber max_in_flight (and while probing, a window of one), turns rotate: each holder keeps RDY 1 for
 at most ``rotate_after`` seconds (``idle_after`` if nothing arrives), and the next turn
 goes to the connection served least recently, so no nsqd can starve or be skipped.
 """
@@ -154,9 +154,11 @@ def _targets(
     if mode is Mode.PAUSED or not active:
         return targets
     if mode is Mode.PROBING:
-        holder = [i for i in active if slots[i].rdy > 0]
-        pick = holder[0] if holder else min(active, key=lambda i: _age_key(slots[i], now))
-        targets[pick] = 1
+        # A probe is a rotation with a window of one: a turn on an nsqd with nothing
+        # to send ends after idle_after, so a probe never waits on an empty nsqd while
+        # another has a backlog.
+        for i in _rotation(slots, active, 1, now, rotate_after, idle_after):
+            targets[i] = 1
         return targets
     if len(active) <= max_in_flight:
         return _fair_shares(slots, active, max_in_flight, targets)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nsqworker.errors import ConfigurationError
-from nsqworker.message import Message
+from nsqworker.message import Message, Undecodable
 from nsqworker.nsq import protocol
 from nsqworker.nsq.connection import ConnectionConfig
 from nsqworker.nsq.connections import Connections
@@ -176,7 +176,8 @@ class NsqSubscription:
         while True:
             await asyncio.sleep(TICK)
             now = self._time()
-            if self._unsatisfied or len(connections.sessions) > self.window:
+            turns = self.window if self._mode is not Mode.PROBING else 1
+            if self._unsatisfied or len(connections.sessions) > turns:
                 self._replan()
             for session in list(connections.sessions):
                 if now >= session.check_at:  # a lane with no message in its window
@@ -188,10 +189,18 @@ class NsqSubscription:
         self, session: Session, timestamp: int, attempts: int, message_id: bytes, body: bytes
     ) -> None:
         now = _monotonic()
-        msg = Message(
-            message_id, body, timestamp, attempts, self.topic, self.channel,
-            session.address, self._receiver, session, now,
-        )  # fmt: skip
+        if message_id.isalnum():  # nsqd's ids are 16 hex digits (the check: ~35 ns)
+            msg = Message(
+                message_id, body, timestamp, attempts, self.topic, self.channel,
+                session.address, self._receiver, session, now,
+            )  # fmt: skip
+        else:  # a hostile nsqd: "../../etc/passwd" is 16 bytes too; never a handler's
+            msg = Undecodable(
+                message_id, body, timestamp, attempts, self.topic, self.channel,
+                session.address, self._receiver, session, now,
+                reason=f"nsqd sent a message id that is not 16 ASCII letters and digits: "
+                f"{message_id!r}",
+            )  # fmt: skip
         slot = session.slot
         slot.in_flight += 1
         slot.last_message = now

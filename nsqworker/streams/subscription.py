@@ -46,6 +46,9 @@ log = logging.getLogger("nsqworker.streams")
 
 STORE_EVERY = 0.5
 """Seconds between writes of a moved watermark."""
+STANDBY_NOTICE = 2.0
+"""Seconds after subscribing without being made active before a reader says it stands by
+(RabbitMQ tells a consumer when it becomes active, not that it waits)."""
 CREDIT = 3
 """Chunks the broker may send ahead of the one being read (rstream grants one more as
 it starts each chunk): what a full window holds back beyond itself. One ahead left the
@@ -71,6 +74,9 @@ class _Reader:
     subscription_id: int | None = None
     active: bool = False
     received: int = 0
+    chunk: tuple[int, int] = (-1, -1)
+    """(the chunk's timestamp, the offset after the last message taken from it)."""
+    standing_by: bool = False  # said so in the log since it was last active
 
 
 class StreamSubscription:
@@ -132,6 +138,7 @@ class StreamSubscription:
         self._room.set()
         self._spawn(self._store_loop())
         self._spawn(self._keep())
+        self._spawn(self._tell_standby())
 
     async def _connect(self) -> None:
         self._consumer = consumer = await self.connections.consumer(self._on_close)
@@ -158,6 +165,7 @@ class StreamSubscription:
                 try:
                     await self._connect()
                     log.info("%s: resubscribed", self.name)
+                    self._spawn(self._tell_standby())
                     break
                 except Exception as exc:
                     log.warning(
@@ -173,7 +181,7 @@ class StreamSubscription:
         def on_message(message: Any, context: Any) -> Coroutine[Any, Any, None] | None:
             # rstream awaits what the callback returns, if anything: the hot path (room
             # in the window, nothing to wait for) returns nothing, and costs no coroutine.
-            if reader.retry or self.in_flight >= self._allowed():
+            if reader.retry or self.in_flight >= self._allowed(reader, context):
                 return self._on_message(reader, message, context)
             take(reader, message, context)
             return None
@@ -195,10 +203,12 @@ class StreamSubscription:
         if not active:
             await self._store(reader)
             reader.active = False
+            self._standing_by(reader)
             return OffsetSpecification(OffsetType.NEXT, 0)
         consumer = self._consumer
         reader.watermark = Watermark()
         reader.active = True
+        reader.standing_by = False
         try:
             stored = await consumer.query_offset(reader.stream, self.channel)
         except exceptions.OffsetNotFound:
@@ -207,6 +217,30 @@ class StreamSubscription:
         reader.watermark.stored = reader.watermark.value = stored
         log.info("%s: active on %s after offset %d", self.name, reader.stream, stored)
         return OffsetSpecification(OffsetType.OFFSET, stored + 1)
+
+    async def _tell_standby(self) -> None:
+        """Say so for each reader RabbitMQ has not made active soon after subscribing."""
+        await asyncio.sleep(STANDBY_NOTICE)
+        for reader in self.readers:
+            if not reader.active and self._subscribed:
+                self._standing_by(reader)
+
+    def _standing_by(self, reader: _Reader) -> None:
+        """One INFO line when ``reader`` waits as a single-active-consumer standby. The
+        protocol says only whether this consumer is active, never which one is, so the
+        line names the command that lists the group (this process's connection among
+        them, by its name)."""
+        if reader.standing_by or self._stopping:
+            return
+        reader.standing_by = True
+        log.info(
+            "%s: standing by for %s on %s; the active consumer is another connection"
+            " (RabbitMQ does not say which: `rabbitmq-streams list_stream_group_consumers"
+            " --stream %s --reference %s` lists the group, this one as 'nsqworker %s');"
+            " this process takes over when it stops",
+            self.name, self.channel, reader.stream, reader.stream, self.channel,
+            self.settings.client_id,
+        )  # fmt: skip
 
     async def stop(self) -> None:
         """Take no more: callbacks wait; the watermarks are written now."""
@@ -262,25 +296,34 @@ class StreamSubscription:
         self._flow, self.window = flow, window
         self._room.set()
 
-    def _allowed(self) -> int:
-        if self._stopping or self._flow is Flow.PAUSED:
+    def _allowed(self, reader: _Reader | None = None, context: Any = None) -> int:
+        """How many may be unsettled for the next message (of ``reader``, at ``context``).
+
+        A backoff pause withholds credit, so the broker sends nothing more; the rest of
+        the chunk being read was already sent, and is delivered as nsqd delivers what it
+        put on the wire before RDY 0 (a drain delivers nothing more)."""
+        if self._stopping:
+            return 0
+        if self._flow is Flow.PAUSED:
+            if reader is not None and reader.chunk == (context.timestamp, context.offset):
+                return self.window
             return 0
         return 1 if self._flow is Flow.PROBE else self.window
 
-    async def _wait_for_room(self) -> None:
-        while self.in_flight >= self._allowed():
+    async def _wait_for_room(self, reader: _Reader | None = None, context: Any = None) -> None:
+        while self.in_flight >= self._allowed(reader, context):
             self._room.clear()
             await self._room.wait()
 
     # --- messages --------------------------------------------------------------
 
     async def _on_message(self, reader: _Reader, message: Any, context: Any) -> None:
-        await self._wait_for_room()
+        await self._wait_for_room(reader, context)
         if reader.retry and type(message) is not bytes:
             wait = self._wait_until(message.properties.get(NOT_BEFORE))
             if wait > 0:
                 await asyncio.sleep(wait)
-                await self._wait_for_room()
+                await self._wait_for_room(reader, context)
         self._take(reader, message, context)
 
     def _wait_until(self, due: Any) -> float:
@@ -316,6 +359,7 @@ class StreamSubscription:
                 if reason is None and why is not None:
                     reason = why if isinstance(why, str) else repr(why)
         offset = context.offset
+        reader.chunk = (context.timestamp, offset + 1)
         mark = reader.watermark
         args = (
             reader.prefix + str(offset).encode(), body, context.timestamp * 1_000_000,

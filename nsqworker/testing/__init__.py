@@ -26,8 +26,10 @@ the test fails):
     a running :class:`~nsqworker.testing.nats.NatsCluster`: three routed servers.
 ``rabbitmq``
     (session scope) the stream URI of a RabbitMQ 4.0 with streams:
-    :class:`~nsqworker.testing.rabbitmq.RabbitMQProcess` from ``.tools/rabbitmq``, or
-    ``RABBITMQ_STREAM_TEST_URI``.
+    :class:`~nsqworker.testing.rabbitmq.RabbitMQProcess` from a root filesystem (see
+    :func:`~nsqworker.testing.rabbitmq.find_rootfs`), or ``RABBITMQ_STREAM_TEST_URI``.
+
+docs/testing.md lists every fixture with what you use of it (``nats_server.url``...).
 
 ``async def`` tests just work: the plugin runs each on a fresh asyncio event loop, with
 no other plugin and no configuration. Tests that pytest-asyncio (``asyncio_mode = "auto"``
@@ -35,8 +37,10 @@ or ``@pytest.mark.asyncio``) or anyio take are left to them; async *fixtures* ne
 of those plugins.
 
 Binaries are found by :func:`find_binary` (``--nsqd-bin-dir``, ``$NSQWORKER_TOOLS_BIN``,
-``PATH``, then ``.tools/bin`` of the enclosing checkout). When they are missing the
-tests that need them are skipped, except under ``CI=true`` (or ``CI=1``), where they fail.
+``PATH``, ``~/.local/share/nsqworker/bin``, then ``.tools/bin`` of the enclosing checkout:
+:mod:`nsqworker.testing.locations`), from any project. When they are missing the tests
+that need them are skipped with the command that installs them, except under ``CI=true``
+(or ``CI=1``), where they fail.
 
 The processes themselves (:mod:`.processes`, :mod:`.ports`) work without pytest::
 
@@ -55,9 +59,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
+from nsqworker.testing.locations import TOOLS_BIN_ENV
 from nsqworker.testing.ports import free_port, free_ports, port_is_free
 from nsqworker.testing.processes import (
-    TOOLS_BIN_ENV,
     NsqCluster,
     NsqdProcess,
     NsqHttpError,
@@ -402,8 +406,11 @@ if _HAVE_PYTEST:
         finally:
             server.close()
 
-    @pytest.fixture(scope="session")
-    def rabbitmq(rabbitmq_server: Any) -> str:
+    # Named apart from the fixture: importing nsqworker.testing.rabbitmq sets this
+    # package's attribute ``rabbitmq`` to that module, which would hide a function of
+    # that name from pytest (a conftest importing RabbitMQProcess lost the fixture).
+    @pytest.fixture(scope="session", name="rabbitmq")
+    def rabbitmq_uri(rabbitmq_server: Any) -> str:
         """A ``rabbitmq-stream://`` URI of the session's RabbitMQ (see ``rabbitmq_server``)."""
         if rabbitmq_server is None:
             return os.environ["RABBITMQ_STREAM_TEST_URI"]

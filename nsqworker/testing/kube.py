@@ -39,8 +39,9 @@ from typing import IO, TYPE_CHECKING, Any, Self
 
 import httpx
 
+from nsqworker.testing.locations import nsq_install_hint, user_bin_dir
 from nsqworker.testing.ports import LOOPBACK, free_ports
-from nsqworker.testing.processes import _INSTALL_HINT, find_binary
+from nsqworker.testing.processes import find_binary
 
 try:
     import pytest
@@ -60,8 +61,10 @@ __all__ = [
 ]
 
 KUBE_INSTALL_HINT = (
-    "put etcd and kube-apiserver on PATH or in NSQWORKER_TOOLS_BIN=DIR (in a clone of "
-    "nsqworker, `make tools` runs scripts/install-tools k8s to build etcd and kube-apiserver)"
+    f"put etcd and kube-apiserver on PATH or in {user_bin_dir()} (NSQWORKER_TOOLS_BIN=DIR"
+    " names another directory): etcd from https://github.com/etcd-io/etcd/releases,"
+    " kube-apiserver from https://dl.k8s.io/release/v1.34.4/bin/linux/amd64/kube-apiserver"
+    " (in a clone of nsqworker, `make tools` builds both)"
 )
 READY_TIMEOUT = 60.0
 """Seconds etcd and kube-apiserver together get to become ready (about 5-10 s)."""
@@ -96,7 +99,7 @@ def find_kube_binaries(bin_dir: str | os.PathLike[str] | None = None) -> KubeBin
             etcd=find_binary("etcd", bin_dir), kube_apiserver=find_binary("kube-apiserver", bin_dir)
         )
     except FileNotFoundError as exc:
-        raise FileNotFoundError(str(exc).replace(_INSTALL_HINT, KUBE_INSTALL_HINT)) from None
+        raise FileNotFoundError(str(exc).replace(nsq_install_hint(), KUBE_INSTALL_HINT)) from None
 
 
 _LIVE: set[_Daemon] = set()

@@ -26,15 +26,13 @@ from typing import IO, Any, Self
 
 import httpx
 
+from nsqworker.testing.locations import nats_install_hint
 from nsqworker.testing.ports import LOOPBACK, free_ports
 from nsqworker.testing.processes import NsqProcessError, find_binary, signal_and_wait
 
 __all__ = ["NATS_INSTALL_HINT", "NatsCluster", "NatsServerProcess", "find_nats_server"]
 
-NATS_INSTALL_HINT = (
-    "install nats-server v2.15.2 (`go install github.com/nats-io/nats-server/v2@v2.15.2`) "
-    "and put it on PATH, or in a clone of nsqworker run `scripts/install-tools nats`"
-)
+NATS_INSTALL_HINT = nats_install_hint()
 READY_TIMEOUT = 20.0
 _LIVE: set[NatsServerProcess] = set()
 
@@ -52,7 +50,7 @@ def find_nats_server(bin_dir: str | None = None) -> str:
     try:
         return find_binary("nats-server", bin_dir)
     except FileNotFoundError as exc:
-        raise FileNotFoundError(f"{str(exc).split(';')[0]}; {NATS_INSTALL_HINT}") from None
+        raise FileNotFoundError(f"{str(exc).split(';')[0]}; {nats_install_hint()}") from None
 
 
 class NatsServerProcess:

@@ -24,6 +24,7 @@ from typing import IO, Any, ClassVar, Self
 
 import httpx
 
+from nsqworker.testing.locations import TOOLS_BIN_ENV, nsq_install_hint, user_bin_dir
 from nsqworker.testing.ports import LOOPBACK, free_ports
 
 __all__ = [
@@ -35,8 +36,6 @@ __all__ = [
     "find_binary",
 ]
 
-TOOLS_BIN_ENV = "NSQWORKER_TOOLS_BIN"
-"""Environment variable naming a directory that holds nsqd and nsqlookupd."""
 
 READY_TIMEOUT = 10.0
 """Seconds a process gets to answer ``GET /ping`` after it was started."""
@@ -45,12 +44,6 @@ STOP_TIMEOUT = 5.0
 PORT_ATTEMPTS = 5
 """How many times :meth:`start` picks new ports when the chosen ones were taken."""
 
-_INSTALL_HINT = (
-    "install NSQ v1.3.0 (https://nsq.io/deployment/installing.html; or `go install github.com"
-    "/nsqio/nsq/apps/nsqd@v1.3.0 github.com/nsqio/nsq/apps/nsqlookupd@v1.3.0`) and put nsqd and"
-    " nsqlookupd on PATH, or name their directory with --nsqd-bin-dir DIR or"
-    " NSQWORKER_TOOLS_BIN=DIR (in a clone of nsqworker: `make tools`)"
-)
 _ADDRESS_IN_USE = "address already in use"
 
 
@@ -78,9 +71,10 @@ def find_binary(name: str, bin_dir: str | os.PathLike[str] | None = None) -> str
     """Return the path of the NSQ executable ``name`` (``"nsqd"``, ``"nsqlookupd"``...).
 
     Looks, in order, in ``bin_dir`` (if given), in the directory named by
-    ``$NSQWORKER_TOOLS_BIN``, on ``PATH``, and in ``.tools/bin`` of the current
-    directory or of the nearest parent directory that has one (a checkout after
-    ``make tools``).
+    ``$NSQWORKER_TOOLS_BIN``, on ``PATH``, in the user's tools directory
+    (``~/.local/share/nsqworker/bin``, see :mod:`nsqworker.testing.locations`), and in
+    ``.tools/bin`` of the current directory or of the nearest parent directory that has
+    one (a clone of nsqworker after ``make tools``).
 
     Raises:
         FileNotFoundError: nowhere to be found; the message says how to install it.
@@ -97,13 +91,18 @@ def find_binary(name: str, bin_dir: str | os.PathLike[str] | None = None) -> str
     on_path = shutil.which(name)
     if on_path:
         return on_path
+    user = user_bin_dir() / name
+    if user.is_file() and os.access(user, os.X_OK):
+        return str(user)
     cwd = Path.cwd().resolve()
     for directory in (cwd, *cwd.parents):
         path = directory / ".tools" / "bin" / name
         if path.is_file() and os.access(path, os.X_OK):
             return str(path)
-    searched = ", ".join([*(str(p.parent) for p in candidates), "PATH", f".tools/bin above {cwd}"])
-    raise FileNotFoundError(f"{name} not found (searched {searched}); {_INSTALL_HINT}")
+    searched = ", ".join(
+        [*(str(p.parent) for p in candidates), "PATH", str(user.parent), f".tools/bin above {cwd}"]
+    )
+    raise FileNotFoundError(f"{name} not found (searched {searched}); {nsq_install_hint()}")
 
 
 def signal_and_wait(

@@ -1,8 +1,9 @@
 """A real RabbitMQ 4.0 with the stream plugin, on loopback, for tests.
 
-The server runs from a Debian trixie root filesystem that ``scripts/install-tools
-rabbitmq`` builds under ``.tools/rabbitmq/rootfs`` (debootstrap, about a minute), with
-``chroot``: every listener (AMQP, streams, Erlang distribution, epmd) on 127.0.0.1 and
+The server runs from a Debian trixie root filesystem with ``chroot`` (so as root), found
+where :mod:`nsqworker.testing.locations` says (``$NSQWORKER_RABBITMQ_ROOTFS``,
+``~/.local/share/nsqworker/rabbitmq/rootfs``, ``.tools/rabbitmq/rootfs`` of a clone after
+``scripts/install-tools rabbitmq``; debootstrap builds one in about a minute): every listener (AMQP, streams, Erlang distribution, epmd) on 127.0.0.1 and
 free ports, its data in a directory of its own inside the root filesystem. It starts in
 10-25 s, so the pytest fixture ``rabbitmq`` is session-scoped.
 
@@ -24,16 +25,18 @@ import uuid
 from pathlib import Path
 from typing import IO, Self
 
+from nsqworker.testing.locations import (
+    ROOTFS_ENV,
+    TOOLS_BIN_ENV,
+    rabbitmq_install_hint,
+    user_tools_dir,
+)
 from nsqworker.testing.ports import LOOPBACK, free_ports
 from nsqworker.testing.processes import NsqProcessError
 
 __all__ = ["RABBITMQ_HINT", "RabbitMQProcess", "find_rootfs"]
 
-RABBITMQ_HINT = (
-    "build the RabbitMQ 4.0 root filesystem with `scripts/install-tools rabbitmq` (needs root"
-    " and debootstrap), or set RABBITMQ_STREAM_TEST_URI=rabbitmq-stream://guest:guest@HOST:5552/"
-    " to use a RabbitMQ you run (stream plugin enabled)"
-)
+RABBITMQ_HINT = rabbitmq_install_hint()
 READY_TIMEOUT = 90.0
 _MARK = "NSQWORKER_RABBITMQ_INSTANCE"
 _LIVE: set[RabbitMQProcess] = set()
@@ -41,21 +44,43 @@ _LIVE: set[RabbitMQProcess] = set()
 
 @atexit.register
 def _kill_leftovers() -> None:
-    """Never leave a RabbitMQ behind when the interpreter exits."""
+    """Never leave a RabbitMQ (or its data) behind when the interpreter exits."""
     for server in list(_LIVE):
         with contextlib.suppress(Exception):
             server.kill()
+        shutil.rmtree(server.host_home, ignore_errors=True)
+
+
+def _is_rootfs(path: Path) -> bool:
+    return (path / "usr/lib/rabbitmq/bin/rabbitmq-server").exists()
 
 
 def find_rootfs(start: Path | None = None) -> Path:
-    """``.tools/rabbitmq/rootfs`` of the enclosing checkout; FileNotFoundError says how
-    to build it."""
+    """A RabbitMQ root filesystem: ``$NSQWORKER_RABBITMQ_ROOTFS``, ``../rabbitmq/rootfs``
+    next to ``$NSQWORKER_TOOLS_BIN``, ``~/.local/share/nsqworker/rabbitmq/rootfs``, then
+    ``.tools/rabbitmq/rootfs`` above ``start`` (the current directory by default).
+
+    Raises:
+        FileNotFoundError: none found; the message says how to build one.
+    """
     here = (start or Path.cwd()).resolve()
+    places: list[Path] = []
+    if os.environ.get(ROOTFS_ENV):
+        places.append(Path(os.environ[ROOTFS_ENV]))
+    if os.environ.get(TOOLS_BIN_ENV):
+        places.append(Path(os.environ[TOOLS_BIN_ENV]).parent / "rabbitmq" / "rootfs")
+    places.append(user_tools_dir() / "rabbitmq" / "rootfs")
+    for place in places:
+        if _is_rootfs(place):
+            return place
     for directory in (here, *here.parents):
         rootfs = directory / ".tools" / "rabbitmq" / "rootfs"
-        if (rootfs / "usr/lib/rabbitmq/bin/rabbitmq-server").exists():
+        if _is_rootfs(rootfs):
             return rootfs
-    raise FileNotFoundError(f"no RabbitMQ root filesystem above {here}; {RABBITMQ_HINT}")
+    searched = ", ".join([*map(str, places), f".tools/rabbitmq/rootfs above {here}"])
+    raise FileNotFoundError(
+        f"no RabbitMQ root filesystem (searched {searched}); {rabbitmq_install_hint()}"
+    )
 
 
 class RabbitMQProcess:
@@ -74,6 +99,11 @@ class RabbitMQProcess:
     def uri(self) -> str:
         """``rabbitmq-stream://guest:guest@127.0.0.1:<port>/``."""
         return f"rabbitmq-stream://guest:guest@{LOOPBACK}:{self.stream_port}/"
+
+    @property
+    def running(self) -> bool:
+        """True while any process of this instance runs."""
+        return bool(self._pids())
 
     @property
     def host_home(self) -> Path:
@@ -103,7 +133,17 @@ class RabbitMQProcess:
             hosts.write_text("127.0.0.1 localhost\n::1 localhost\n")
 
     def start(self) -> Self:
-        """Start and wait until the stream port accepts connections."""
+        """Start and wait until the stream port accepts connections.
+
+        Raises:
+            NsqProcessError: not root (chroot needs it), or the server did not start.
+        """
+        if os.geteuid() != 0:
+            raise NsqProcessError(
+                f"RabbitMQ in {self.rootfs} runs with chroot, which needs root: run this as"
+                " root (sudo), or use a RabbitMQ you run with"
+                " RABBITMQ_STREAM_TEST_URI=rabbitmq-stream://guest:guest@127.0.0.1:5552/"
+            )
         if not self.stream_port:
             ports = free_ports(4)
             self.amqp_port, self.stream_port, self.dist_port, self.epmd_port = ports

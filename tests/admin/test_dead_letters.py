@@ -152,7 +152,7 @@ async def test_replay_to_another_topic_and_purge_by_age_and_all(broker: Broker) 
 
 
 async def test_a_replay_killed_midway_loses_nothing(broker: Broker) -> None:
-    count = 400
+    count = 1000  # enough that even a fast machine is killed midway
     settings = broker.settings()
     seen = await broker.watch(broker.target)
     bodies = [f"m{i:04d}".encode() for i in range(count)]

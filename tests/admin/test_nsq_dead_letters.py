@@ -127,3 +127,20 @@ async def test_through_lookupd_every_nsqd_is_read_and_each_replay_goes_where_it_
     for nsqd in (first, second):  # each went back through the nsqd that held it
         assert channel_stats(nsqd, target, "watch")["depth"] == 2
     assert await list_dead_letters(settings, dead) == []
+
+
+async def test_more_than_nsqd_lets_one_client_hold_is_said_and_taken_in_turns(
+    nsqd_factory: NsqdFactory,
+) -> None:
+    nsqd = nsqd_factory(extra_args=["--max-rdy-count=2"])
+    settings = settings_for(nsqd)
+    dead = "many.dead"
+    for i in range(3):
+        nsqd.publish(dead, dead_letter_envelope(make_message(body=b"%d" % i, topic="m"), "r", "t"))
+    notes: list[str] = []
+    first = await list_dead_letters(settings, dead, on_note=notes.append)
+    assert len(first) == 2 and len(notes) == 1 and "--max-rdy-count" in notes[0]
+    report = await purge_dead_letters(settings, dead)
+    assert len(report.purged) == 2 and report.notes == notes
+    (last,) = await list_dead_letters(settings, dead)  # the third shows now
+    assert last.id not in report.purged and report.left == []

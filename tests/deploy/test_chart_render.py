@@ -293,6 +293,27 @@ def test_service_monitor_scrapes_the_health_port(helm: Any) -> None:
     assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
 
 
+def test_network_policy_admits_only_the_listed_peers_to_the_health_port(helm: Any) -> None:
+    manifests = helm.template(ci("networkpolicy"))
+    policy = manifests.find("NetworkPolicy")
+    selector = manifests.find("Deployment")["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == selector
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "health", "protocol": "TCP"}]
+    assert "health" in {p["name"] for p in manifests.container()["ports"]}
+    listed = chart_values(ci("networkpolicy"))["networkPolicy"]["health"]["from"]
+    assert rule["from"] == listed and len(listed) == 2
+
+
+def test_network_policy_is_off_by_default_and_lets_no_one_in_when_it_lists_no_one(
+    helm: Any,
+) -> None:
+    assert "NetworkPolicy" not in helm.template().kinds()
+    policy = helm.template(values={"networkPolicy": {"enabled": True}}).find("NetworkPolicy")
+    assert policy["spec"]["ingress"] == []  # only the node (the kubelet's probes)
+
+
 def test_hpa(helm: Any) -> None:
     manifests = helm.template(ci("hpa"))
     assert "replicas" not in manifests.find("Deployment")["spec"]
@@ -446,6 +467,11 @@ BAD_VALUES = [
     ),
     pytest.param(
         {"healthPort": 0}, "at '/healthPort': minimum: got 0, want 1", id="health-port-off"
+    ),
+    pytest.param(
+        {"networkPolicy": {"health": {"from": [{"podSelectr": {}}]}}},
+        "additional properties 'podSelectr' not allowed",
+        id="network-policy-peer",
     ),
     pytest.param({"logLevel": "verbose"}, "at '/logLevel'", id="log-level"),
     pytest.param(

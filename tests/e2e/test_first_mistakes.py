@@ -44,7 +44,8 @@ def test_no_address_is_one_line_and_exit_2(supervise: Start, write_module: Write
     assert lines(run) == [
         "error: no nsqd or nsqlookupd address to consume from: pass --nsqd 127.0.0.1:4150 "
         "or --lookupd http://127.0.0.1:4161, or set NSQWORKER_NSQD_TCP_ADDRESSES or "
-        "NSQWORKER_LOOKUPD_HTTP_ADDRESSES"
+        "NSQWORKER_LOOKUPD_HTTP_ADDRESSES (no nsqd yet? `nsqworker dev broker` starts one "
+        "and prints them)"
     ]
 
 

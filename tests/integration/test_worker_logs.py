@@ -61,7 +61,7 @@ async def test_a_successful_message_writes_no_line_at_info(
         nsqd.mpublish(TOPIC, [b"x"] * 20)
         await wait_until(lambda: len(seen) == 20)
     assert about(lines(), seen) == []
-    assert "fin" not in [line["event"] for line in lines()]
+    assert "finished" not in [line["event"] for line in lines()]
     assert len(lines()) < 10  # start, subscribe, drain, stop: never one per message
 
 
@@ -82,7 +82,7 @@ async def test_a_req_writes_one_warning_with_its_delay(
         await wait_until(lambda: attempts == [1, 2])
     [line] = [line for line in lines() if "id" in line]
     assert line["level"] == "warning"
-    assert line["event"] == "req"
+    assert line["event"] == "retry"
     assert line["task"] == "flaky"
     assert line["attempts"] == 1
     assert line["error"] == "ValueError"
@@ -132,8 +132,8 @@ async def test_a_busy_task_logs_a_summary_and_an_idle_one_does_not(
     summaries = [line for line in lines() if line["event"] == "summary"]
     assert {line["task"] for line in summaries} == {"busy"}
     assert all(line["level"] == "info" for line in summaries)
-    assert sum(line["fin"] for line in summaries) == 50
-    assert sum(line["req"] for line in summaries) == 3
+    assert sum(line["finished"] for line in summaries) == 50
+    assert sum(line["retried"] for line in summaries) == 3
     assert sum(line["dead_letter"] for line in summaries) == 0
     first = summaries[0]
     assert first["rate"] > 0
@@ -174,7 +174,7 @@ def test_an_embedded_worker_honours_log_level(nsqd: NsqdProcess, level: str) -> 
     assert done.returncode == 0, done.stderr
     events = [(line["level"], line["event"]) for line in map(json.loads, done.stderr.splitlines())]
     if level == "debug":
-        assert ("debug", "fin") in events
+        assert ("debug", "finished") in events
         assert ("info", "worker started") in events
     else:
         assert events == []

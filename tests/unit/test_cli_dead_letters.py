@@ -27,6 +27,7 @@ def runner() -> CliRunner:
         (["list", "bad topic"], "invalid"),
         (["replay", "t.dead", "--all", "--to", "bad topic"], "invalid"),
         (["list", "t.dead", "--transport", "memory"], "cannot be read on transport 'memory'"),
+        (["list", "t.dead", "--wait", "0"], "--wait"),
     ],
 )
 def test_usage_problems_exit_2_before_any_connection(

@@ -89,7 +89,9 @@ def value(samples: dict[Any, float], name: str, **labels: str) -> float:
 def test_task_stats_reads_a_snapshot() -> None:
     (stats,) = task_totals(snapshot(3, 2, requeued=1, in_flight=1, counts=[1, 0, 1, 0, 1]))
     assert (stats.task, stats.topic, stats.channel) == ("svc.archive", "clicks", "archive")
-    assert stats.counters == {"received": 3, "finished": 2, "requeued": 1, "dead_lettered": 0}
+    assert stats.counters == {
+        "received": 3, "finished": 2, "requeued": 1, "dead_lettered": 0, "backoff_stalls": 0
+    }  # fmt: skip
     assert stats.gauges["in_flight"] == 1
     assert stats.buckets == {0.005: 1, 0.01: 0, 0.1: 1, 1.0: 0, math.inf: 1}
 

@@ -44,7 +44,7 @@ OPERATOR_TOOLS = ("nsqworker.admin",)
 """The operator's tools, above the task layer: they read each broker directly (an NSQ
 channel of their own, JetStream messages by sequence, a stream from an offset)."""
 TASK_POLICY_WORDS = frozenset({
-    "max_attempts", "give_up", "dead_letter", "BackoffState", "requeue_delay", "Policy",
+    "max_attempts", "give_up", "dead_letter", "Backoff", "BackoffPhase", "requeue_delay", "Policy",
     "drain_timeout", "backoff_multiplier", "requeue_multiplier", "task_timeout", "DEFERRED",
     "GiveUp", "Dispatcher", "Hooks", "dead_letter_topic", "on_dead_letter",
 })  # fmt: skip

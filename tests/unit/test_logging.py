@@ -223,3 +223,14 @@ def test_trace_ids_inside_a_span(out: io.StringIO) -> None:
         assert line["span_id"] == format(ctx.span_id, "016x")
         assert len(line["trace_id"]) == 32 and len(line["span_id"]) == 16
     assert "trace_id" not in outside and "span_id" not in outside
+
+
+def test_console_line_escapes_control_characters_of_every_value(out: io.StringIO) -> None:
+    configure_logging("info", "console", out)
+    get_logger("nsqworker.test").error(
+        "dead-letter", id="[/]\x1b[2J", reason="tags.evil\nkey\u2028: invalid"
+    )
+    text = out.getvalue()
+    assert text.count("\n") == 1 and "\x1b" not in text and "\u2028" not in text
+    assert "id=[/]\\x1b[2J" in text  # shown as is when plain, quoted with a space:
+    assert "reason='tags.evil\\\\nkey\\\\u2028: invalid'" in text

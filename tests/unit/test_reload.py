@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nsqworker.cli import app
-from nsqworker.reload import MISSING_HINT, watched_paths
+from nsqworker.reload import MISSING_HINT, in_cluster_refusal, watched_paths
 
 
 @pytest.fixture
@@ -56,3 +56,29 @@ def test_reload_without_watchfiles_exits_2_with_the_install_hint(
     assert result.exit_code == 2, result.output
     assert result.stderr.strip() == f"error: {MISSING_HINT}"
     assert "pip install 'nsq-worker[reload]'" in result.stderr
+
+
+def test_reload_in_a_kubernetes_pod_is_refused_unless_forced(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (project / "rl_single.py").write_text(
+        "from nsqworker import Registry\nregistry = Registry()\n"
+        "@registry.task('rl', channel='c')\nasync def handle(msg):\n    pass\n"
+    )
+    for key in ("NSQWORKER_CONFIG", "NSQWORKER_NSQD_TCP_ADDRESSES"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    result = CliRunner().invoke(
+        app, ["run", "rl_single:registry", "--reload", "--nsqd", "127.0.0.1:4150"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "KUBERNETES_SERVICE_HOST is set" in result.stderr
+    assert "--reload-in-cluster" in result.stderr
+
+
+def test_in_cluster_refusal_is_lifted_by_the_flag_and_absent_outside_a_pod() -> None:
+    pod = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}
+    assert in_cluster_refusal(pod, forced=False) is not None
+    assert in_cluster_refusal(pod, forced=True) is None
+    assert in_cluster_refusal({}, forced=False) is None
+    assert in_cluster_refusal({"KUBERNETES_SERVICE_HOST": ""}, forced=False) is None

@@ -151,6 +151,31 @@ def test_unknown_env_var_is_named_with_a_suggestion(monkeypatch: pytest.MonkeyPa
     )
 
 
+def test_every_nsqworker_variable_the_docs_give_is_accepted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 39: NSQWORKER_TOOLS_BIN, set in a shell for the test fixtures, made every
+    worker refuse to start. Each NSQWORKER_* name the docs, examples and chart give is a
+    setting or a documented non-setting, and never an error."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    pages = [root / "README.md", *root.glob("docs/**/*.md"), *root.glob("examples/**/*")]
+    pages += [p for p in (root / "deploy").rglob("*") if p.is_file()]
+    names: set[str] = set()
+    for page in pages:
+        if page.is_file() and page.suffix not in {".png", ".pyc"}:
+            names |= set(
+                re.findall(r"NSQWORKER_[A-Z0-9_]*[A-Z0-9]", page.read_text(errors="replace"))
+            )
+    fields = {"NSQWORKER_" + f.upper() for f in Settings.model_fields}
+    others = names - fields
+    assert {"NSQWORKER_TOOLS_BIN", "NSQWORKER_RABBITMQ_ROOTFS", "NSQWORKER_CONFIG"} <= others
+    for name in sorted(others - {"NSQWORKER_CONFIG"}):
+        monkeypatch.setenv(name, "/somewhere")
+    Settings.load()  # no "is not a setting"
+
+
 def test_unknown_env_and_bad_values_are_reported_together(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NSQWORKER_WORKER", "2")
     monkeypatch.setenv("NSQWORKER_WORKERS", "0")

@@ -343,9 +343,9 @@ def test_no_outcome_after_the_handler_answered() -> None:
 
 
 def test_describe_outcome() -> None:
-    assert describe_outcome(FINISH) == "fin"
-    assert describe_outcome(Requeue(5.0)) == "req 5s"
-    assert describe_outcome(Requeue(None)) == "req"
+    assert describe_outcome(FINISH) == "finished"
+    assert describe_outcome(Requeue(5.0)) == "retry in 5s"
+    assert describe_outcome(Requeue(None)) == "retry"
     assert describe_outcome(GiveUp("x")) == "dead-letter"
     assert describe_outcome(None) == "answered"
 
@@ -399,11 +399,11 @@ def async_raising(exc: BaseException) -> Any:
 @pytest.mark.parametrize(
     ("exc", "expected"),
     [
-        (None, "fin"),
-        (Retry(2), "req 2s"),
-        (KeyError("k"), "req"),
+        (None, "finished"),
+        (Retry(2), "retry in 2s"),
+        (KeyError("k"), "retry"),
         (Reject("bad"), "dead-letter"),
-        (asyncio.CancelledError(), "req 0s"),
+        (asyncio.CancelledError(), "retry in 0s"),
     ],
 )
 async def test_callback_maps_each_outcome(
@@ -413,7 +413,7 @@ async def test_callback_maps_each_outcome(
     runner = runner_for(func)
     msg, owner = make_message()
     outcome = await run_callback(runner, msg)
-    if expected == "req":  # the worker picks the policy's (jittered) delay, to log it
+    if expected == "retry":  # the worker picks the policy's (jittered) delay, to log it
         assert isinstance(outcome, Requeue) and outcome.delay is not None and outcome.delay > 0
     else:
         assert describe_outcome(outcome) == expected

@@ -32,8 +32,11 @@ def _fake_binary(directory: Path, name: str) -> Path:
 
 @pytest.fixture
 def no_binaries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """An empty PATH, no NSQWORKER_TOOLS_BIN, and a cwd with no .tools above it."""
+    """An empty PATH, no NSQWORKER_TOOLS_BIN, an empty user tools directory, and a cwd
+    with no .tools above it."""
     monkeypatch.delenv("NSQWORKER_TOOLS_BIN", raising=False)
+    monkeypatch.delenv("NSQWORKER_RABBITMQ_ROOTFS", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     work = tmp_path / "work" / "sub"
     work.mkdir(parents=True)
@@ -42,7 +45,10 @@ def no_binaries(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def test_find_binary_reports_how_to_install(no_binaries: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"nsqd not found .*make tools"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"nsqd not found .*go install github.com/nsqio/nsq/apps/nsqd@v1.3.0",
+    ):
         find_binary("nsqd")
 
 
@@ -50,6 +56,10 @@ def test_find_binary_order(no_binaries: Path, monkeypatch: pytest.MonkeyPatch) -
     root = no_binaries.parent  # .../work
     in_tree = _fake_binary(root / ".tools" / "bin", "nsqd")
     assert find_binary("nsqd") == str(in_tree)
+
+    # where the install hints and `nsqworker dev broker` put them, from any project
+    user = _fake_binary(root.parent / "data" / "nsqworker" / "bin", "nsqd")
+    assert find_binary("nsqd") == str(user)
 
     on_path = _fake_binary(root / "path", "nsqd")
     monkeypatch.setenv("PATH", str(on_path.parent))
@@ -117,3 +127,44 @@ def test_process_properties_before_start(tmp_path: Path) -> None:
     assert proc.stop() is None and proc.kill() is None
     assert "stopped" in repr(proc)
     assert os.path.basename(proc.log_path) == "nsqd.log"
+
+
+def _fake_rootfs(path: Path) -> Path:
+    (path / "usr/lib/rabbitmq/bin").mkdir(parents=True)
+    (path / "usr/lib/rabbitmq/bin/rabbitmq-server").write_text("")
+    return path
+
+
+def test_a_rabbitmq_root_filesystem_is_found_outside_a_clone(
+    no_binaries: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39: not only above the project; the places docs/testing.md gives."""
+    from nsqworker.testing.rabbitmq import find_rootfs
+
+    root = no_binaries.parent
+    with pytest.raises(FileNotFoundError, match=r"debootstrap --variant=minbase"):
+        find_rootfs()
+    in_tree = _fake_rootfs(root / ".tools" / "rabbitmq" / "rootfs")
+    assert find_rootfs() == in_tree
+
+    user = _fake_rootfs(root.parent / "data" / "nsqworker" / "rabbitmq" / "rootfs")
+    assert find_rootfs() == user
+
+    beside = _fake_rootfs(root / "clone" / ".tools" / "rabbitmq" / "rootfs")
+    monkeypatch.setenv("NSQWORKER_TOOLS_BIN", str(root / "clone" / ".tools" / "bin"))
+    assert find_rootfs() == beside
+
+    named = _fake_rootfs(root / "named")
+    monkeypatch.setenv("NSQWORKER_RABBITMQ_ROOTFS", str(named))
+    assert find_rootfs() == named
+
+
+def test_rabbitmq_says_it_needs_root_before_trying(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nsqworker.testing import NsqProcessError
+    from nsqworker.testing.rabbitmq import RabbitMQProcess
+
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    with pytest.raises(NsqProcessError, match=r"runs with chroot, which needs root.*sudo"):
+        RabbitMQProcess(_fake_rootfs(tmp_path / "rootfs")).start()

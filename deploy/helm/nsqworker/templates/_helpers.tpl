@@ -82,6 +82,9 @@ number as a float, which would print 1000000 as 1e+06), lists comma-joined.
 
 {{/* Combinations of values the schema cannot express. */}}
 {{- define "nsqworker.validate" -}}
+{{- if and .Values.keda.enabled (eq .Values.transport "rabbitmq-stream") }}
+{{- fail "keda.enabled is not for transport rabbitmq-stream: KEDA has no RabbitMQ stream scaler. Set keda.enabled=false and autoscaling.enabled=true (a HorizontalPodAutoscaler on CPU, or on nsqworker_messages_in_flight through the Prometheus Adapter), see docs/kubernetes.md#autoscaling" }}
+{{- end }}
 {{- if and .Values.keda.enabled .Values.autoscaling.enabled }}
 {{- fail "keda.enabled and autoscaling.enabled are exclusive: KEDA makes its own HorizontalPodAutoscaler; turn one off" }}
 {{- end }}
@@ -91,9 +94,6 @@ number as a float, which would print 1000000 as 1e+06), lists comma-joined.
 {{- end }}
 {{- if and (eq .Values.transport "nsq") (not .Values.nsq.lookupdHttpAddresses) }}
 {{- fail "keda.enabled needs nsq.lookupdHttpAddresses: the nsq trigger reads channel depths from nsqlookupd" }}
-{{- end }}
-{{- if eq .Values.transport "rabbitmq-stream" }}
-{{- fail "keda.enabled: KEDA has no RabbitMQ stream scaler; use autoscaling.enabled (an HPA), see docs/kubernetes.md" }}
 {{- end }}
 {{- if and (eq .Values.transport "nats") (not .Values.nats.monitoringEndpoint) }}
 {{- fail "keda.enabled on nats needs nats.monitoringEndpoint: the nats-jetstream trigger reads the consumer's pending count from the servers' monitoring port (host:8222)" }}
