@@ -126,3 +126,16 @@ def test_the_console_installs_into_a_real_api_server(kube: Any, kube_helm: Any) 
         assert kinds == {"ServiceAccount", "Role", "RoleBinding", "Service", "Deployment"}
     finally:
         kube_helm.run("uninstall", RELEASE, "-n", namespace)
+
+
+def test_a_network_policy_lets_the_console_in(helm: Any) -> None:
+    values = {**CONSOLE, "networkPolicy": {"enabled": True}}
+    manifests = helm.template(values=values)
+    policy = manifests.find("NetworkPolicy")
+    pod_labels = manifests.find("Deployment", NAME)["spec"]["template"]["metadata"]["labels"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "health", "protocol": "TCP"}]
+    (peer,) = rule["from"]
+    assert matches(peer["podSelector"]["matchLabels"], pod_labels)
+    alone = helm.template(values={"networkPolicy": {"enabled": True}})
+    assert alone.find("NetworkPolicy")["spec"]["ingress"] == []  # without the console: nobody
