@@ -9,7 +9,7 @@ UV_VERSION := 0.13.9
 UV := .tools/uv/bin/uv
 UV_STAMP := .tools/uv/.uv-$(UV_VERSION)
 VENV_STAMP := .venv/.synced
-EXTRAS := --extra dev --extra snappy --extra uvloop --extra spark --extra kubernetes --extra reload --extra nats --extra rabbitmq
+EXTRAS := --extra dev --extra snappy --extra uvloop --extra spark --extra kubernetes --extra reload --extra nats --extra rabbitmq --extra console
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 
@@ -23,7 +23,7 @@ unexport VIRTUAL_ENV
 export PATH := $(CURDIR)/.tools/bin:$(PATH)
 LINT_DIRS := $(wildcard nsqworker tests bench examples)
 
-.PHONY: venv tools tools-nsq test lint bench soak run run-spark clean lock image
+.PHONY: venv tools tools-nsq test lint bench soak run run-spark clean lock image screenshots
 
 $(UV_STAMP): scripts/bootstrap-uv
 	@scripts/bootstrap-uv $(UV_VERSION)
@@ -65,15 +65,22 @@ lint: venv
 	.venv/bin/hadolint Dockerfile examples/docker/Dockerfile
 
 # The sections of docs/benchmarks.md (NATS among them: nats-server is installed too), then
-# RPC (bench/rpc.py), schedules (bench/schedules.py) and Spark (bench/spark.py), which
-# print their own tables (docs/rpc.md, docs/schedules.md and docs/spark.md explain them).
+# RPC (bench/rpc.py), schedules (bench/schedules.py), the console (bench/console.py) and
+# Spark (bench/spark.py), which print their own tables (docs/rpc.md, docs/schedules.md,
+# docs/operations.md and docs/spark.md explain them).
 bench: venv tools-nsq
 	@scripts/install-tools nats
 	.venv/bin/python -m bench
 	.venv/bin/python -m bench.rpc
 	.venv/bin/python -m bench.schedules
+	.venv/bin/python -m bench.console
 	@scripts/install-tools spark
 	.venv/bin/python -m bench.spark
+
+# docs/console-*.png: the console's browser test on nsqd, writing its screenshots to docs/.
+screenshots: venv tools-nsq
+	@scripts/install-tools browser
+	NSQWORKER_SCREENSHOTS=$(CURDIR)/docs .venv/bin/pytest -q "tests/e2e/test_console_browser.py::test_the_console_in_a_browser[nsq]"
 
 # Not part of `make test`: nsqworker run for SOAK_MINUTES while nsqd restart and workers
 # are killed; writes its figures to docs/reliability.md and docs/soak.png.

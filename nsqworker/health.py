@@ -38,7 +38,14 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-__all__ = ["HealthServer", "ReadyCheck", "TaskTotals", "WorkerMetrics", "task_totals"]
+__all__ = [
+    "HealthServer",
+    "ReadyCheck",
+    "TaskTotals",
+    "WorkerMetrics",
+    "status_tasks",
+    "task_totals",
+]
 
 #: ``is_ready()`` answers ``(ready, details)``; details become the JSON body of /readyz.
 ReadyCheck = Callable[[], tuple[bool, Mapping[str, Any]]]
@@ -155,6 +162,35 @@ def _histogram(raw: Mapping[str, Any]) -> tuple[dict[float, int], float]:
     return dict(zip(bounds, counts, strict=False)), float(raw.get("sum") or 0.0)
 
 
+def status_tasks(
+    totals: Iterable[TaskTotals], snapshots: Iterable[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per task, for ``/status``: the totals (counters over live and retired processes,
+    gauges over live ones) with what only the live snapshots say: the dead-letter topic,
+    ``max_in_flight`` summed, and the latest ``last_error`` of any process."""
+    extra: dict[str, dict[str, Any]] = {}
+    for snapshot in snapshots:
+        tasks = snapshot.get("tasks") or {}
+        for name, raw in tasks.items() if isinstance(tasks, Mapping) else ():
+            row = extra.setdefault(
+                str(name), {"dead_letter_topic": None, "max_in_flight": 0, "last_error": None}
+            )
+            row["dead_letter_topic"] = raw.get("dead_letter_topic") or row["dead_letter_topic"]
+            row["max_in_flight"] += int(raw.get("max_in_flight") or 0)
+            error, latest = raw.get("last_error"), row["last_error"]
+            if isinstance(error, Mapping) and (
+                latest is None or float(error.get("at") or 0) > float(latest.get("at") or 0)
+            ):
+                row["last_error"] = dict(error)
+    rows = []
+    for t in totals:
+        row = {"task": t.task, "topic": t.topic, "channel": t.channel, "system": t.system}
+        row.update(t.counters, **t.gauges, subscribed=t.subscribed)
+        row.update(extra.get(t.task) or {"dead_letter_topic": None, "last_error": None})
+        rows.append(row)
+    return rows
+
+
 class WorkerMetrics(Collector):
     """The latest stats of every live worker process, plus the totals of dead ones.
 
@@ -209,6 +245,8 @@ class WorkerMetrics(Collector):
             for name, total in merged.items():
                 values = [s.gauges.get(key, 0) for s in live if s.task == name]
                 total.gauges[key] = combine(values) if values else 0
+        for name, total in merged.items():
+            total.subscribed = any(s.subscribed for s in live if s.task == name)
         return [merged[name] for name in sorted(merged)]
 
     def describe(self) -> Iterable[Metric]:
@@ -382,13 +420,17 @@ class _IPv6Server(_ThreadingServer):
 
 
 class HealthServer:
-    """Serve ``/livez``, ``/readyz``, ``/metrics`` and ``/inflight`` from a daemon thread.
+    """Serve ``/livez``, ``/readyz``, ``/metrics``, ``/inflight`` and ``/status`` from a
+    daemon thread.
 
     ``/livez`` (also ``/healthz``) is 200 while ``is_live()`` is true, else 503.
     ``/readyz`` is 200 when ``is_ready()`` says so, else 503; both bodies are the JSON
     details ``is_ready()`` returns. ``/metrics`` is the Prometheus text (or OpenMetrics,
     by the Accept header) of ``collector``. ``/inflight`` is the JSON ``inflight()``
     returns: what every worker process runs beyond the hot path, oldest first.
+    ``/status`` is the JSON ``status()`` returns: the processes (pid, memory, uptime) and
+    the tasks (transport, topic, channel, counters, last error) that ``nsqworker console``
+    shows. All are read-only: anything but GET and HEAD is refused.
     """
 
     def __init__(
@@ -399,12 +441,14 @@ class HealthServer:
         is_ready: ReadyCheck,
         collector: Collector,
         inflight: Callable[[], Mapping[str, Any]] | None = None,
+        status: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self.host = host
         self._requested_port = port
         self._is_live = is_live
         self._is_ready = is_ready
         self._inflight = inflight
+        self._status = status
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
         self._metrics_app = make_wsgi_app(registry)
@@ -465,7 +509,11 @@ class HealthServer:
             return body
         if path == "/inflight" and self._inflight is not None:
             return _reply(start_response, 200, self._inflight())
-        return _reply(start_response, 404, {"error": "try /livez, /readyz, /metrics or /inflight"})
+        if path == "/status" and self._status is not None:
+            return _reply(start_response, 200, self._status())
+        return _reply(
+            start_response, 404, {"error": "try /livez, /readyz, /metrics, /inflight or /status"}
+        )
 
 
 _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}

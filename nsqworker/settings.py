@@ -44,6 +44,7 @@ from nsqworker.config_files import (
     read_config_file,
     unknown_env_vars,
 )
+from nsqworker.console_settings import CONSOLE_SECRETS, ConsoleSettings
 from nsqworker.errors import ConfigurationError
 from nsqworker.handler_limits import HandlerLimitSettings
 from nsqworker.schedules.settings import ScheduleSettings
@@ -59,7 +60,7 @@ from nsqworker.setting_values import (
 __all__ = ["ENV_PREFIX", "RESERVED_ENV_VARS", "Settings", "SettingsError"]
 
 MASK = "********"
-_SECRET_FIELDS = frozenset({"auth_secret"}) | BROKER_SECRETS
+_SECRET_FIELDS = frozenset({"auth_secret"}) | BROKER_SECRETS | CONSOLE_SECRETS
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 # Field names found in the config file being loaded; read by _FileSource.
 _FILE_VALUES: ContextVar[Mapping[str, Any] | None] = ContextVar("nsqw_file", default=None)
@@ -586,7 +587,14 @@ class _CoreSettings(BaseSettings):
         return str(value)
 
 
-class Settings(ScheduleSettings, HandlerLimitSettings, StreamSettings, NatsSettings, _CoreSettings):
+class Settings(
+    ScheduleSettings,
+    ConsoleSettings,
+    HandlerLimitSettings,
+    StreamSettings,
+    NatsSettings,
+    _CoreSettings,
+):
     """nsqworker's settings; see the module docstring for where values come from.
 
     The other brokers' fields (:mod:`nsqworker.broker_settings`) come after NSQ's."""

@@ -98,6 +98,11 @@ class TaskStats:
     connection_errors: dict[str, int] = field(default_factory=dict)
     system: str = "nsq"
     """The transport's ``messaging.system`` (nsq, nats, rabbitmq...)."""
+    dead_letter_topic: str | None = None
+    """Where the task publishes its dead letters, if anywhere (the console lists it)."""
+    last_error: dict[str, Any] | None = None
+    """The latest handler failure: ``error`` (type and message, cut), ``id``, ``at``
+    (Unix seconds) and ``outcome`` (retry or dead letter); None before the first."""
 
 
 #: TaskStats fields copied from the dispatcher's own stats.

@@ -41,9 +41,9 @@ from nsqworker.child import (
     ChildSpec,
     child_main,
 )
-from nsqworker.health import HealthServer, WorkerMetrics
+from nsqworker.health import HealthServer, WorkerMetrics, status_tasks
 from nsqworker.logging import get_logger
-from nsqworker.watchdog import over_memory
+from nsqworker.watchdog import over_memory, rss_bytes
 
 if TYPE_CHECKING:
     from nsqworker.schedules.runner import ScheduleRunner
@@ -118,6 +118,15 @@ class _Child:
     def ready(self) -> bool:
         return bool(self.snapshot.get("ready"))
 
+    def status(self, now: float) -> dict[str, Any]:
+        """This child for ``/status``: pid, uptime, memory, messages in flight."""
+        tasks = (self.snapshot.get("tasks") or {}).values()
+        return {
+            "worker": self.index + 1, "pid": self.pid, "ready": self.ready,
+            "uptime_s": round(now - self.started, 1), "memory_bytes": rss_bytes(self.pid),
+            "in_flight": sum(int(t.get("in_flight") or 0) for t in tasks),
+        }  # fmt: skip
+
     def state(self, stopping: bool = False) -> dict[str, Any]:
         """This child for ``/readyz``: starting (no stats yet), stopping (draining, as a
         whole run or to be replaced), or the tasks not subscribed."""
@@ -188,7 +197,7 @@ class Supervisor:
         self._stopping = False
         self._deadline = 0.0
         self._exit_code = EXIT_OK
-        self._tick = time.monotonic()
+        self._tick = self._born = time.monotonic()
         self._readiness: tuple[bool, dict[str, Any]] = (False, {"workers": []})
 
     # -- health -------------------------------------------------------------------------
@@ -209,6 +218,19 @@ class Supervisor:
                 rows.append({**row, "pid": child.pid, "worker": child.index + 1})
         rows.sort(key=lambda row: -float(row.get("age_s") or 0))
         return {"inflight": rows}
+
+    def status(self) -> dict[str, Any]:
+        """This supervisor and its worker processes (pid, memory, uptime, in flight) and
+        the tasks' totals with their last error: ``/status``, read by the console."""
+        now, children = time.monotonic(), list(self._children())
+        workers = [c.status(now) for c in children]
+        return {
+            "pid": os.getpid(), "hostname": socket.gethostname(), "target": self.target,
+            "transport": self.settings.transport, "uptime_s": round(now - self._born, 1),
+            "memory_bytes": rss_bytes(os.getpid()), "restarts": self.metrics.restarts,
+            "stopping": self._stopping, "workers": workers,
+            "tasks": status_tasks(self.metrics.totals(), [c.snapshot for c in children]),
+        }  # fmt: skip
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """``(ready, details)`` as of the last loop turn: every live child subscribed."""
@@ -564,7 +586,7 @@ def _start_health(
     for port in [settings.health_port] + [0] * default:
         health = HealthServer(
             settings.health_host, port, supervisor.is_live, supervisor.readiness,
-            supervisor.metrics, supervisor.inflight,
+            supervisor.metrics, supervisor.inflight, supervisor.status,
         )  # fmt: skip
         try:
             health.start()

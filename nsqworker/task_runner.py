@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Coroutine
 from time import perf_counter
@@ -112,6 +113,21 @@ def check_needs(spec: TaskSpec, caps: Capabilities) -> None:
 
 # --- one task ------------------------------------------------------------------------
 
+#: Characters of a failure's message kept for /status (a handler's free text).
+MAX_ERROR_TEXT = 300
+
+
+def last_error(msg: Message, exc: BaseException, outcome: Outcome | None) -> dict[str, Any]:
+    """A handler failure as plain data: what the console shows as a task's last error."""
+    text = str(exc)
+    if len(text) > MAX_ERROR_TEXT:
+        text = text[:MAX_ERROR_TEXT] + "..."
+    kind = "retry" if isinstance(outcome, Requeue) else "dead letter" if outcome else "late"
+    return {
+        "error": f"{type(exc).__name__}: {text}" if text else type(exc).__name__,
+        "id": msg.id, "attempts": msg.attempts, "at": round(time.time(), 3), "outcome": kind,
+    }  # fmt: skip
+
 
 class TaskRunner:
     """The per-task half of the worker: the dispatcher's callback and give-up hook."""
@@ -156,6 +172,7 @@ class TaskRunner:
         self.counts = [0] * (len(FINE_BUCKETS) + 1)
         self.dur_sum = 0.0
         self.dead_lettered = 0
+        self.last_error: dict[str, Any] | None = None  # for /status and the console
         self.slow_floor = worker.settings.slow_handler_after
         self.pool: ThreadPool | None = None
         #: Sync handlers' results being published (they complete their messages).
@@ -401,6 +418,8 @@ class TaskRunner:
             outcome = GiveUp(MAX_ATTEMPTS_REASON)
         if isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
             outcome = Requeue(self.dispatcher.requeue_delay(msg.attempts), backoff=outcome.backoff)
+        if not isinstance(exc, asyncio.CancelledError):
+            self.last_error = last_error(msg, exc, outcome)
         if ctx is None:
             self.log_failure(msg, exc, outcome, duration)
         else:
@@ -505,6 +524,7 @@ class TaskRunner:
         return TaskStats(
             spec.name, spec.topic, spec.channel, dispatcher.subscribed, dispatcher.ready,
             dead_lettered=self.dead_lettered, connections=sub.connected, rdy=sub.window,
+            dead_letter_topic=spec.dead_letter_topic, last_error=self.last_error,
             buffered=sub.buffered, connection_errors=dict(sub.errors),
             system=self.worker.transport.capabilities.system,
             duration=DurationHistogram(list(DURATION_BUCKETS), counts, self.dur_sum, sum(counts)),

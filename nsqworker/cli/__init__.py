@@ -1,5 +1,5 @@
 """The ``nsqworker`` command: ``run``, ``tasks``, ``settings``, ``inflight``, ``publish``,
-``rpc``, ``dev`` and ``dead-letters``.
+``rpc``, ``dev``, ``dead-letters`` and ``console``.
 
 One module per verb group (:mod:`.run`, :mod:`.inspect` for ``tasks`` and ``settings``,
 :mod:`.publish`, :mod:`.rpc`, :mod:`.dev`), what they share in :mod:`.common`; this module
@@ -16,6 +16,7 @@ import typer
 
 from nsqworker import __version__
 from nsqworker.cli.common import Command, Group
+from nsqworker.cli.console import console
 from nsqworker.cli.dead_letters import app as dead_letters_app
 from nsqworker.cli.dev import app as dev_app
 from nsqworker.cli.inflight import inflight
@@ -70,6 +71,7 @@ app.command(cls=Command)(publish)
 app.add_typer(rpc_app)
 app.add_typer(dev_app)
 app.add_typer(dead_letters_app)
+app.command(cls=Command)(console)
 
 
 def main() -> None:

@@ -1,0 +1,159 @@
+"""How far behind each task is, asked of the broker itself.
+
+* NSQ: the channel's ``depth`` plus its ``deferred_count`` (retries waiting for their
+  delay), summed over every nsqd, from nsqd's ``/stats`` (one read per nsqd per refresh).
+  The nsqd come from nsqlookupd's ``/nodes``, or from ``nsqd_tcp_addresses``, whose HTTP
+  port is taken as the TCP port + 1 (nsqd's defaults, 4150 and 4151).
+* NATS JetStream: the durable consumer's ``num_pending`` (messages not yet delivered).
+* RabbitMQ Streams: not measured (the stream protocol's StreamStats, which the lag needs,
+  is not in the rstream client); shown as unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+if TYPE_CHECKING:
+    from nsqworker.settings import Settings
+
+__all__ = ["Backlog", "BacklogValue", "TaskKey"]
+
+#: ``(system, topic, channel)`` of a task, as ``/status`` reports them.
+TaskKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class BacklogValue:
+    """Messages waiting for a task's channel; ``None`` with ``note`` saying why not known."""
+
+    count: int | None
+    note: str = ""
+
+
+class Backlog:
+    """Measures the backlog of the tasks seen; one per console, reused across refreshes."""
+
+    def __init__(self, settings: Settings, http: httpx.AsyncClient) -> None:
+        self.settings = settings
+        self.http = http
+        self._nats: Any = None
+        self._nats_names: dict[tuple[str, str], tuple[str, str]] = {}
+
+    async def measure(self, keys: list[TaskKey]) -> dict[TaskKey, BacklogValue]:
+        """The backlog of each key; a broker that cannot be read gives a note, not an error."""
+        result: dict[TaskKey, BacklogValue] = {}
+        nsq = [k for k in keys if k[0] == "nsq"]
+        if nsq:
+            result.update(await self._nsq(nsq))
+        nats = [k for k in keys if k[0] == "nats"]
+        if nats:
+            result.update(await self._nats_pending(nats))
+        for key in keys:
+            result.setdefault(key, BacklogValue(None, f"not measured on {key[0]}"))
+        return result
+
+    async def close(self) -> None:
+        """Close the broker connections opened for measuring."""
+        if self._nats is not None:
+            await self._nats.close()
+            self._nats = None
+
+    # -- NSQ ----------------------------------------------------------------------------
+
+    async def _nsqd_http(self) -> list[str]:
+        lookupds = list(self.settings.lookupd_http_addresses)
+        if not lookupds:
+            addresses = []
+            for tcp in self.settings.nsqd_tcp_addresses:
+                host, _, port = tcp.rpartition(":")
+                addresses.append(f"http://{host}:{int(port) + 1}")
+            return addresses
+        found: set[str] = set()
+        for lookupd in lookupds:
+            response = await self.http.get(f"{lookupd.rstrip('/')}/nodes")
+            response.raise_for_status()
+            doc = response.json()
+            for node in (doc.get("data") or doc).get("producers") or ():
+                host = str(node["broadcast_address"])
+                host = f"[{host}]" if ":" in host else host
+                found.add(f"http://{host}:{int(node['http_port'])}")
+        return sorted(found)
+
+    async def _nsq(self, keys: list[TaskKey]) -> dict[TaskKey, BacklogValue]:
+        try:
+            nsqds = await self._nsqd_http()
+            stats = await asyncio.gather(*(self._nsqd_stats(url) for url in nsqds))
+            return {
+                key: BacklogValue(sum(_nsq_depth(topics, key[1], key[2]) for topics in stats))
+                for key in keys
+            }
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            note = f"nsqd stats unavailable: {type(exc).__name__}: {exc}"
+            return {key: BacklogValue(None, note) for key in keys}
+
+    async def _nsqd_stats(self, url: str) -> list[dict[str, Any]]:
+        response = await self.http.get(
+            f"{url}/stats", params={"format": "json", "include_clients": "false"}
+        )
+        response.raise_for_status()
+        doc = response.json()
+        topics: list[dict[str, Any]] = (doc.get("data") or doc).get("topics") or []
+        return topics
+
+    # -- NATS ---------------------------------------------------------------------------
+
+    async def _nats_pending(self, keys: list[TaskKey]) -> dict[TaskKey, BacklogValue]:
+        from nsqworker.errors import NSQWorkerError
+
+        try:
+            js = await self._jetstream()
+        except (NSQWorkerError, OSError) as exc:
+            note = f"NATS unavailable: {exc}"
+            return {key: BacklogValue(None, note) for key in keys}
+        answers = await asyncio.gather(
+            *(self._consumer_pending(js, topic, channel) for _, topic, channel in keys),
+            return_exceptions=True,
+        )
+        result = {}
+        for key, answer in zip(keys, answers, strict=True):
+            if isinstance(answer, BaseException):
+                result[key] = BacklogValue(None, f"consumer info unavailable: {answer}")
+            else:
+                result[key] = BacklogValue(answer)
+        return result
+
+    async def _jetstream(self) -> Any:
+        if self._nats is None:
+            from nsqworker.nats.client import NatsConnection
+
+            self._nats = NatsConnection(self.settings, name="nsqworker-console")
+        client = await self._nats.get()
+        return client.jetstream()
+
+    async def _consumer_pending(self, js: Any, topic: str, channel: str) -> int:
+        from nsqworker.nats.jetstream import consumer_name
+
+        names = self._nats_names.get((topic, channel))
+        if names is None:
+            stream = self.settings.nats_stream or await js.find_stream_name_by_subject(topic)
+            names = (stream, await consumer_name(js, stream, topic, channel))
+            self._nats_names[(topic, channel)] = names
+        info = await js.consumer_info(*names)
+        return int(info.num_pending or 0)
+
+
+def _nsq_depth(topics: list[dict[str, Any]], topic: str, channel: str) -> int:
+    """A channel's depth + deferred in one nsqd's stats; the topic's depth while the
+    channel does not exist yet (its messages go to the first channel made)."""
+    for item in topics:
+        if item.get("topic_name") != topic:
+            continue
+        for ch in item.get("channels") or ():
+            if ch.get("channel_name") == channel:
+                return int(ch.get("depth") or 0) + int(ch.get("deferred_count") or 0)
+        return int(item.get("depth") or 0)
+    return 0
