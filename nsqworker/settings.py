@@ -44,10 +44,9 @@ from nsqworker.config_files import (
     read_config_file,
     unknown_env_vars,
 )
-from nsqworker.console_settings import CONSOLE_SECRETS, ConsoleSettings
+from nsqworker.console_settings import CONSOLE_SECRETS
 from nsqworker.errors import ConfigurationError
-from nsqworker.handler_limits import HandlerLimitSettings
-from nsqworker.schedules.settings import ScheduleSettings
+from nsqworker.feature_settings import FeatureSettings
 from nsqworker.setting_values import (
     app_uri_pattern,
     lookupd_address,
@@ -587,14 +586,7 @@ class _CoreSettings(BaseSettings):
         return str(value)
 
 
-class Settings(
-    ScheduleSettings,
-    ConsoleSettings,
-    HandlerLimitSettings,
-    StreamSettings,
-    NatsSettings,
-    _CoreSettings,
-):
+class Settings(FeatureSettings, StreamSettings, NatsSettings, _CoreSettings):
     """nsqworker's settings; see the module docstring for where values come from.
 
     The other brokers' fields (:mod:`nsqworker.broker_settings`) come after NSQ's."""
