@@ -98,6 +98,39 @@ async def settles(lags: Any, key: tuple[str, str, str], expected: int) -> None:
         await asyncio.sleep(0.1)
 
 
+async def test_a_worker_part_way_through_and_done(rabbitmq: str) -> None:
+    """The offsets a Worker stores: six of ten handled, four held by a blocked handler
+    (the stored offset never passes an unfinished message), then all of them: 0."""
+    from nsqworker import Registry, Worker
+    from nsqworker.message import Message
+    from nsqworker.streams import StreamProducer
+
+    stream, done, release = f"lag_{uuid.uuid4().hex[:8]}", [], asyncio.Event()
+    registry = Registry()
+
+    @registry.task(stream, channel="billing", max_in_flight=10)
+    async def handle(msg: Message) -> None:
+        if int(msg.body) >= 6:
+            await release.wait()
+        done.append(msg.body)
+
+    worker_settings = Settings(transport="rabbitmq-stream", rabbitmq_stream_uri=rabbitmq,
+                               health_port=0, drain_timeout=5.0, log_level="warning")  # fmt: skip
+    async with StreamProducer(settings=worker_settings) as producer:
+        await producer.publish_many(stream, [str(i).encode() for i in range(10)])
+    key = ("rabbitmq", stream, "billing")
+
+    async def lags() -> dict[Any, BacklogValue]:
+        return await measure(rabbitmq, key)
+
+    async with Worker(registry, worker_settings):
+        await settles(lags, key, 4)
+        assert len(done) == 6
+        release.set()
+        await settles(lags, key, 0)
+    assert len(done) == 10
+
+
 async def test_a_missing_stream_and_a_refused_login_are_notes(rabbitmq: str) -> None:
     missing = ("rabbitmq", f"none_{uuid.uuid4().hex[:8]}", "billing")
     value = (await measure(rabbitmq, missing))[missing]
