@@ -151,3 +151,48 @@ async def test_a_silent_server_is_a_timeout_not_a_hang() -> None:
         uri = f"rabbitmq-stream://guest:guest@127.0.0.1:{server.getsockname()[1]}/"
         with pytest.raises(NoConnection, match=r"no answer in 0\.5s"):
             await asyncio.wait_for(stream_lags(settings(uri), [("s", "c")], timeout=0.5), 10)
+
+
+async def test_over_tls_with_the_settings_ca(rabbitmq: str, tmp_path: Any) -> None:
+    """``rabbitmq-stream+tls``: TLS with ``tls_ca_file`` (a TLS front on loopback before
+    the fixture's plain stream listener); a certificate not trusted is a note."""
+    import ssl
+    from urllib.parse import urlsplit
+
+    import trustme
+
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    server_ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ssl)
+    plain = urlsplit(rabbitmq)
+
+    async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def pipe(a: asyncio.StreamReader, b: asyncio.StreamWriter) -> None:
+            while data := await a.read(65536):
+                b.write(data)
+            b.close()
+
+        up_reader, up_writer = await asyncio.open_connection(plain.hostname, plain.port)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer),
+                             return_exceptions=True)  # fmt: skip
+
+    front = await asyncio.start_server(forward, "127.0.0.1", 0, ssl=server_ssl)
+    port = front.sockets[0].getsockname()[1]
+    uri = f"rabbitmq-stream+tls://guest:guest@127.0.0.1:{port}/"
+    stream = f"lag_{uuid.uuid4().hex[:8]}"
+    producer = await rstream_client(rabbitmq, "Producer")
+    try:
+        await producer.create_stream(stream)
+        await producer.send_wait(stream, b"one")
+        key = ("rabbitmq", stream, "billing")
+        tls = Settings(transport="rabbitmq-stream", rabbitmq_stream_uri=uri, tls_ca_file=ca_file)
+        async with httpx.AsyncClient(trust_env=False) as http:
+            assert (await Backlog(tls, http).measure([key]))[key] == BacklogValue(1)
+        untrusted = (await measure(uri, key))[key]  # the system CAs do not know ours
+        assert untrusted.count is None and "CERTIFICATE_VERIFY_FAILED" in untrusted.note
+    finally:
+        await producer.close()
+        front.close()
+        await front.wait_closed()
