@@ -75,7 +75,10 @@ async def test_summed_over_the_nsqd_lookupd_knows(
 async def test_an_unreachable_nsqd_is_a_note() -> None:
     from nsqworker.testing import free_port
 
-    settings = Settings(nsqd_tcp_addresses=[f"127.0.0.1:{free_port()}"])
+    settings = Settings(
+        nsqd_tcp_addresses=[f"127.0.0.1:{free_port()}"],
+        rabbitmq_stream_uri=f"rabbitmq-stream://guest:guest@127.0.0.1:{free_port()}/",
+    )
     async with httpx.AsyncClient(trust_env=False, timeout=2) as http_client:
         value = (await Backlog(settings, http_client).measure([("nsq", "t", "c")]))[
             ("nsq", "t", "c")
@@ -84,7 +87,7 @@ async def test_an_unreachable_nsqd_is_a_note() -> None:
     rabbit = (await Backlog(settings, http_client).measure([("rabbitmq", "s", "c")]))[
         ("rabbitmq", "s", "c")
     ]
-    assert rabbit.count is None and "not measured" in rabbit.note
+    assert rabbit.count is None and "RabbitMQ Streams unavailable" in rabbit.note
 
 
 def row(handled: int, requeued: int = 0, dead: int = 0) -> TaskRow:

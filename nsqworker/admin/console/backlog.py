@@ -5,8 +5,12 @@
   The nsqd come from nsqlookupd's ``/nodes``, or from ``nsqd_tcp_addresses``, whose HTTP
   port is taken as the TCP port + 1 (nsqd's defaults, 4150 and 4151).
 * NATS JetStream: the durable consumer's ``num_pending`` (messages not yet delivered).
-* RabbitMQ Streams: not measured (the stream protocol's StreamStats, which the lag needs,
-  is not in the rstream client); shown as unknown.
+* RabbitMQ Streams: the channel's lag (messages after the offset it stored under its
+  name; the whole stream before it stored one) on the topic's stream plus on its retry
+  streams (retries waiting for their delay, as NSQ's deferred), from the stream
+  protocol's StreamStats and QueryOffset over a connection of its own per refresh
+  (:mod:`nsqworker.streams.lag`). It may count a few more than the messages left: one
+  per offset store RabbitMQ wrote into the stream after the channel's own.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ class Backlog:
         nats = [k for k in keys if k[0] == "nats"]
         if nats:
             result.update(await self._nats_pending(nats))
+        streams = [k for k in keys if k[0] == "rabbitmq"]
+        if streams:
+            result.update(await self._stream_lags(streams))
         for key in keys:
             result.setdefault(key, BacklogValue(None, f"not measured on {key[0]}"))
         return result
@@ -144,6 +151,34 @@ class Backlog:
             self._nats_names[(topic, channel)] = names
         info = await js.consumer_info(*names)
         return int(info.num_pending or 0)
+
+    # -- RabbitMQ Streams ------------------------------------------------------------------
+
+    async def _stream_lags(self, keys: list[TaskKey]) -> dict[TaskKey, BacklogValue]:
+        from nsqworker.errors import NoConnection
+        from nsqworker.streams.lag import StreamMissing, stream_lags
+        from nsqworker.streams.retries import retry_streams
+
+        streams = {(topic, channel): [topic, *retry_streams(topic, channel)]
+                   for _, topic, channel in keys}  # fmt: skip
+        pairs = [(stream, channel) for (_, channel), names in streams.items() for stream in names]
+        try:
+            lags = await stream_lags(self.settings, pairs)
+        except NoConnection as exc:
+            note = f"RabbitMQ Streams unavailable: {exc}"
+            return {key: BacklogValue(None, note) for key in keys}
+        result = {}
+        for key in keys:
+            topic, channel = key[1], key[2]
+            total, note = 0, ""
+            for i, stream in enumerate(streams[(topic, channel)]):
+                lag = lags[(stream, channel)]
+                if isinstance(lag, int):
+                    total += lag
+                elif i == 0 or not isinstance(lag, StreamMissing):  # retries: made lazily
+                    note = note or f"stream lag unavailable: {lag}"
+            result[key] = BacklogValue(None, note) if note else BacklogValue(total)
+        return result
 
 
 def _nsq_depth(topics: list[dict[str, Any]], topic: str, channel: str) -> int:
