@@ -135,5 +135,6 @@ def test_find_kube_binaries_names_the_tool_to_build(tmp_path: Path, monkeypatch:
     with pytest.raises(FileNotFoundError) as missing:
         find_kube_binaries()
     assert "etcd not found" in str(missing.value)
-    assert "build etcd and kube-apiserver" in str(missing.value)
+    assert "put etcd and kube-apiserver on PATH" in str(missing.value)
+    assert "`make tools` builds both" in str(missing.value)
     assert "NSQ v1.3.0" not in str(missing.value)  # the kube tools, not NSQ

@@ -151,7 +151,10 @@ async def test_a_handler_blocking_the_loop_5s_loses_nothing_and_is_named(
             lambda: f"still held by nsqd: {channel()}",
         )
         assert seen.bodies["blocker"] >= 1
-        assert worker.stats().tasks["record"].connection_errors.get("closed", 0) >= 1
+        # Lost either way once the loop runs again: uvloop runs the overdue liveness
+        # timer ("heartbeat") before it reads nsqd's close ("closed"); asyncio reads first.
+        errors = worker.stats().tasks["record"].connection_errors
+        assert errors.get("closed", 0) + errors.get("heartbeat", 0) >= 1, errors
     assert culprit.startswith("task record ("), culprit  # the watchdog names the handler
 
 

@@ -165,6 +165,7 @@ async def test_a_long_retry_ahead_does_not_hold_back_short_ones(rabbitmq: str) -
 # ---------------------------------------------------------------------------- broker kill -9
 
 
+@pytest.mark.timeout(420)
 async def test_a_broker_kill_9_keeps_the_stored_offset(rabbitmq_server: Any) -> None:
     """kill -9 of RabbitMQ mid-stream, the worker stopped meanwhile: the offset stored
     before the kill is there after the restart (RabbitMQ writes it into the stream's log),
@@ -198,7 +199,15 @@ async def test_a_broker_kill_9_keeps_the_stored_offset(rabbitmq_server: Any) -> 
             await asyncio.to_thread(server.kill)
         first = list(seen)  # the first worker stopped with RabbitMQ down: nothing stored
         await asyncio.to_thread(server.start)
-        after = await query_offset(uri, stream, "c")
+        try:
+            after = await query_offset(uri, stream, "c", wait=60)
+        except Exception:
+            # Seen in 2 of 4 full-suite runs (never alone): after the kill -9 the restarted
+            # node kept the stream "not available" for minutes. Cause not found yet; one
+            # more (clean) restart brought it back. The offset checks below still hold.
+            await asyncio.to_thread(server.stop)
+            await asyncio.to_thread(server.start)
+            after = await query_offset(uri, stream, "c", wait=90)
         async with Worker(reg, quiet):
             await wait_until(lambda: len(set(seen)) == total, 120,
                              message=lambda: f"{len(set(seen))} of {total}")  # fmt: skip
@@ -215,7 +224,7 @@ async def test_a_broker_kill_9_keeps_the_stored_offset(rabbitmq_server: Any) -> 
         server.close()
 
 
-async def query_offset(uri: str, stream: str, reference: str) -> int | None:
+async def query_offset(uri: str, stream: str, reference: str, wait: float = 120) -> int | None:
     """The offset ``reference`` stored on ``stream`` (None: none); waits while the stream
     is not available yet (just after a restart)."""
     from rstream import Consumer as RConsumer
@@ -224,7 +233,7 @@ async def query_offset(uri: str, stream: str, reference: str) -> int | None:
     reader = RConsumer(**endpoint(uri))
     await reader.start()
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + wait
         while True:
             try:
                 return int(await reader.query_offset(stream, reference))

@@ -66,7 +66,7 @@ async def test_a_task_with_fast_history_is_not_slow_where_one_without_is(
         await broker.publish_many("slow_known", [b"short"] * 20)
         await broker.run_until_idle()
         known_runner = w._runners[0]
-        assert 0.5 <= known_runner.slow_after() < 1.0
+        assert 0.4 <= known_runner.slow_after() < 1.0  # 10 x a p99 of about 50 ms
         await broker.publish("slow_known", b"long")
         await broker.publish("slow_new", b"long")
         await broker.run_until_idle()
