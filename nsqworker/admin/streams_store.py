@@ -70,14 +70,14 @@ class StreamStore:
         from rstream import exceptions
 
         consumer = await self.connections.consumer()
-        if not await consumer.stream_exists(self.topic):
+        if not await _ready(consumer.stream_exists, self.topic):
             return []
         try:
-            self.watermark = await consumer.query_offset(self.topic, REFERENCE)
+            self.watermark = await _ready(consumer.query_offset, self.topic, REFERENCE)
         except exceptions.OffsetNotFound:
             self.watermark = -1
         tombstones: list[tuple[int, bytes, int]] = []
-        if await consumer.stream_exists(self.tombstones):
+        if await _ready(consumer.stream_exists, self.tombstones):
             tombstones, messages = await asyncio.gather(
                 self._read_all(consumer, self.tombstones, 0),
                 self._read_all(consumer, self.topic, self.watermark + 1),
@@ -164,3 +164,20 @@ class StreamStore:
             log.debug("storing the watermark of %s failed: %s", self.topic, exc)
         finally:
             await self.connections.close()
+
+
+async def _ready(call: Any, *args: Any) -> Any:
+    """``await call(*args)``, asked again for up to 30 s while RabbitMQ answers "stream not
+    available", or not in time: it does for a moment after it created a stream, or while
+    it recovers one (the worker's subscription does the same, streams/subscription.py)."""
+    from rstream import exceptions
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30.0
+    while True:
+        try:
+            return await call(*args)
+        except (exceptions.StreamNotAvailable, TimeoutError):
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.1)
