@@ -37,6 +37,7 @@ from nsqworker.admin.console.discovery import StaticWorkers
 from nsqworker.admin.console.fleet import Fleet
 from nsqworker.health import HealthServer, WorkerMetrics
 from nsqworker.settings import Settings
+from nsqworker.testing import free_port
 
 SUPERVISORS = 20
 TASKS = 50
@@ -123,12 +124,12 @@ async def render() -> dict[str, float]:
 
 def throughput(broker: Broker, cfg: Config, series: Series, with_console: bool) -> None:
     """One ``nsqworker run`` drain, with or without a console polling it every second."""
-    port = outofbox._free_port()
+    port = free_port()
     console = None
     if with_console:
         env = child_env()
         env.update(NSQWORKER_CONSOLE_POLL_INTERVAL="1", NSQWORKER_LOG_LEVEL="warning")
-        listen = outofbox._free_port()
+        listen = free_port()
         console = spawn(
             [sys.executable, "-m", "nsqworker", "console", "--worker", f"http://127.0.0.1:{port}",
              "--nsqd", broker.tcp_address, "--port", str(listen)],
