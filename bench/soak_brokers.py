@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from nsqworker.settings import Settings
 from nsqworker.testing import NsqdProcess, NsqlookupdProcess
-from nsqworker.testing.nats import NatsServerProcess
+from nsqworker.testing.nats import NatsCluster
 from nsqworker.testing.rabbitmq import RabbitMQProcess, find_rootfs
 
 __all__ = ["BROKERS", "Brokers"]
@@ -34,6 +34,8 @@ class Brokers(Protocol):
     nodes: int
     """How many servers publishes can go to (one is restarted at a time)."""
     what_restarts: str
+    setup: str
+    """The servers, in words, for the report."""
 
     def start(self, stack: contextlib.ExitStack) -> None: ...
     def worker_env(self) -> dict[str, str]: ...
@@ -52,6 +54,7 @@ class NsqBrokers:
     name = "nsq"
     nodes = 3
     what_restarts = "nsqd"
+    setup = "3 nsqd and one nsqlookupd, an nsqd restarted with SIGTERM"
 
     def start(self, stack: contextlib.ExitStack) -> None:
         self.lookupd = stack.enter_context(NsqlookupdProcess())
@@ -101,6 +104,7 @@ class _ClientBrokers:
     name = ""
     nodes = 1
     what_restarts = ""
+    setup = ""
 
     def __init__(self) -> None:
         self._producers: dict[int, Any] = {}
@@ -134,30 +138,37 @@ class _ClientBrokers:
 
 
 class NatsBrokers(_ClientBrokers):
-    """One nats-server with JetStream, restarted on its own store (the stream survives)."""
+    """A 3-node nats-server cluster with JetStream and the worker's streams at replicas 3;
+    a node is lost with SIGKILL (a crash, under load) and started again on its store,
+    where it catches up from the other two."""
 
     name = "nats"
-    what_restarts = "nats-server"
+    nodes = 3
+    what_restarts = "nats-server node"
+    setup = "a 3-node nats-server cluster, streams at replicas 3, a node killed with SIGKILL"
 
     def start(self, stack: contextlib.ExitStack) -> None:
-        self.server = stack.enter_context(NatsServerProcess(name="soak"))
+        self.cluster = stack.enter_context(NatsCluster(3, name="soak"))
 
     def worker_env(self) -> dict[str, str]:
         return {
             "NSQWORKER_TRANSPORT": "nats",
-            "NSQWORKER_NATS_SERVERS": self.server.url,
+            "NSQWORKER_NATS_SERVERS": ",".join(self.cluster.urls),
+            "NSQWORKER_NATS_STREAM_REPLICAS": "3",
             "NSQWORKER_MSG_TIMEOUT": str(HOLD),
         }
 
     def make_producer(self, node: int) -> Any:
         from nsqworker.nats import NatsProducer
 
-        return NatsProducer(settings=Settings(transport="nats", nats_servers=[self.server.url]))
+        url = self.cluster.servers[node].url
+        return NatsProducer(settings=Settings(transport="nats", nats_servers=[url]))
 
     def restart(self, node: int, down: float) -> None:
-        self.server.stop()
+        server = self.cluster.servers[node]
+        server.kill()
         time.sleep(down)
-        self.server.start()
+        server.start()
 
 
 class StreamBrokers(_ClientBrokers):
@@ -165,6 +176,7 @@ class StreamBrokers(_ClientBrokers):
 
     name = "rabbitmq-stream"
     what_restarts = "RabbitMQ"
+    setup = "RabbitMQ 4.0 restarted with SIGTERM"
 
     def start(self, stack: contextlib.ExitStack) -> None:
         self.server = stack.enter_context(RabbitMQProcess(find_rootfs()))
