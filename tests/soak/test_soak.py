@@ -1,7 +1,7 @@
 """The soak in the suite (issue 43): consumption never stops, on every transport.
 
 The short form runs ``python -m bench.soak`` (what ``make soak`` runs) for 60 s on each
-real broker: ``nsqworker run`` with default settings, 2 worker processes, 5% of handler
+real broker, the three at once: ``nsqworker run`` with default settings, 2 worker processes, 5% of handler
 calls raising ``Retry``, a broker restart every 20 s and a worker process killed with
 SIGKILL; every message must be handled, no backoff stall reported, and (on NSQ) no
 backlog left with every connection at RDY 0 for longer than the longest backoff. The
@@ -40,38 +40,74 @@ def quiet() -> Iterator[None]:
     structlog.configure(**saved)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(420)
-@pytest.mark.parametrize("transport", ["nsq", "nats", "rabbitmq-stream"])
-def test_the_short_soak_handles_every_message(
-    transport: str, request: pytest.FixtureRequest
-) -> None:
-    if transport == "nats":
-        request.getfixturevalue("nats_server_binary")  # skips (fails under CI) without it
-    elif transport == "rabbitmq-stream":
-        try:
+TRANSPORTS = ["nsq", "nats", "rabbitmq-stream"]
+
+
+def _missing(transport: str, request: pytest.FixtureRequest) -> str:
+    """Why ``transport``'s broker cannot run here ('' when it can)."""
+    try:
+        if transport == "nats":
+            request.getfixturevalue("nats_server_binary")
+        elif transport == "rabbitmq-stream":
             find_rootfs(ROOT)
-        except FileNotFoundError as exc:
-            if os.environ.get("CI") == "true":
-                pytest.fail(f"CI=true and RabbitMQ is missing: {exc}", pytrace=False)
-            pytest.skip(str(exc).splitlines()[0])
+    except (FileNotFoundError, pytest.skip.Exception) as exc:
+        return str(exc).splitlines()[0]
+    return ""
+
+
+@pytest.fixture(scope="module")
+def short_soaks(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, tuple[subprocess.Popen[str], Path] | str]]:
+    """The three short soaks, started at once: each is light (10 messages a second), so
+    the suite waits for the longest of them rather than for their sum."""
+    out = tmp_path_factory.mktemp("soaks")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NSQWORKER_", "SOAK_"))}
     # 5% failures with default backoff: each failure pauses a worker about 2 s, so the
     # rate stays where two workers keep up (about 20 a second) and the backlog can drain.
-    env |= {
-        "TRANSPORT": transport, "SOAK_SECONDS": "60", "SOAK_RATE": "10",
-        "SOAK_FAIL": "0.05", "SOAK_DOC": "0",
-    }  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.soak"], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=400,
-    )  # fmt: skip
-    out = done.stdout
-    assert "{" in out, f"no report (exit {done.returncode}):\n{out}\n{done.stderr[-3000:]}"
-    report = json.loads(out[out.index("\n{") + 1 :] if "\n{" in out else out[out.index("{") :])
+    env |= {"SOAK_SECONDS": "60", "SOAK_RATE": "10", "SOAK_FAIL": "0.05", "SOAK_DOC": "0"}
+    soaks: dict[str, tuple[subprocess.Popen[str], Path] | str] = {}
+    for transport in TRANSPORTS:
+        if missing := _missing(transport, request):
+            soaks[transport] = missing
+            continue
+        log = out / f"{transport}.out"
+        with log.open("w") as stdout:
+            soaks[transport] = (
+                subprocess.Popen(
+                    [sys.executable, "-m", "bench.soak"], cwd=ROOT, text=True,
+                    env=env | {"TRANSPORT": transport}, stdout=stdout, stderr=subprocess.STDOUT,
+                ),
+                log,
+            )  # fmt: skip
+    yield soaks
+    for soak in soaks.values():
+        if isinstance(soak, tuple) and soak[0].poll() is None:
+            soak[0].kill()
+            soak[0].wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_the_short_soak_handles_every_message(
+    transport: str, short_soaks: dict[str, tuple[subprocess.Popen[str], Path] | str]
+) -> None:
+    soak = short_soaks[transport]
+    if isinstance(soak, str):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and the {transport} broker is missing: {soak}", pytrace=False)
+        pytest.skip(soak)
+    process, log = soak
+    returncode = process.wait(timeout=400)
+    out = log.read_text()
+    assert "{" in out, f"no report (exit {returncode}):\n{out[-5000:]}"
+    # the report is the JSON object printed last; stderr lines may follow it
+    start = out.rindex("\n{\n") + 1 if "\n{\n" in out else out.index("{")
+    report, _ = json.JSONDecoder().raw_decode(out, start)
     figures, checks = report["figures"], report["checks"]
     assert all(checks.values()), f"{checks}\n{figures}\n{out[-3000:]}"
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert returncode == 0, out[-3000:]
     assert figures["published"] >= 150 and figures["missing"] == 0
     assert figures["worker processes killed (SIGKILL)"] >= 1
     assert any(k.endswith("restarts") and v >= 2 for k, v in figures.items())
