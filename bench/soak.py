@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reliability.md"
 WARMUP = 60.0  # seconds before the first memory window
 SAMPLE_EVERY = 5.0
+PROGRESS_EVERY = 60.0  # seconds between progress lines
 REBOOT = 20.0  # seconds after a worker kill left out of the memory windows
 MEMORY_CHECK_MINUTES = 5.0  # shorter runs are too short to tell a leak from a warm-up
 # A backlog that no connection may receive for longer than the longest backoff pause
@@ -184,7 +185,13 @@ class Soak:
             complete = self.wait_handled(timeout=120)
             self.stalls = stalls_reported(self.health)
             self.stop_worker()
-        return self.report(complete)
+        status = self.report(complete)
+        if status:  # keep the workers' log past the run's temporary directory
+            kept = Path(tempfile.gettempdir()) / f"nsqworker-soak-{self.run.transport}-worker.log"
+            with contextlib.suppress(OSError):
+                kept.write_bytes((self.workdir / "worker.log").read_bytes())
+                print(f"a check failed; the workers' log is in {kept}", file=sys.stderr)
+        return status
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("NSQWORKER_")}
@@ -259,11 +266,18 @@ class Soak:
         restart_every = max(20.0, min(180.0, duration / 9))  # 3 min in a 30 min run
         kill_every = max(45.0, min(300.0, duration / 4))
         next_restart, next_kill, next_sample = restart_every, kill_every, 0.0
+        next_progress = PROGRESS_EVERY
         which = 0
         while self.now() < duration:
             if self.now() >= next_sample:
                 self.sample()
                 next_sample += SAMPLE_EVERY
+            if self.now() >= next_progress:
+                published, handled = self.run.published, len(self.handled())
+                self.note(
+                    f"published {published}, handled {handled} ({published - handled} behind)"
+                )
+                next_progress += PROGRESS_EVERY
             if self.now() >= next_restart:
                 self.restart_broker(which)
                 which = (which + 1) % self.brokers.nodes
