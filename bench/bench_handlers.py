@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 from pydantic import BaseModel
@@ -49,15 +48,11 @@ class Click(BaseModel):
 
 def _runner(registry: Registry, transport: Any = None) -> TaskRunner:
     (spec,) = list(registry)
-    host = SimpleNamespace(
-        settings=Settings(nsqd_tcp_addresses=["127.0.0.1:4150"], log_level="warning"),
-        transport=transport or SimpleNamespace(capabilities=CAPABILITIES),
-        registry=registry,
-        request_recycle=lambda reason: None,
-    )
-    runner = TaskRunner(host, spec, 100)
-    runner.dispatcher = SimpleNamespace(requeue_delay=lambda attempts: 1.0)  # type: ignore[assignment]
-    return runner
+    settings = Settings(nsqd_tcp_addresses=["127.0.0.1:4150"], log_level="warning")
+    if transport is None:  # its subscription is never started: the callback is called
+        transport = MemoryTransport()
+        transport.capabilities = CAPABILITIES  # spans and logs of an NSQ task
+    return TaskRunner(spec, settings, transport, hooks=registry.hooks)
 
 
 def cases() -> dict[str, TaskRunner]:

@@ -3,7 +3,8 @@ policy, on the transport the settings name (tests, tools, the RPC client's repli
 
 ``Consumer(topic, channel, callback, settings)`` is a
 :class:`~nsqworker.dispatch.Dispatcher` over a new subscription; options left None take
-the ``settings`` defaults. A ``Worker`` builds the same for each task, with telemetry.
+the ``settings`` defaults. A worker's task runner builds the same for its task, with
+telemetry, through the same :func:`open_subscription`.
 """
 
 from __future__ import annotations
@@ -11,12 +12,32 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nsqworker.dispatch import Callback, Dispatcher, GiveUpHook, Policy
-from nsqworker.transport import create_transport
+from nsqworker.transport import Subscription, Transport, create_transport
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
-__all__ = ["Consumer"]
+__all__ = ["Consumer", "open_subscription"]
+
+
+def open_subscription(
+    transport: Transport,
+    topic: str,
+    channel: str,
+    *,
+    max_in_flight: int,
+    name: str | None = None,
+    requests: bool = False,
+) -> Subscription:
+    """A new subscription of ``transport`` to ``topic`` on ``channel``, both names
+    checked first (a clear error naming what is wrong). ``requests``: the transport's
+    request/reply subscription where it has one (``@rpc`` on NATS), else the plain one.
+    ``name`` defaults to ``topic/channel``."""
+    topic, channel = transport.check_topic(topic), transport.check_channel(channel)
+    subscribe = transport.subscribe
+    if requests:
+        subscribe = getattr(transport, "subscribe_requests", subscribe)
+    return subscribe(topic, channel, name=name or f"{topic}/{channel}", max_in_flight=max_in_flight)
 
 
 class Consumer(Dispatcher):
@@ -46,21 +67,16 @@ class Consumer(Dispatcher):
             requeue_delay=requeue_delay,
         )
         self.transport = create_transport(settings)
-        caps = self.transport.capabilities
-        topic = self.transport.check_topic(topic)
-        channel = self.transport.check_channel(channel)
-        name = name or f"{topic}/{channel}"
-        sub = self.transport.subscribe(
-            topic, channel, name=name, max_in_flight=policy.max_in_flight
+        sub = open_subscription(
+            self.transport, topic, channel, name=name, max_in_flight=policy.max_in_flight
         )
         super().__init__(
             sub,
             callback,
             policy,
+            capabilities=self.transport.capabilities,
             on_give_up=on_give_up,
             name=name,
-            max_retry_delay=caps.max_retry_delay,
-            keep_alive=caps.keep_alive,
         )
 
     async def stop(self, drain_timeout: float | None = None) -> None:

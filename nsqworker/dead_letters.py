@@ -1,4 +1,5 @@
-"""The copy of a message published to a task's ``dead_letter_topic``.
+"""A task's dead-letter chain, and the copy of a message it publishes to the task's
+``dead_letter_topic``.
 
 The copy is JSON, and JSON can make a body much larger: control bytes escape to six
 characters each, bodies that are not UTF-8 grow by a third in base64. A copy larger
@@ -14,16 +15,75 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from nsqworker.errors import MessageTooLarge, PublishError
+from nsqworker.hooks import call
+from nsqworker.outcomes import Reject
 from nsqworker.safe_text import one_line
 
 if TYPE_CHECKING:
     from nsqworker.message import Message
-    from nsqworker.transport import Publisher
+    from nsqworker.task import TaskSpec
+    from nsqworker.transport import Publisher, Transport
 
-__all__ = ["DEAD_LETTER_LIMIT", "dead_letter_envelope", "publish_dead_letter"]
+__all__ = ["DEAD_LETTER_LIMIT", "DeadLetterChain", "dead_letter_envelope", "publish_dead_letter"]
+
+
+class DeadLetterChain:
+    """One task's dead-letter path: its log line, the copy published to the task's
+    ``dead_letter_topic``, then its ``on_dead_letter``, then the dead-letter ``hooks``
+    (the registry's and the task's). ``count``: messages through it so far."""
+
+    def __init__(
+        self, spec: TaskSpec, transport: Transport, hooks: Sequence[Callable[..., Any]], log: Any
+    ) -> None:
+        self.spec = spec
+        self.transport = transport
+        self.hooks = hooks
+        self.log = log
+        self.count = 0
+        self._logged: set[str] = set()  # given up by their handler: line written then
+
+    def handler_gave_up(self, msg: Message, reason: str, exc: BaseException | None) -> None:
+        """The handler's failure gives the message up: its line now, in the handler's
+        span (:meth:`run` follows from the dispatcher)."""
+        self.log_line(msg, reason, exc)
+        self._logged.add(msg.id)
+
+    def log_line(self, msg: Message, reason: str, exc: BaseException | None) -> None:
+        """One line per dead letter: a Reject's at warning with its reason (an expected
+        outcome), any other at error with the traceback of the failure, if any."""
+        if isinstance(exc, Reject):
+            self.log.warning("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason)
+        else:
+            error = type(exc).__name__ if exc is not None else None
+            self.log.error(
+                "dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, error=error,
+                exc_info=exc,
+            )  # fmt: skip
+
+    async def run(self, msg: Message, reason: str) -> None:
+        """The chain, for the dispatcher's give-up. Any exception propagates, so the
+        dispatcher retries the message instead. The reason may quote the body (a key, a
+        broker's property): it is made one line, its control characters escaped, before
+        anyone logs, publishes or hooks it."""
+        spec = self.spec
+        reason = one_line(reason)
+        if msg.id in self._logged:  # its handler gave up: logged then, in its span
+            self._logged.discard(msg.id)
+        else:  # past max_attempts on arrival, undecodable...
+            self.log_line(msg, reason, None)
+        if spec.dead_letter_topic is not None:
+            producer = self.transport.publisher(msg)
+            await publish_dead_letter(producer, spec.dead_letter_topic, msg, reason, spec.name)
+        if spec.on_dead_letter is not None:
+            await call(spec.on_dead_letter, msg, reason)
+        for hook in self.hooks:
+            await call(hook, msg, reason)
+        self.count += 1
+
 
 #: Bytes a copy may take when nsqd's --max-msg-size is not known (its default).
 DEAD_LETTER_LIMIT: Final = 1024 * 1024

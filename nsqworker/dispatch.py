@@ -36,9 +36,9 @@ from nsqworker.backoff import Alarm, Backoff, Phase
 from nsqworker.eager import finish_in_task
 from nsqworker.message import FINISH, Finish, GiveUp, Message, Outcome, Requeue, Undecodable
 from nsqworker.policy import Policy, requeue_delay
-from nsqworker.slow import newly_slow
+from nsqworker.slow import SlowWatch
 from nsqworker.stats import DispatchStats
-from nsqworker.transport import Flow, Subscription
+from nsqworker.transport import Capabilities, Flow, Subscription
 
 __all__ = [
     "DEFERRED",
@@ -84,7 +84,9 @@ class Dispatcher:
     answered the message itself, an awaitable of either, or :data:`DEFERRED` when it
     will call :meth:`complete`. ``on_give_up(msg, reason)`` runs for messages past
     ``max_attempts`` and for ``GiveUp`` outcomes, before the reject; if it raises, the
-    message is retried instead, never lost.
+    message is retried instead, never lost. ``capabilities``: the transport's (the
+    longest retry delay, whether keep-alives exist); ``slow``: the task's slow-handler
+    watch, told on each keep-alive sweep (None: no watch).
     """
 
     def __init__(
@@ -93,10 +95,10 @@ class Dispatcher:
         callback: Callback,
         policy: Policy,
         *,
+        capabilities: Capabilities,
         on_give_up: GiveUpHook | None = None,
         name: str | None = None,
-        max_retry_delay: float = 3600.0,
-        keep_alive: bool = True,
+        slow: SlowWatch | None = None,
     ) -> None:
         self.subscription = subscription
         self.topic = subscription.topic
@@ -107,8 +109,9 @@ class Dispatcher:
         self.max_attempts = policy.max_attempts
         self._callback = callback
         self._on_give_up = on_give_up
-        self._max_retry_delay = max_retry_delay
-        self._keep_alive = keep_alive
+        self._max_retry_delay = capabilities.max_retry_delay
+        self._keep_alive = capabilities.keep_alive
+        self._slow = slow
         self._ack = subscription.ack
         self._clock = subscription.clock
         self._backoff = Backoff(policy.backoff_multiplier, policy.max_backoff_duration)
@@ -128,17 +131,6 @@ class Dispatcher:
         #: (a Kubernetes Spark job) waits on it to hand the message back at once.
         self.draining = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
-        #: ``on_slow(msg, seconds)``, once per message that runs longer than
-        #: ``slow_after()`` seconds (set by the worker; None: never).
-        self.on_slow: Callable[[Message, float], None] | None = None
-        self.slow_after: Callable[[], float] = lambda: float("inf")
-        self._slow: set[Message] = set()
-        #: When each suspended async handler started (its slowness counts from there, not
-        #: from receipt: a message that waited for a slot is not a slow handler); sync
-        #: handlers' running times come from their pool (``sync_ages``), which keeps them
-        #: anyway, so the sync hot path records nothing for this.
-        self._began: dict[Message, float] = {}
-        self.sync_ages: Callable[[], dict[Message, float]] | None = None
         self._stop_task: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -294,8 +286,8 @@ class Dispatcher:
                 self._check_stall(self._clock())
 
     def _sweep(self, now: float) -> None:
-        if self.on_slow is not None:
-            self._look_for_slow(now)
+        if self._slow is not None:
+            self._slow.look(now, [*self._tasks, *self._deferred], self._deferred)
         if not self._keep_alive:
             return
         sub = self.subscription
@@ -311,20 +303,6 @@ class Dispatcher:
                     continue  # the broker ignores keep-alives past its longest hold
                 sub.keep_alive(msg)
                 msg.touch_count += 1
-
-    def _look_for_slow(self, now: float) -> None:
-        running = [*self._tasks, *self._deferred]
-        if not running and not self._slow:
-            return
-        ages = None
-        if self.sync_ages is not None:
-            ages = self.sync_ages() if self._deferred else {}
-        found = newly_slow(
-            now, running, self._began, ages, self._deferred, self.slow_after(), self._slow
-        )
-        for msg, age in found:
-            assert self.on_slow is not None
-            self.on_slow(msg, age)
 
     def tracked(self) -> list[tuple[Message, str, Any]]:
         """What is in flight beyond the hot path: ``(msg, state, handle)`` with state
@@ -442,12 +420,14 @@ class Dispatcher:
 
     def _track(self, msg: Message, future: asyncio.Future[Any]) -> None:
         self._tasks[msg] = future
-        self._began[msg] = self._clock()
+        if self._slow is not None:  # a suspended handler's age counts from here
+            self._slow.began(msg, self._clock())
         future.add_done_callback(partial(self._future_done, msg))
 
     def _future_done(self, msg: Message, future: asyncio.Future[Any]) -> None:
         del self._tasks[msg]
-        self._began.pop(msg, None)
+        if self._slow is not None:
+            self._slow.ended(msg)
         if future.cancelled():
             result: Any = _DRAIN_REQUEUE
         elif (exc := future.exception()) is not None:

@@ -32,7 +32,7 @@ __all__ = [
 
 
 class Finish:
-    """The message is done: FIN."""
+    """The message is done: the transport acknowledges it (FIN on NSQ, +ACK on NATS)."""
 
     __slots__ = ()
 
@@ -44,7 +44,8 @@ FINISH = Finish()
 
 
 class Requeue:
-    """Put the message back: REQ.
+    """Deliver the message again later: the transport's retry (REQ on NSQ, NAK with a
+    delay on NATS, a retry stream on RabbitMQ Streams).
 
     ``delay`` in seconds, or None to let the consumer's requeue policy pick one from the
     attempts. ``backoff`` tells whether this counts as a failure for consumer backoff.
@@ -61,7 +62,8 @@ class Requeue:
 
 
 class GiveUp:
-    """Stop retrying: run the give-up (dead-letter) hook, then FIN."""
+    """Stop retrying: run the give-up (dead-letter) chain, then the transport's reject
+    (FIN on NSQ, TERM on NATS)."""
 
     __slots__ = ("reason",)
 

@@ -15,7 +15,6 @@ from nsqworker.transport import SubscriptionStats
 __all__ = [
     "DURATION_BUCKETS",
     "FINE_BUCKETS",
-    "FROM_DISPATCHER",
     "DispatchStats",
     "DurationHistogram",
     "TaskStats",
@@ -103,12 +102,6 @@ class TaskStats:
     last_error: dict[str, Any] | None = None
     """The latest handler failure: ``error`` (type and message, cut), ``id``, ``at``
     (Unix seconds) and ``outcome`` (retry or dead letter); None before the first."""
-
-
-#: TaskStats fields copied from the dispatcher's own stats.
-FROM_DISPATCHER = (
-    "max_in_flight received finished requeued in_flight running backoff_level backoff_stalls"
-)
 
 
 @dataclass

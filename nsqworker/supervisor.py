@@ -55,7 +55,7 @@ __all__ = [
     "EXIT_FORCED",
     "EXIT_OK",
     "EXIT_USAGE",
-    "Policy",
+    "RestartPolicy",
     "Supervisor",
     "run",
 ]
@@ -68,7 +68,7 @@ LIVE_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
-class Policy:
+class RestartPolicy:
     """How the supervisor watches and replaces its children."""
 
     hung_timeout: float = 60.0
@@ -107,7 +107,7 @@ class Supervisor:
         self,
         target: str,
         settings: Settings,
-        policy: Policy | None = None,
+        policy: RestartPolicy | None = None,
         schedules: ScheduleRunner | None = None,
     ) -> None:
         self.target = target
@@ -117,7 +117,7 @@ class Supervisor:
         if schedules is not None:
             self.metrics.extra.append(schedules.metrics)
         self.settings = settings
-        self.policy = policy or Policy()
+        self.policy = policy or RestartPolicy()
         self._ctx = multiprocessing.get_context("spawn")
         self._slots: list[_Child | None] = [None] * settings.workers
         self._restart_at: dict[int, float] = {i: 0.0 for i in range(settings.workers)}
@@ -452,7 +452,7 @@ class Supervisor:
 def run(
     target: str,
     settings: Settings,
-    policy: Policy | None = None,
+    policy: RestartPolicy | None = None,
     *,
     spelled: Mapping[str, str] | None = None,
     reload: bool = False,

@@ -350,14 +350,15 @@ class Registry:
         """Declare the decorated function as the handler of ``topic`` on ``channel``.
 
         Args:
-            topic: the NSQ topic to consume.
+            topic: the topic to consume (an NSQ topic, a NATS JetStream subject's
+                stream, a RabbitMQ stream).
             channel: the channel to subscribe with; every channel gets its own copy
                 of each message, so two tasks on one topic need two channels.
             max_in_flight: messages handled at once (default ``Settings.max_in_flight``);
                 for a sync handler also the size of its thread pool.
             max_attempts: deliveries before the message goes to the dead-letter hooks
                 (default ``Settings.max_attempts``).
-            requeue_delay: seconds of the first REQ after a failure, growing
+            requeue_delay: seconds of the first retry after a failure, growing
                 exponentially with attempts (default ``Settings.requeue_delay``).
             on_dead_letter: ``hook(msg, reason)`` called when the message is given up;
                 a plain function runs in a thread, an ``async def`` on the loop.

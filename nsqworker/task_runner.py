@@ -1,7 +1,9 @@
 """One task inside a worker: run its handler, decide the outcome, log and trace it.
 
-The :class:`TaskRunner` is a task's :class:`~nsqworker.dispatch.Dispatcher` callback and
-give-up hook. Async handlers run eagerly (the first step inline, a Task only if they
+A :class:`TaskRunner` is built with everything its task needs (spec, settings,
+transport, hooks) and builds its own subscription and
+:class:`~nsqworker.dispatch.Dispatcher`, whose callback and give-up hook it is; the
+worker only starts and stops runners and asks them for stats. Async handlers run eagerly (the first step inline, a Task only if they
 suspend); sync handlers go to the task's thread pool (:mod:`nsqworker.pool`). Around the
 handler: the typed body is validated (:mod:`nsqworker.bodies`), the hooks run
 (:mod:`nsqworker.hooks`), the time limit is kept, the span is started and ended
@@ -18,16 +20,17 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Coroutine
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 
 from nsqworker.bodies import typed_handler
-from nsqworker.dead_letters import dead_letter_envelope, publish_dead_letter
-from nsqworker.dispatch import DEFERRED, MAX_ATTEMPTS_REASON, Dispatcher
+from nsqworker.consumer import open_subscription
+from nsqworker.dead_letters import DeadLetterChain, dead_letter_envelope
+from nsqworker.dispatch import DEFERRED, MAX_ATTEMPTS_REASON, Callback, Dispatcher, Policy
 from nsqworker.eager import resume
 from nsqworker.errors import ConfigurationError
-from nsqworker.hooks import Hooks, call, run_after, run_on_error, with_hooks
+from nsqworker.hooks import Hooks, run_after, run_on_error, with_hooks
 from nsqworker.logging import TrafficSummary, get_logger, histogram_quantile
 from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.outcomes import (
@@ -42,34 +45,17 @@ from nsqworker.outcomes import (
 from nsqworker.pool import ThreadPool, run_traced
 from nsqworker.results import planned, publish_results
 from nsqworker.safe_text import one_line
+from nsqworker.settings import Settings
+from nsqworker.slow import SlowWatch
 from nsqworker.stats import (
     DURATION_BUCKETS,
     FINE_BUCKETS,
-    FROM_DISPATCHER,
     DurationHistogram,
     TaskStats,
     coarse_counts,
 )
 from nsqworker.task import TaskSpec
-from nsqworker.transport import Capabilities
-
-if TYPE_CHECKING:
-    from nsqworker.settings import Settings
-    from nsqworker.task import Registry
-    from nsqworker.transport import Transport
-
-
-class Host(Protocol):
-    """What a task runner needs of its worker."""
-
-    settings: Settings
-    registry: Registry
-
-    @property
-    def transport(self) -> Transport: ...
-
-    def request_recycle(self, reason: str) -> None: ...
-
+from nsqworker.transport import Capabilities, Transport
 
 __all__ = ["TaskRunner", "check_needs", "dead_letter_envelope"]
 
@@ -129,60 +115,98 @@ def last_error(msg: Message, exc: BaseException, outcome: Outcome | None) -> dic
     }  # fmt: skip
 
 
+def _no_recycle(reason: str) -> None:
+    log.warning("this worker process should be replaced after a drain", reason=reason)
+
+
 class TaskRunner:
-    """The per-task half of the worker: the dispatcher's callback and give-up hook."""
+    """One task of a worker: its subscription and dispatcher, the handler around them
+    (the dispatcher's callback and give-up hook), its counters and telemetry.
 
-    dispatcher: Dispatcher
+    ``hooks``: the registry's, run before the task's own. ``request_recycle(reason)``
+    asks for this process to be replaced after a drain (a sync handler outlived its
+    time limit). ``wrap_callback`` wraps the dispatcher's callback (the process-wide
+    ``max_tasks_per_child`` budget). Build it on the loop it will run on.
+    """
 
-    def __init__(self, worker: Host, spec: TaskSpec, max_in_flight: int) -> None:
-        self.worker = worker
+    def __init__(
+        self,
+        spec: TaskSpec,
+        settings: Settings,
+        transport: Transport,
+        *,
+        hooks: Hooks | None = None,
+        request_recycle: Callable[[str], None] = _no_recycle,
+        wrap_callback: Callable[[Callback], Callback] | None = None,
+    ) -> None:
+        caps = transport.capabilities
+        check_needs(spec, caps)
         self.spec = spec
+        self.settings = settings
+        self.transport = transport
+        self._request_recycle = request_recycle
         self.loop = asyncio.get_running_loop()
+        policy = Policy.from_settings(
+            settings, max_in_flight=spec.max_in_flight, max_attempts=spec.max_attempts,
+            requeue_delay=spec.requeue_delay,
+        )  # fmt: skip
         # A task factory (``@spark_task``) may want the worker's settings: its handler
         # then carries bind_settings(settings) -> the handler to run.
         bind = getattr(spec.func, "bind_settings", None)
-        func = bind(worker.settings) if callable(bind) else spec.func
+        func = bind(settings) if callable(bind) else spec.func
         #: What the bound handler holds open (@spark_session_task's session), closed by
         #: the Worker once it has drained: ``async close()`` on the handler, or None.
         self.close_handler: Callable[[], Coroutine[Any, Any, None]] | None = getattr(
             func, "close", None
         )
         if spec.body is not None:  # a typed body: validated before the handler
-            func = typed_handler(func, spec.body, Reject, worker.settings.typed_body_max_bytes)
-        hooks: Hooks = getattr(worker.registry, "hooks", Hooks()) + spec.hooks
+            func = typed_handler(func, spec.body, Reject, settings.typed_body_max_bytes)
+        hooks = (hooks or Hooks()) + spec.hooks
         self.func = with_hooks(func, hooks, spec.is_async, self.loop)
         self.after_hooks = hooks.after
         self.error_hooks = hooks.on_error
-        self.dead_letter_hooks = hooks.on_dead_letter
-        self.timeout = spec.timeout if spec.timeout is not None else worker.settings.task_timeout
+        self.timeout = spec.timeout if spec.timeout is not None else settings.task_timeout
         #: From this delivery on, a time limit reached dead-letters the message (0: never).
-        self.timeout_dead_letter = worker.settings.timeout_dead_letter_attempts
+        self.timeout_dead_letter = settings.timeout_dead_letter_attempts
         # Messages whose handler ran past the time limit: cancelled (async) or given back
         # while their thread still runs (sync); and the sync handlers' limit timers.
         self.expired: set[Message] = set()
         self.overdue: dict[Message, asyncio.TimerHandle] = {}
-        self.inst = _instrumentation(spec, worker.settings, worker.transport.capabilities)
+        self.inst = _instrumentation(spec, settings, caps)
         self.log = log.bind(task=spec.name, topic=spec.topic, channel=spec.channel)
+        self.dead_letters = DeadLetterChain(spec, transport, hooks.on_dead_letter, self.log)
         self.log_debug = self.log.is_enabled_for(logging.DEBUG)
         self.summary = TrafficSummary(FINE_BUCKETS, self.loop.time())
-        self.logged: set[str] = set()  # given up by their handler: dead-letter line written
         # Durations in fine buckets (summary quantiles close to the real figures); the
         # coarse DURATION_BUCKETS histogram of stats() is summed from them.
         self.bounds = FINE_BUCKETS
         self.counts = [0] * (len(FINE_BUCKETS) + 1)
         self.dur_sum = 0.0
-        self.dead_lettered = 0
         self.last_error: dict[str, Any] | None = None  # for /status and the console
-        self.slow_floor = worker.settings.slow_handler_after
+        self.slow_floor = settings.slow_handler_after
         self.pool: ThreadPool | None = None
         #: Sync handlers' results being published (they complete their messages).
         self.publishing: set[asyncio.Task[None]] = set()
         if not spec.is_async:
             name = f"nsqworker-{getattr(spec.func, '__name__', 'task')}"
-            self.pool = ThreadPool(self.func, self.finish_sync, self.loop, max_in_flight, name)
-        self.callback: Callable[[Message], Any] = (
-            self.call_async if spec.is_async else self.call_sync
+            self.pool = ThreadPool(
+                self.func, self.finish_sync, self.loop, policy.max_in_flight, name
+            )
+        #: The dispatcher's callback (call_sync returns DEFERRED: it completes later).
+        self.callback: Callback = self.call_async if spec.is_async else self.call_sync  # type: ignore[assignment]
+        self.slow_watch = SlowWatch(
+            self.on_slow, self.slow_after, self.pool.running_for if self.pool else None
         )
+        subscription = open_subscription(
+            transport, spec.topic, spec.channel, name=spec.name,
+            max_in_flight=policy.max_in_flight,
+            requests=getattr(spec.func, "serves_requests", False),  # @rpc: request/reply
+        )  # fmt: skip
+        self.dispatcher = Dispatcher(
+            subscription, wrap_callback(self.callback) if wrap_callback else self.callback,
+            policy, capabilities=caps, on_give_up=self.dead_letters.run, name=spec.name,
+            slow=self.slow_watch,
+        )  # fmt: skip
 
     def call_async(self, msg: Message) -> Any:
         """Run an async handler: its first step inline, a Task only if it suspends.
@@ -262,8 +286,8 @@ class TaskRunner:
         """Publish what ``value`` says on the task's transport (in the handler's
         Context, its span current); raises what fails, a bad value included."""
         plan = planned(value, self.spec.publish_to)
-        envelope = self.worker.settings.tracing_envelope
-        await publish_results(self.worker.transport, msg, plan, envelope=envelope)
+        envelope = self.settings.tracing_envelope
+        await publish_results(self.transport, msg, plan, envelope=envelope)
 
     async def _publish_then_settle(
         self, msg: Message, value: Any, start: float, token: Any
@@ -351,7 +375,7 @@ class TaskRunner:
         elif isinstance(outcome, GiveUp):  # timed out again: the dead-letter chain, now
             msg.answered = True
             self.dispatcher.settle(msg, outcome)
-        self.worker.request_recycle(f"a sync handler of {self.spec.name} outlived its time limit")
+        self._request_recycle(f"a sync handler of {self.spec.name} outlived its time limit")
 
     def finish_sync(
         self, msg: Message, ctx: contextvars.Context, token: Any,
@@ -451,43 +475,7 @@ class TaskRunner:
             )
         else:  # a give-up: its dead-letter line here, in the handler's span
             assert isinstance(outcome, GiveUp)
-            self.log_dead_letter(msg, one_line(outcome.reason), exc)
-            self.logged.add(msg.id)
-
-    def log_dead_letter(self, msg: Message, reason: str, exc: BaseException | None) -> None:
-        """One line per dead letter: a Reject's at warning with its reason (an expected
-        outcome), any other at error with the traceback of the failure, if any."""
-        if isinstance(exc, Reject):
-            self.log.warning("dead-letter", id=msg.id, attempts=msg.attempts, reason=reason)
-        else:
-            error = type(exc).__name__ if exc is not None else None
-            self.log.error(
-                "dead-letter", id=msg.id, attempts=msg.attempts, reason=reason, error=error,
-                exc_info=exc,
-            )  # fmt: skip
-
-    async def give_up(self, msg: Message, reason: str) -> None:
-        """The dead-letter chain: publish to dead_letter_topic, then the task's
-        on_dead_letter, then the dead-letter hooks of the registry and the task.
-
-        Any exception propagates, so the dispatcher retries the message instead.
-        The reason may quote the body (a key, a broker's property): it is made one line,
-        its control characters escaped, before anyone logs, publishes or hooks it.
-        """
-        spec = self.spec
-        reason = one_line(reason)
-        if msg.id in self.logged:  # its handler gave up: logged then, in its span
-            self.logged.discard(msg.id)
-        else:  # past max_attempts on arrival, undecodable...
-            self.log_dead_letter(msg, reason, None)
-        if spec.dead_letter_topic is not None:
-            producer = self.worker.transport.publisher(msg)
-            await publish_dead_letter(producer, spec.dead_letter_topic, msg, reason, spec.name)
-        if spec.on_dead_letter is not None:
-            await call(spec.on_dead_letter, msg, reason)
-        for hook in self.dead_letter_hooks:
-            await call(hook, msg, reason)
-        self.dead_lettered += 1
+            self.dead_letters.handler_gave_up(msg, one_line(outcome.reason), exc)
 
     def slow_after(self) -> float:
         """When a running handler is worth a warning: 10x this task's p99 handler
@@ -502,8 +490,65 @@ class TaskRunner:
             running_s=round(seconds, 1), threshold_s=round(self.slow_after(), 1),
         )  # fmt: skip
 
-    def inflight(self, now: float) -> list[dict[str, Any]]:
+    # --- lifecycle, for the worker -----------------------------------------------------
+
+    async def start(self) -> None:
+        """Subscribe and connect; returns once the subscription tried once."""
+        await self.dispatcher.start()
+
+    async def stop(self, timeout: float) -> None:
+        """Drain the dispatcher (pause, let handlers finish within ``timeout``, retry
+        the rest) and close the subscription."""
+        await self.dispatcher.stop(timeout)
+
+    def force_stop(self) -> None:
+        """Cut a running drain short."""
+        self.dispatcher.force_stop()
+
+    def shutdown_pool(self) -> None:
+        """Let the idle threads of a sync task exit (busy ones finish their message)."""
+        if self.pool is not None:
+            self.pool.shutdown()
+
+    def threads(self) -> tuple[int, int]:
+        """Sync handlers' threads alive: ``(all, those running a message already retried
+        at its time limit)``."""
+        if self.pool is None:
+            return 0, 0
+        return self.pool.alive(), sum(msg in self.expired for msg in self.pool.running())
+
+    async def close(self) -> None:
+        """Close what the bound handler holds open (a Spark session), once it has
+        drained; a failure is logged, never raised."""
+        if self.close_handler is None:
+            return
+        try:
+            await self.close_handler()
+        except Exception:
+            log.exception("closing the task's resources failed", task=self.spec.name)
+
+    @property
+    def ready(self) -> bool:
+        """The subscription's readiness (see the transport)."""
+        return self.dispatcher.ready
+
+    @property
+    def subscribed(self) -> bool:
+        """True while the subscription has a live connection."""
+        return self.dispatcher.subscribed
+
+    def handled(self) -> int:
+        """Messages settled so far (finished, retried, given up)."""
+        d = self.dispatcher
+        return d.finished + d.requeued + d.given_up
+
+    def log_summary(self) -> None:
+        """The task's periodic info line, when it was busy."""
+        self.summary.log(self.log, self.dispatcher.stats(), self.counts, self.loop.time())
+
+    def inflight(self) -> list[dict[str, Any]]:
         """This task's messages beyond the hot path, as plain data for /inflight."""
+        now = self.dispatcher.subscription.clock()
         threads = self.pool.running() if self.pool is not None else {}
         rows = []
         for msg, state, handle in self.dispatcher.tracked():
@@ -523,10 +568,12 @@ class TaskRunner:
         sub = ds.subscription
         return TaskStats(
             spec.name, spec.topic, spec.channel, dispatcher.subscribed, dispatcher.ready,
-            dead_lettered=self.dead_lettered, connections=sub.connected, rdy=sub.window,
+            dead_lettered=self.dead_letters.count, connections=sub.connected, rdy=sub.window,
             dead_letter_topic=spec.dead_letter_topic, last_error=self.last_error,
             buffered=sub.buffered, connection_errors=dict(sub.errors),
-            system=self.worker.transport.capabilities.system,
+            system=self.transport.capabilities.system,
             duration=DurationHistogram(list(DURATION_BUCKETS), counts, self.dur_sum, sum(counts)),
-            **{key: getattr(ds, key) for key in FROM_DISPATCHER.split()},
+            max_in_flight=ds.max_in_flight, received=ds.received, finished=ds.finished,
+            requeued=ds.requeued, in_flight=ds.in_flight, running=ds.running,
+            backoff_level=ds.backoff_level, backoff_stalls=ds.backoff_stalls,
         )  # fmt: skip

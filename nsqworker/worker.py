@@ -1,9 +1,11 @@
 """One worker process: a Registry's tasks on one event loop, over one transport.
 
 ``Worker(registry, settings)`` builds the transport ``settings.transport`` names (NSQ by
-default) and, per task, a subscription and a :class:`~nsqworker.dispatch.Dispatcher`
-(the task's policy). The dispatcher's callback runs the handler and turns the result into
-an outcome (see :mod:`nsqworker.task`); its give-up hook is the dead-letter path. Async
+default) and, per task, a :class:`~nsqworker.task_runner.TaskRunner`, which builds its
+subscription and :class:`~nsqworker.dispatch.Dispatcher` (the task's policy) and runs the
+handler, turning the result into an outcome (see :mod:`nsqworker.task`); its give-up hook
+is the dead-letter path. The worker only starts and stops the runners and asks them for
+stats and in-flight rows. Async
 handlers are awaited on the loop, started eagerly, so one that never suspends finishes
 inline with no Task. Sync handlers never run on the loop: each sync task has a small
 thread pool, sized to its max_in_flight and grown on demand, whose threads hand results
@@ -25,8 +27,9 @@ from collections.abc import Callable
 from typing import Any, Self
 
 from nsqworker import logging as _logs
-from nsqworker.dispatch import Dispatcher, Policy
+from nsqworker.dispatch import Callback
 from nsqworker.errors import ConfigurationError
+from nsqworker.hooks import Hooks
 from nsqworker.logging import configure_logging, get_logger
 from nsqworker.message import Message, Requeue
 from nsqworker.settings import Settings
@@ -35,7 +38,7 @@ from nsqworker.stats import (
     WorkerStats,
 )
 from nsqworker.task import Registry
-from nsqworker.task_runner import TaskRunner, check_needs, dead_letter_envelope
+from nsqworker.task_runner import TaskRunner, dead_letter_envelope
 from nsqworker.transport import Transport, create_transport
 from nsqworker.watchdog import LoopWatchdog
 
@@ -110,7 +113,7 @@ class Worker:
         """True while running with every task subscribed, or its topic on no nsqd yet."""
         runners = self._runners
         ok = self._started and self._stop_task is None and bool(runners)
-        return ok and all(r.dispatcher.ready for r in runners)
+        return ok and all(r.ready for r in runners)
 
     @property
     def live(self) -> bool:
@@ -128,38 +131,18 @@ class Worker:
         settings = self.settings
         _logs.configure_logging_by_default(settings.log_level, settings.log_format)
         transport = self.transport
-        caps = transport.capabilities
+        hooks: Hooks = getattr(self.registry, "hooks", None) or Hooks()
+        wrap = None
+        if settings.max_tasks_per_child > 0:  # else the hot path is left as it is
+            self._budget = settings.max_tasks_per_child
+            wrap = self._counted
         for spec in self.registry:
-            check_needs(spec, caps)
-            policy = Policy.from_settings(
-                settings, max_in_flight=spec.max_in_flight, max_attempts=spec.max_attempts,
-                requeue_delay=spec.requeue_delay,
+            runner = TaskRunner(
+                spec, settings, transport, hooks=hooks,
+                request_recycle=self.request_recycle, wrap_callback=wrap,
             )  # fmt: skip
-            topic, channel = (
-                transport.check_topic(spec.topic),
-                transport.check_channel(spec.channel),
-            )
-            runner = TaskRunner(self, spec, policy.max_in_flight)
-            subscribe = transport.subscribe
-            if getattr(spec.func, "serves_requests", False):  # @rpc: NATS request/reply
-                subscribe = getattr(transport, "subscribe_requests", subscribe)
-            sub = subscribe(topic, channel, name=spec.name, max_in_flight=policy.max_in_flight)
-            callback = runner.callback
-            if settings.max_tasks_per_child > 0:  # else the hot path is left as it is
-                self._budget = settings.max_tasks_per_child
-                callback = self._counted(callback)
-            runner.dispatcher = Dispatcher(
-                sub, callback, policy, on_give_up=runner.give_up, name=spec.name,
-                max_retry_delay=caps.max_retry_delay, keep_alive=caps.keep_alive,
-            )  # fmt: skip
-            runner.dispatcher.on_slow = runner.on_slow
-            runner.dispatcher.slow_after = runner.slow_after
-            if runner.pool is not None:
-                runner.dispatcher.sync_ages = runner.pool.running_for
             self._runners.append(runner)
-        results = await asyncio.gather(
-            *(r.dispatcher.start() for r in self._runners), return_exceptions=True
-        )
+        results = await asyncio.gather(*(r.start() for r in self._runners), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             await self.stop(0)
@@ -171,7 +154,7 @@ class Worker:
             self.watchdog = LoopWatchdog.start_for(self.registry, settings.watchdog_timeout)
         if (every := settings.log_summary_interval) > 0:
             self._summaries = asyncio.create_task(_logs.every(every, self._log_summaries))
-        waiting = [r.spec.name for r in self._runners if not r.dispatcher.subscribed]
+        waiting = [r.spec.name for r in self._runners if not r.subscribed]
         if waiting:  # each subscription logs "subscribed on ..." when it gets there
             log.warning("not subscribed yet; retrying", pid=os.getpid(), waiting_for=waiting)
         else:
@@ -183,22 +166,20 @@ class Worker:
         asyncio task or thread; what ``/inflight`` and ``nsqworker inflight`` show."""
         rows: list[dict[str, Any]] = []
         for runner in self._runners:
-            rows += runner.inflight(runner.dispatcher.subscription.clock())
+            rows += runner.inflight()
         rows.sort(key=lambda row: -row["age_s"])
         return rows[:limit]
 
     def handled(self) -> int:
         """Messages this worker's tasks have settled so far (finished, retried, given up)."""
-        return sum(
-            d.finished + d.requeued + d.given_up for d in (r.dispatcher for r in self._runners)
-        )
+        return sum(r.handled() for r in self._runners)
 
-    def _counted(self, callback: Callable[[Message], Any]) -> Callable[[Message], Any]:
+    def _counted(self, callback: Callback) -> Callback:
         """``callback`` that starts at most the process's ``max_tasks_per_child``
         messages (over all its tasks); the last one starts the drain, and what arrives
         after it is handed back at once, unstarted, for the next process."""
 
-        def counted(msg: Message) -> Any:
+        def counted(msg: Message) -> Any:  # the callback's own return types
             left = self._budget
             if left is None or left <= 0:
                 return _HAND_BACK
@@ -220,7 +201,7 @@ class Worker:
 
     def _log_summaries(self) -> None:
         for r in self._runners:  # each busy task's periodic info line
-            r.summary.log(r.log, r.dispatcher.stats(), r.counts, r.loop.time())
+            r.log_summary()
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop taking messages, let running handlers finish within ``drain_timeout``
@@ -237,15 +218,12 @@ class Worker:
         deadline = loop.time() + timeout
         log.info("worker draining", timeout=timeout)
         # 1. Each task: pause the flow, wait for its handlers (kept alive), retry the rest.
-        await asyncio.gather(
-            *(r.dispatcher.stop(timeout) for r in self._runners), return_exceptions=True
-        )
+        await asyncio.gather(*(r.stop(timeout) for r in self._runners), return_exceptions=True)
         # 2. Sync handlers' threads: let idle ones exit; wait for busy ones until the
         # deadline, except those of messages already retried at their time limit: they
         # are settled, and nothing can stop their threads (the process exits without them).
-        pools = [r.pool for r in self._runners if r.pool is not None]
-        for pool in pools:
-            pool.shutdown()
+        for runner in self._runners:
+            runner.shutdown_pool()
         while self._threads()[0] and loop.time() < deadline and not self._forced:
             await asyncio.sleep(0.02)
         stuck, overdue = self._threads()
@@ -255,11 +233,7 @@ class Worker:
             log.info("not waiting for sync handlers past their time limit", threads=overdue)
         # 2b. What bound handlers hold open (a Spark session), now that none runs.
         for runner in self._runners:
-            if runner.close_handler is not None:
-                try:
-                    await runner.close_handler()
-                except Exception:
-                    log.exception("closing the task's resources failed", task=runner.spec.name)
+            await runner.close()
         # 3. The transport's publishers, the watchdog, the OpenTelemetry view of our stats.
         if self.watchdog is not None:
             self.watchdog.stop()
@@ -279,9 +253,9 @@ class Worker:
         the latter running a message already retried at its limit."""
         alive = overdue = 0
         for runner in self._runners:
-            if runner.pool is not None:
-                alive += runner.pool.alive()
-                overdue += sum(msg in runner.expired for msg in runner.pool.running())
+            threads, past_limit = runner.threads()
+            alive += threads
+            overdue += past_limit
         return max(alive - overdue, 0), overdue
 
     async def run(self) -> None:
@@ -335,7 +309,7 @@ class Worker:
 
     def _force(self) -> None:
         for runner in self._runners:
-            runner.dispatcher.force_stop()
+            runner.force_stop()
 
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> list[int]:
         if threading.current_thread() is not threading.main_thread():

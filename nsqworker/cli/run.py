@@ -87,7 +87,7 @@ def run(
     Exit codes: 0 drained, 1 workers kept dying, 2 bad usage, import or settings, 130 forced.
     """
     from nsqworker.logging import configure_logging
-    from nsqworker.supervisor import Policy
+    from nsqworker.supervisor import RestartPolicy
     from nsqworker.supervisor import run as supervise
     from nsqworker.task import TaskImportError
 
@@ -115,7 +115,9 @@ def run(
         from nsqworker.reload import WARNING
 
         get_logger("nsqworker.supervisor").warning(WARNING)
-    policy = Policy(hung_timeout=hung_timeout, crash_limit=crash_limit, crash_window=crash_window)
+    policy = RestartPolicy(
+        hung_timeout=hung_timeout, crash_limit=crash_limit, crash_window=crash_window
+    )
     spelled = {name: flag(name) for name, value in given.items() if value is not None}
     warn_unreachable(settings)
     try:  # OTEL_* variables are read in each worker process, where the spans are made

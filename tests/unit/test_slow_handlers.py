@@ -94,7 +94,7 @@ async def test_a_message_waiting_for_a_slot_is_not_a_slow_handler(
     broker = MemoryTransport()
     async with Worker(reg, settings(), transport=broker) as w:
         (runner,) = w._runners
-        runner.dispatcher.slow_after = lambda: 0.5  # fixed: this test is about the age
+        runner.slow_watch.threshold = lambda: 0.5  # fixed: this test is about the age
         published = time.monotonic()
         await broker.publish("slow_wait", b"stuck")
         await broker.run_until_idle(until=lambda: bool(broker.retried("slow_wait", "c")))

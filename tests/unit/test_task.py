@@ -20,6 +20,7 @@ import structlog
 
 from nsqworker.dispatch import DEFERRED
 from nsqworker.errors import AlreadyResponded, ConfigurationError
+from nsqworker.memory import MemoryTransport
 from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
 from nsqworker.nsq.transport import CAPABILITIES
 from nsqworker.policy import requeue_delay
@@ -356,16 +357,15 @@ def test_describe_outcome() -> None:
 def runner_for(func: Any, **options: Any) -> _TaskRunner:
     spec = Registry().task("t", channel="c", **options)(func).spec
     settings = Settings(nsqd_tcp_addresses=["127.0.0.1:4150"])
-    worker = SimpleNamespace(
-        settings=settings, transport=SimpleNamespace(capabilities=CAPABILITIES), registry=Registry()
-    )
-    return _TaskRunner(worker, spec, spec.max_in_flight or 4)  # type: ignore[arg-type]
+    transport = MemoryTransport()
+    transport.capabilities = CAPABILITIES  # the spans and logs of an NSQ task
+    return _TaskRunner(spec, settings, transport)
 
 
 async def run_callback(runner: _TaskRunner, msg: Message) -> Outcome | None:
     """Run the dispatcher's callback as the dispatcher would and return the outcome."""
     completed: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
-    s = runner.worker.settings
+    s = runner.settings
     runner.dispatcher = SimpleNamespace(  # type: ignore[assignment]
         complete=lambda _msg, outcome: completed.set_result(outcome),
         # The policy's delay, as Dispatcher.requeue_delay gives it (the worker logs it).
