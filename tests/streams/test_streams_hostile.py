@@ -145,9 +145,9 @@ async def test_a_far_x_not_before_on_the_retry_stream_is_clamped(
     retries behind it are read ahead, not held back."""
     from rstream import AMQPMessage
 
-    import nsqworker.streams.subscription as subscription
+    import nsqworker.streams.held as held
 
-    monkeypatch.setattr(subscription, "MAX_NOT_BEFORE", 1.0, raising=False)
+    monkeypatch.setattr(held, "MAX_NOT_BEFORE", 1.0)
     stream = topic()
     now_ms = int(time.time() * 1000)
     far = AMQPMessage(body=b"far", application_properties={
