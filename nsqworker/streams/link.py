@@ -243,7 +243,7 @@ class StreamLink(asyncio.Protocol):
         try:
             for frame in self._reader.feed(data):
                 if frame[0] == 0 and frame[1] == wire.DELIVER:
-                    self.on_chunk(wire.parse_chunk(frame))
+                    self.on_chunk(wire.parse_chunk(frame, lazy=True))
                 else:
                     self._control(frame)
         except RemoteProtocolError as exc:

@@ -31,24 +31,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from nsqworker.message import Message, Undecodable
 from nsqworker.streams import wire
-from nsqworker.streams.amqp import Decoded, decode
 from nsqworker.streams.client import StreamConnections, check_stream
 from nsqworker.streams.errors import reason
-from nsqworker.streams.held import Holds, Item
+from nsqworker.streams.held import Holds
+from nsqworker.streams.intake import Intake, Reader
 from nsqworker.streams.offsets import Watermark
 from nsqworker.streams.retries import (
-    ATTEMPTS,
-    NOT_BEFORE,
-    UNDECODABLE,
-    origin,
     retry_properties,
     retry_stream,
     retry_streams,
@@ -75,28 +69,9 @@ CREDIT = 3
 """Chunks the broker may send ahead of the one being read (one more is granted as each
 chunk is started): what a full window holds back beyond itself."""
 _monotonic = time.monotonic
-_DATA_SHORT = b"\x00Su\xa0"  # an AMQP 1.0 data section of a binary up to 255 bytes
 
 
-@dataclass(eq=False)
-class _Reader:
-    stream: str
-    retry: bool
-    prefix: bytes = b""  # b"<topic>:", the start of each message id
-    watermark: Watermark = field(default_factory=Watermark)
-    index: int = 0  # its subscription id on its link
-    link: StreamLink | None = None
-    active: bool = False
-    received: int = 0
-    start: int = 0
-    """The first offset to hand out (RabbitMQ sends the whole chunk holding it)."""
-    backlog: deque[list[Any]] = field(default_factory=deque)
-    """Chunks waiting for room, in order: [chunk, next record index, credited]."""
-    pumping: bool = False
-    standing_by: bool = False  # said so in the log since it was last active
-
-
-class StreamSubscription:
+class StreamSubscription(Intake):
     """``topic`` read by the consumer ``channel``; see the module docstring."""
 
     def __init__(
@@ -118,8 +93,8 @@ class StreamSubscription:
         self.producer = producer
         self.window = max_in_flight
         self.in_flight = 0
-        self.readers = [_Reader(topic, retry=False, prefix=f"{topic}:".encode())] + [
-            _Reader(check_stream(name), retry=True, prefix=f"{topic}:".encode(), index=i + 1)
+        self.readers = [Reader(topic, retry=False, prefix=f"{topic}:".encode())] + [
+            Reader(check_stream(name), retry=True, prefix=f"{topic}:".encode(), index=i + 1)
             for i, name in enumerate(retry_streams(topic, channel))
         ]
         self._flow = Flow.OPEN
@@ -264,7 +239,7 @@ class StreamSubscription:
         log.info("%s: active on %s after offset %d", self.name, reader.stream, stored)
         return wire.OFFSET, stored + 1
 
-    async def _stored_offset(self, reader: _Reader) -> int | None:
+    async def _stored_offset(self, reader: Reader) -> int | None:
         """The channel's stored offset on the reader's stream (None: none stored). Just
         after a restart RabbitMQ may answer "stream not available", or not in time, while
         it recovers its streams: ask again for up to a minute."""
@@ -301,7 +276,7 @@ class StreamSubscription:
             if not reader.active and self._subscribed:
                 self._standing_by(reader)
 
-    def _standing_by(self, reader: _Reader) -> None:
+    def _standing_by(self, reader: Reader) -> None:
         """One INFO line when ``reader`` waits as a single-active-consumer standby. The
         protocol says only whether this consumer is active, never which one is, so the
         line names the command that lists the group (this process's connection among
@@ -388,168 +363,7 @@ class StreamSubscription:
             self._mid_limit = self.window
             self._limit = 0 if flow is Flow.PAUSED else self.window
 
-    async def _wait_for_room(self, started: bool = False) -> None:
-        while self.in_flight >= (self._mid_limit if started else self._limit):
-            self._room.clear()
-            await self._room.wait()
-
-    # --- messages --------------------------------------------------------------
-
-    def _on_chunk(self, session: object, chunk: wire.Chunk) -> None:
-        """A chunk from a link (in its ``data_received``): handed out now while there
-        is room, else kept in order for :meth:`_pump`."""
-        if session is not self._session or not 0 <= chunk.subscription_id < len(self.readers):
-            return
-        reader = self.readers[chunk.subscription_id]
-        if reader.backlog or reader.retry or self.in_flight >= self._limit:
-            reader.backlog.append([chunk, 0, False])
-            if not reader.pumping:
-                reader.pumping = True
-                self._spawn(self._pump(reader, session))
-            return
-        assert reader.link is not None
-        reader.link.credit(reader.index)
-        stop = self._hand_out(reader, chunk, 0)
-        if stop >= 0:
-            reader.backlog.append([chunk, stop, True])
-            reader.pumping = True
-            self._spawn(self._pump(reader, session))
-
-    def _hand_out(self, reader: _Reader, chunk: wire.Chunk, index: int) -> int:
-        """Hand out ``chunk``'s records from ``index`` while there is room: the index
-        where it stopped, or -1 when every record was handed out.
-
-        The hot path: a record that is one AMQP data section (what nsqworker and most
-        clients publish) becomes a Message here, without a call per record for decoding
-        or taking; anything else goes through :meth:`_take`."""
-        records, first, timestamp = chunk.records, chunk.first_offset, chunk.timestamp
-        index = max(index, reader.start - first)
-        end = len(records)
-        if index >= end:
-            return -1
-        mark, prefix, deliver = reader.watermark, reader.prefix, self._deliver
-        topic, channel, address, owner = self.topic, self.channel, self._address, self._receiver
-        delivered, passed = mark.delivered, mark.passed
-        stamp, now = timestamp * 1_000_000, _monotonic()
-        taken = index
-        while index < end:
-            if self.in_flight >= self._mid_limit:
-                break
-            record, offset = records[index], first + index
-            index += 1
-            if (
-                record.__class__ is bytes
-                and record[:4] == _DATA_SHORT
-                and len(record) > 4
-                and len(record) == 5 + record[4]
-            ):
-                msg = Message(b"%s%d" % (prefix, offset), record[5:], stamp, 1, topic,
-                              channel, address, owner, (reader, mark, offset), now)  # fmt: skip
-                msg.origin = (topic, offset)
-                # The watermark learns of it after the receiver: finished inline (the
-                # common case) it is passed in one step; else it is pending (or was
-                # settled already, which delivered() allows for).
-                if deliver(msg):  # type: ignore[misc]
-                    passed(offset)
-                else:
-                    self.in_flight += 1
-                    delivered(offset)
-            else:
-                message = decode(record) if record.__class__ is bytes else record
-                self._take(reader, message, offset, timestamp)
-        reader.received += index - taken
-        return index if index < end else -1
-
-    async def _pump(self, reader: _Reader, session: object) -> None:
-        """Hand out ``reader``'s kept chunks in order as room comes (retries: each
-        held until due)."""
-        try:
-            while reader.backlog and session is self._session:
-                entry = reader.backlog[0]
-                chunk, index, credited = entry
-                await self._wait_for_room(started=credited)
-                if session is not self._session or reader.link is None:
-                    return
-                if not credited:
-                    entry[2] = True
-                    reader.link.credit(reader.index)
-                if reader.retry:
-                    await self._hand_out_retries(reader, session, entry)
-                    index = -1
-                else:
-                    index = entry[1] = self._hand_out(reader, chunk, index)
-                if index < 0 and reader.backlog and reader.backlog[0] is entry:
-                    reader.backlog.popleft()
-        finally:
-            reader.pumping = False
-
-    async def _hand_out_retries(self, reader: _Reader, session: object, entry: list[Any]) -> None:
-        """Each retry of the chunk in ``entry``: held until due, then handed out; stops
-        when the reader's backlog was dropped (a new role, a lost connection)."""
-        chunk = entry[0]
-        records, first, timestamp = chunk.records, chunk.first_offset, chunk.timestamp
-        for i in range(max(entry[1], reader.start - first), len(records)):
-            record, offset = records[i], first + i
-            message = record if type(record) is not bytes else decode(record)
-            if type(message) is Decoded:
-                wait = self._holds.wait_until(message.properties.get(NOT_BEFORE), reader.stream)
-                if wait > 0:
-                    item = (reader, reader.watermark, message, offset, timestamp)
-                    await self._holds.hold(item, wait)
-                    entry[1] = i + 1
-                    continue
-            await self._wait_for_room(started=True)
-            if session is not self._session or not reader.backlog or reader.backlog[0] is not entry:
-                return
-            self._take(reader, message, offset, timestamp)
-            reader.received += 1
-            entry[1] = i + 1
-
-    def _current(self, item: Item) -> bool:
-        reader, mark = item[0], item[1]
-        return mark is reader.watermark and reader.active and self._session is not None
-
-    def _take_due(self, item: Item) -> None:
-        reader, _, message, offset, timestamp = item
-        self._take(reader, message, offset, timestamp, fresh=False)
-        reader.received += 1
-
-    def _take(
-        self, reader: _Reader, message: Any, offset: int, timestamp: int, fresh: bool = True
-    ) -> None:
-        """Hand one message (its body as bytes, or a ``Decoded``) to the receiver;
-        ``fresh`` False for a held retry (its offset is already in the watermark)."""
-        why: str | None = None
-        attempts = 1
-        first = offset
-        if type(message) is bytes:  # one data section (streams.amqp.decode)
-            body = message
-        else:  # a Decoded: properties, several sections, or not readable at all
-            body, why = message.body, message.error
-            if reader.retry:  # the topic's own stream is always attempt 1 (publishers'
-                props = message.properties  # x-attempts are not trusted there)
-                count = props.get(ATTEMPTS)
-                attempts = count if type(count) is int and count > 1 else 1
-                undecodable = props.get(UNDECODABLE)
-                if why is None and undecodable is not None:
-                    why = undecodable if isinstance(undecodable, str) else repr(undecodable)
-                first, timestamp = origin(props, offset, timestamp)
-        mark = reader.watermark
-        args = (
-            reader.prefix + str(first).encode(), body, timestamp * 1_000_000,
-            attempts, self.topic, self.channel, self._address, self._receiver,
-            (reader, mark, offset), _monotonic(),
-        )  # fmt: skip
-        msg = Message(*args) if why is None else Undecodable(*args, reason=why)
-        msg.origin = (self.topic, first)
-        if fresh:
-            mark.delivered(offset)
-        self.in_flight += 1
-        if self._deliver(msg):  # type: ignore[misc]
-            mark.settled(offset)
-            self.in_flight -= 1
-
-    def _settled(self, reader: _Reader, mark: Watermark, offset: int) -> None:
+    def _settled(self, reader: Reader, mark: Watermark, offset: int) -> None:
         # ``mark`` is the watermark of the session that delivered it: after a resubscribe
         # the reader has a new one, and a late settle must not touch it.
         mark.settled(offset)
@@ -602,7 +416,7 @@ class StreamSubscription:
 
     # --- offsets -----------------------------------------------------------------
 
-    async def _store(self, reader: _Reader) -> None:
+    async def _store(self, reader: Reader) -> None:
         mark, link = reader.watermark, reader.link
         if not mark.dirty or link is None or link.closed or not reader.active:
             return

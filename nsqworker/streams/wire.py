@@ -86,12 +86,19 @@ class BrokerRefused(NSQWorkerError):
 class Chunk(NamedTuple):
     """One Deliver frame: its subscription, the chunk's timestamp (ms since the epoch),
     the offset of its first record, and the records in order (bytes, or a ``Decoded``
-    with ``error`` set for one that cannot be read)."""
+    with ``error`` set for one that cannot be read).
+
+    ``records`` is None for a chunk read with ``lazy=True`` whose entries are each one
+    record and whose CRC matched: ``data`` then holds its ``entries`` (a size and
+    the record, each), for a reader that walks them itself; :func:`split` makes the
+    list from the rest of such a chunk."""
 
     subscription_id: int
     timestamp: int
     first_offset: int
-    records: list[bytes | Decoded]
+    records: list[bytes | Decoded] | None
+    data: bytes = b""
+    entries: int = 0
 
 
 class FrameReader:
@@ -151,8 +158,9 @@ def parse_response(frame: bytes) -> tuple[int, int, int]:
     return key & 0x7FFF, correlation, code
 
 
-def parse_chunk(frame: bytes, check_crc: bool = True) -> Chunk:
-    """The records of a Deliver frame (version 1).
+def parse_chunk(frame: bytes, check_crc: bool = True, lazy: bool = False) -> Chunk:
+    """The records of a Deliver frame (version 1); with ``lazy``, a chunk of simple
+    entries is left unsplit (see :class:`Chunk`).
 
     Raises:
         RemoteProtocolError: too short for its header, or not an osiris chunk (magic).
@@ -173,6 +181,24 @@ def parse_chunk(frame: bytes, check_crc: bool = True) -> Chunk:
     if check_crc and zlib.crc32(data) & 0xFFFFFFFF != crc & 0xFFFFFFFF:
         why = f"chunk at offset {first} fails its CRC-32 check"
         return Chunk(sub, timestamp, first, _unreadable(records, why))
+    if lazy and entries == records:
+        return Chunk(sub, timestamp, first, None, data, records)
+    return Chunk(sub, timestamp, first, _split(data, entries, records, first))
+
+
+def split(chunk: Chunk, index: int = 0, position: int = 0) -> Chunk:
+    """``chunk`` from its record ``index`` on (at byte ``position`` of its ``data``),
+    with its records as a list."""
+    if chunk.records is not None:
+        return chunk._replace(
+            first_offset=chunk.first_offset + index, records=chunk.records[index:]
+        )
+    count, first = chunk.entries - index, chunk.first_offset + index
+    records = _split(chunk.data[position:], count, count, first)
+    return Chunk(chunk.subscription_id, chunk.timestamp, first, records)
+
+
+def _split(data: bytes, entries: int, records: int, first: int) -> list[bytes | Decoded]:
     if entries == records:
         out = _simple_entries(data, entries, first)
     else:
@@ -180,7 +206,7 @@ def parse_chunk(frame: bytes, check_crc: bool = True) -> Chunk:
     if len(out) != records:
         why = f"chunk at offset {first} has {len(out)} records, its header says {records}"
         out = out[:records] + _unreadable(records - len(out), why)
-    return Chunk(sub, timestamp, first, out)
+    return out
 
 
 def _simple_entries(data: bytes, entries: int, first: int) -> list[bytes | Decoded]:
