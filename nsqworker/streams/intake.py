@@ -52,7 +52,8 @@ class Reader:
     """The first offset to hand out (RabbitMQ sends the whole chunk holding it)."""
     backlog: deque[list[Any]] = field(default_factory=deque)
     """Chunks waiting for room, in order: [chunk, next record index, credited]."""
-    pumping: bool = False
+    pump: object | None = None
+    """The session whose pump task hands out the backlog now (None: none runs)."""
     standing_by: bool = False  # said so in the log since it was last active
 
 
@@ -90,8 +91,8 @@ class Intake:
         reader = self.readers[chunk.subscription_id]
         if reader.backlog or reader.retry or self.in_flight >= self._limit:
             reader.backlog.append([wire.split(chunk), 0, False])
-            if not reader.pumping:
-                reader.pumping = True
+            if reader.pump is not session:
+                reader.pump = session
                 self._spawn(self._pump(reader, session))
             return
         assert reader.link is not None
@@ -106,7 +107,7 @@ class Intake:
             if stop < 0:
                 return
         reader.backlog.append([chunk, stop, True])
-        reader.pumping = True
+        reader.pump = session
         self._spawn(self._pump(reader, session))
 
     def _walk(self, reader: Reader, chunk: wire.Chunk) -> wire.Chunk | None:
@@ -182,6 +183,8 @@ class Intake:
                 await self._wait_for_room(started=credited)
                 if session is not self._session or reader.link is None:
                     return
+                if not reader.backlog or reader.backlog[0] is not entry:
+                    continue  # dropped meanwhile (a new role): read again from the offset
                 if not credited:
                     entry[2] = True
                     reader.link.credit(reader.index)
@@ -193,7 +196,8 @@ class Intake:
                 if index < 0 and reader.backlog and reader.backlog[0] is entry:
                     reader.backlog.popleft()
         finally:
-            reader.pumping = False
+            if reader.pump is session:
+                reader.pump = None
 
     async def _hand_out_retries(self, reader: Reader, session: object, entry: list[Any]) -> None:
         """Each retry of the chunk in ``entry``: held until due, then handed out; stops
