@@ -189,7 +189,8 @@ def drain(kind: str, server: Any, stream: str, count: int, run: int) -> float:
         else:
             (tmp / "reader.py").write_text(RSTREAM_READER)
             argv = [sys.executable, str(tmp / "reader.py")]
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
+        # cwd: not this checkout, whose nsqworker `python -m` would put first on the path
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, cwd=tmp,
                                 stderr=(tmp / "stderr").open("wb"))  # fmt: skip
         try:
             deadline = time.monotonic() + 180
