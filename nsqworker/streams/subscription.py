@@ -128,12 +128,19 @@ class StreamSubscription(Intake):
         self._loop = asyncio.get_running_loop()
         for reader in self.readers:
             await self.connections.ensure_stream(reader.stream)
-        try:
-            await self._connect()
-        except Exception as exc:
-            if (error := await self.connections.unresolved(self.topic, exc)) is not None:
-                raise error from None
-            raise
+        deadline = _monotonic() + 30.0
+        while True:
+            try:
+                await self._connect()
+                break
+            except wire.BrokerRefused as exc:  # a stream just created: not available yet
+                if exc.code != wire.STREAM_NOT_AVAILABLE or _monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+            except Exception as exc:
+                if (error := await self.connections.unresolved(self.topic, exc)) is not None:
+                    raise error from None
+                raise
         self._room.set()
         self._spawn(self._store_loop())
         self._spawn(self._keep())
