@@ -1,9 +1,10 @@
-"""The worker's connections to RabbitMQ Streams (rstream), from ``rabbitmq_stream_uri``.
+"""The worker's connections to RabbitMQ Streams, from ``rabbitmq_stream_uri``.
 
-One rstream ``Producer`` (publishing, retries, dead letters) per transport, created on
-first use, and one ``Consumer`` per subscription (rstream reads a stream once per
-consumer, and two channels of a topic in one process read it twice). A refused login or a
-missing vhost is a ``ConfigurationError`` naming the user and vhost, never the password.
+One rstream ``Producer`` (publishing, retries, dead letters; its locator connection
+creates streams) per transport, created on first use; consuming links of our own
+(:mod:`nsqworker.streams.link`) for each subscription; rstream ``Consumer``s for the
+operator's tools (dead letters). A refused login or a missing vhost is a
+``ConfigurationError`` naming the user and vhost, never the password.
 """
 
 from __future__ import annotations

@@ -120,3 +120,28 @@ async def test_a_settle_during_the_hand_out_is_not_lost() -> None:
     await asyncio.sleep(0)
     assert sub.readers[0].watermark.value == 1 and sub.in_flight == 0
     await sub.close()
+
+
+async def test_a_walked_chunk_with_a_sub_entry_batch_goes_on_split() -> None:
+    """A chunk whose entries each hold one record can still hold a sub-entry batch of
+    one (or a record cut short): the walk stops there and the rest is split, in order."""
+    sub, session, receiver = await subscription(window=100)
+    batch = amqp(b"in a batch")
+    one = bytes((0x80,)) + struct.pack(">HII", 1, len(batch) + 4, len(batch) + 4) + entry(batch)
+    data = entry(amqp(b"first")) + one + entry(amqp(b"last"))
+    crc = zlib.crc32(data)
+    frame = struct.pack(
+        ">HHBbbHIqQQiIII", 8, 1, 0, 0x50, 0, 3, 3, 1_000, 1, 40,
+        crc - (1 << 32) if crc >= 1 << 31 else crc, len(data), 0, 0,
+    ) + data  # fmt: skip
+    chunk = wire.parse_chunk(frame, lazy=True)
+    assert chunk.records is None
+    sub._on_chunk(session, chunk)
+    await wait_until(lambda: len(receiver.seen) == 3, 5, message="every record")
+    assert [(m.id, m.body) for m in receiver.seen] == [
+        ("t:40", b"first"),
+        ("t:41", b"in a batch"),
+        ("t:42", b"last"),
+    ]
+    assert sub.readers[0].watermark.value == 42
+    await sub.close()
