@@ -55,7 +55,7 @@ class Config:
     nats_count: int = 20_000
     nats_latency_seconds: float = 10.0
     # streams (bench/streams.py)
-    streams_count: int = 50_000
+    streams_count: int = 100_000
     """Runs beyond ``runs`` for the out-of-the-box table: the headline ratio, from two
     processes' rates that each vary by a fifth on this machine."""
     """Runs beyond ``runs`` for the through-nsqd tracing costs (differences of rates,

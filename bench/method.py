@@ -149,15 +149,22 @@ run --transport nats`: {nats_rate:,} msg/s for {nats_latency_s:g} s, each body c
 its publish time, the handler recording publish -> handler; the first tenth is warm-up.
 
 **RabbitMQ Streams (bench/streams.py).** One RabbitMQ 4.0.5 (the root filesystem of
-`scripts/install-tools rabbitmq`, run with chroot), started for the section. Each
-contender runs in its own process and reads a stream of its own holding {streams_count:,}
-messages of 100 bytes, published before it starts; its handler counts, and the process
-notes the time of the first and the last message itself. Contenders, interleaved in each
-run: `nsqworker run --transport rabbitmq-stream --rabbitmq URI` with default settings
-(the whole task layer: the window, the offset watermark stored every 0.2 s) and a bare
-rstream consumer with rstream's `amqp_decoder` (its default decoder gives the raw AMQP
-bytes, not the body) and a counting callback (no framework, no offsets). nsqworker reads
-a message that is one AMQP data section without the general decoder.
+`scripts/install-tools rabbitmq`, run with chroot), started for the section. Consume: each
+run publishes {streams_count:,} messages of 100 bytes to a fresh stream, then each
+contender, in its own process, reads that stream from its first offset (the same chunks
+for all); its handler counts, and the process notes the time of the first and the last
+message itself. Contenders, interleaved in each run: `nsqworker run --transport
+rabbitmq-stream --rabbitmq URI` with default settings (the whole task layer: the window,
+the offset watermark stored every 0.2 s); the official Java client
+(`com.rabbitmq:stream-client` 1.11.0 from `scripts/install-java`, Java 17) with its
+default consumer settings and a handler that takes each body and counts, the limit
+(`bench/java/StreamConsume.java`); and a bare rstream consumer with `amqp_decoder` and a
+counting callback. Publish: 100-byte bodies for {publish_s:g} s to a fresh stream, every
+one confirmed, one at a time, 1,000 at once, and in batches of 100 one at a time, by
+nsqworker's `StreamProducer` (`publish`, `asyncio.gather`, `publish_many`) and by the Java
+client's producer with its defaults (at most 1 or 1,000 unconfirmed; 100 sent, then every
+confirmation awaited: `bench/java/StreamPublish.java`; it batches what it is given for up
+to its 100 ms publishing delay, which is what one at a time pays there).
 
 ## Running
 

@@ -23,7 +23,7 @@ SECTION_TITLES = {
     "handlers": "Handler features: typed bodies, hooks, time limits (bench/bench_handlers.py)",
     "seam": "The transport seam: before and after, one run (bench/seam.py)",
     "nats": "NATS JetStream: `nsqworker run --transport nats` vs FastStream and nats-py (bench/nats.py)",
-    "streams": "RabbitMQ Streams: `nsqworker run --transport rabbitmq-stream` vs bare rstream (bench/streams.py)",
+    "streams": "RabbitMQ Streams: `nsqworker run --transport rabbitmq-stream` and StreamProducer vs the Java stream-client (bench/streams.py)",
 }
 CPU_SECTIONS = ("consume", "publish")
 COLUMNS = ("case", "unit", "median", "min-max", "runs", "CPU", "vs pynsq", "vs limit", "target")

@@ -283,10 +283,11 @@ TARGETS: list[tuple[str, str, str, Check]] = [
         _at_most("nats/p99", 5.0, "ms"),
     ),
     (
-        "RabbitMQ Streams: `nsqworker run --transport rabbitmq-stream` >= 80% of bare rstream",
-        ">= 80% of bare rstream",
+        "RabbitMQ Streams: `nsqworker run --transport rabbitmq-stream` >= 80% of the Java"
+        " stream-client consumer",
+        ">= 80% of Java",
         "streams/nsqworker",
-        _at_least_ratio("streams/nsqworker", "streams/rstream", 0.8),
+        _at_least_ratio("streams/nsqworker", "streams/java", 0.8),
     ),
 ]
 

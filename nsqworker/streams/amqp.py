@@ -43,7 +43,7 @@ def decode(data: bytes) -> bytes | Decoded:
     """The body as ``bytes`` for a message of one data section, else a :class:`Decoded`."""
     if data[:3] == _DATA:
         code = data[3] if len(data) > 3 else None
-        if code == 0xA0 and len(data) == 5 + data[4]:
+        if code == 0xA0 and len(data) > 4 and len(data) == 5 + data[4]:
             return data[5:]
         if code == 0xB0 and len(data) == 8 + int.from_bytes(data[4:8], "big"):
             return data[8:]

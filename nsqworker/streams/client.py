@@ -1,9 +1,10 @@
-"""The worker's connections to RabbitMQ Streams (rstream), from ``rabbitmq_stream_uri``.
+"""The worker's connections to RabbitMQ Streams, from ``rabbitmq_stream_uri``.
 
-One rstream ``Producer`` (publishing, retries, dead letters) per transport, created on
-first use, and one ``Consumer`` per subscription (rstream reads a stream once per
-consumer, and two channels of a topic in one process read it twice). A refused login or a
-missing vhost is a ``ConfigurationError`` naming the user and vhost, never the password.
+One rstream ``Producer`` (publishing, retries, dead letters; its locator connection
+creates streams) per transport, created on first use; consuming links of our own
+(:mod:`nsqworker.streams.link`) for each subscription; rstream ``Consumer``s for the
+operator's tools (dead letters). A refused login or a missing vhost is a
+``ConfigurationError`` naming the user and vhost, never the password.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from urllib.parse import unquote, urlsplit
 from nsqworker.broker_settings import tls_context
 from nsqworker.errors import ConfigurationError, InvalidName, NoConnection
 from nsqworker.streams.errors import reason, unresolved_host
+from nsqworker.streams.wire import BrokerRefused, Chunk
 
 if TYPE_CHECKING:
     from rstream import Consumer, Producer
 
     from nsqworker.settings import Settings
+    from nsqworker.streams.link import StreamLink
 
 __all__ = ["FRAME_MAX", "Endpoint", "StreamConnections", "check_stream", "stream_arguments"]
 
@@ -141,6 +144,45 @@ class StreamConnections:
         await self._start(client)
         self.consumers.append(client)
         return client
+
+    async def link(
+        self,
+        address: tuple[str, int],
+        on_chunk: Callable[[Chunk], None],
+        on_update: Callable[[int, bool], Awaitable[tuple[int, int]]],
+        on_lost: Callable[[str], None],
+    ) -> StreamLink:
+        """A new consuming connection to ``address`` (see :mod:`nsqworker.streams.link`).
+
+        Raises:
+            ConfigurationError: the login or the vhost was refused.
+            NoConnection: the broker cannot be reached.
+        """
+        from nsqworker.streams.link import StreamLink
+
+        settings, e = self.settings, self.endpoint
+        where = f"{address[0]}:{address[1]}"
+        try:
+            return await StreamLink.connect(
+                *address, vhost=e.vhost, username=e.username, password=e.password,
+                ssl_context=tls_context(settings) if e.tls else None,
+                name=f"nsqworker {settings.client_id}", frame_max=FRAME_MAX,
+                on_chunk=on_chunk, on_update=on_update, on_lost=on_lost,
+            )  # fmt: skip
+        except BrokerRefused as exc:
+            if exc.code == 8:
+                raise ConfigurationError(
+                    f"RabbitMQ at {where} refused the login of user {e.username!r}; check"
+                    " the user and password of rabbitmq_stream_uri"
+                ) from None
+            if exc.code == 12:
+                raise ConfigurationError(
+                    f"RabbitMQ at {where}: vhost {e.vhost!r} does not exist or user"
+                    f" {e.username!r} may not use it; check the vhost of rabbitmq_stream_uri"
+                ) from None
+            raise NoConnection(f"RabbitMQ streams at {where}: {reason(exc)}") from exc
+        except (TimeoutError, OSError) as exc:
+            raise NoConnection(f"RabbitMQ streams at {where}: {reason(exc)}") from exc
 
     async def close_consumer(self, client: Consumer) -> None:
         """Close one Consumer."""

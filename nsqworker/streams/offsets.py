@@ -31,10 +31,25 @@ class Watermark:
         return len(self._order) - len(self._done)
 
     def delivered(self, offset: int) -> None:
-        """``offset`` was handed out; offsets come in increasing order."""
-        if self._order and offset <= self._order[-1]:
-            raise ValueError(f"offset {offset} after {self._order[-1]}: offsets must increase")
-        self._order.append(offset)
+        """``offset`` was handed out; offsets come in increasing order. It may have been
+        :meth:`settled` already (an outcome known while it was being handed out)."""
+        order = self._order
+        if order and offset <= order[-1]:
+            raise ValueError(f"offset {offset} after {order[-1]}: offsets must increase")
+        if self._done and offset in self._done and not order:
+            self._done.discard(offset)
+            self.value = offset
+            return
+        order.append(offset)
+
+    def passed(self, offset: int) -> None:
+        """``offset`` was handed out and settled at once (the handler finished inline):
+        :meth:`delivered` then :meth:`settled`, in one step when nothing is pending."""
+        if self._order:
+            self.delivered(offset)
+            self.settled(offset)
+        else:
+            self.value = offset
 
     def settled(self, offset: int) -> None:
         """``offset`` is finished (acked, retried elsewhere, or given up)."""

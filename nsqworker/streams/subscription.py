@@ -1,12 +1,17 @@
-"""One topic/channel on RabbitMQ Streams: the topic's stream and the channel's retry stream,
+"""One topic/channel on RabbitMQ Streams: the topic's stream and the channel's retry streams,
 each read by a single active consumer named after the channel.
 
 A stream has no per-message acknowledgement, redelivery or delivery counter, so this
 subscription supplies them:
 
-* **window**: the rstream callback waits while the receiver's window is full; rstream
-  grants the next chunk's credit only when it moves on to that chunk, so a slow handler
-  holds back the broker instead of filling memory (initial credit 1: one chunk ahead).
+* **reading**: our own connection (:mod:`nsqworker.streams.link`, the codec of
+  :mod:`nsqworker.streams.wire`) hands each chunk over whole as it arrives; its messages
+  go to the receiver in one loop while the window has room, with no task per chunk or
+  message. A full window keeps the rest of the chunk (and the chunks after it) in order
+  until room comes.
+* **window**: credit for one more chunk is granted as each chunk is started, so the broker
+  is at most :data:`CREDIT` chunks ahead: a slow handler holds back the broker instead of
+  filling memory.
 * **acks**: the offset stored on the server is the contiguous low watermark of settled
   messages (:mod:`nsqworker.streams.offsets`), written every :data:`STORE_EVERY` seconds,
   at stop and when this process loses the active role, never past an unfinished message.
@@ -14,9 +19,9 @@ subscription supplies them:
   bucket (``<topic>.<channel>.retry``, ``.retry.10m``, ``.retry.long``) with its attempt
   count, not-before time and origin (:mod:`nsqworker.streams.retries`); its own offset is
   then settled. The same channel reads the retry streams ahead, holds each retry until it
-  is due and then hands it to the window, so a long retry never holds back a shorter one
-  behind it.
-* **fail-over**: both readers subscribe with single active consumer under the channel's
+  is due (:mod:`nsqworker.streams.held`) and then hands it to the window, so a long retry
+  never holds back a shorter one behind it.
+* **fail-over**: every reader subscribes with single active consumer under the channel's
   name; when the active process dies, RabbitMQ activates another, which resumes from the
   stored offset (messages after it may be handled twice, never skipped).
 """
@@ -26,22 +31,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from nsqworker.message import Message, Undecodable
-from nsqworker.streams.amqp import decode
-from nsqworker.streams.capabilities import CAPABILITIES
+from nsqworker.streams import wire
 from nsqworker.streams.client import StreamConnections, check_stream
 from nsqworker.streams.errors import reason
+from nsqworker.streams.held import Holds
+from nsqworker.streams.intake import Intake, Reader
 from nsqworker.streams.offsets import Watermark
 from nsqworker.streams.retries import (
-    ATTEMPTS,
-    HOLD_LIMIT,
-    NOT_BEFORE,
-    UNDECODABLE,
-    origin,
     retry_properties,
     retry_stream,
     retry_streams,
@@ -50,6 +51,7 @@ from nsqworker.transport import Flow, Receiver, SubscriptionStats, Timer
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
+    from nsqworker.streams.link import StreamLink
     from nsqworker.streams.producer import StreamProducer
 
 __all__ = ["StreamSubscription", "retry_stream"]
@@ -64,32 +66,12 @@ STANDBY_NOTICE = 2.0
 """Seconds after subscribing without being made active before a reader says it stands by
 (RabbitMQ tells a consumer when it becomes active, not that it waits)."""
 CREDIT = 3
-"""Chunks the broker may send ahead of the one being read (rstream grants one more as
-it starts each chunk): what a full window holds back beyond itself. One ahead left the
-reader waiting on the broker about half the time."""
-MAX_NOT_BEFORE = CAPABILITIES.max_retry_delay
-"""The longest a retry is held (the transport's ``max_retry_delay``): a later
-``x-not-before`` was not written by nsqworker."""
+"""Chunks the broker may send ahead of the one being read (one more is granted as each
+chunk is started): what a full window holds back beyond itself."""
 _monotonic = time.monotonic
 
 
-@dataclass(eq=False)
-class _Reader:
-    stream: str
-    retry: bool
-    prefix: bytes = b""  # b"<stream>:", the start of each message id
-    watermark: Watermark = field(default_factory=Watermark)
-    subscription_id: int | None = None
-    active: bool = False
-    received: int = 0
-    held: dict[int, asyncio.TimerHandle] = field(default_factory=dict)
-    """Retries read ahead and not due yet: offset -> the timer that hands it on."""
-    chunk: tuple[int, int] = (-1, -1)
-    """(the chunk's timestamp, the offset after the last message taken from it)."""
-    standing_by: bool = False  # said so in the log since it was last active
-
-
-class StreamSubscription:
+class StreamSubscription(Intake):
     """``topic`` read by the consumer ``channel``; see the module docstring."""
 
     def __init__(
@@ -111,11 +93,12 @@ class StreamSubscription:
         self.producer = producer
         self.window = max_in_flight
         self.in_flight = 0
-        self.readers = [_Reader(topic, retry=False, prefix=f"{topic}:".encode())] + [
-            _Reader(check_stream(name), retry=True, prefix=f"{topic}:".encode())
-            for name in retry_streams(topic, channel)
+        self.readers = [Reader(topic, retry=False, prefix=f"{topic}:".encode())] + [
+            Reader(check_stream(name), retry=True, prefix=f"{topic}:".encode(), index=i + 1)
+            for i, name in enumerate(retry_streams(topic, channel))
         ]
         self._flow = Flow.OPEN
+        self._limit = self._mid_limit = max_in_flight
         self._stopping = False
         self._subscribed = False
         self._room = asyncio.Event()
@@ -124,16 +107,12 @@ class StreamSubscription:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._retrying = 0
-        self._consumer: Any = None
-        self._live: Any = None
-        """The consumer whose deliveries are handed out: None once its connection is lost."""
+        self._links: list[StreamLink] = []
+        self._session: object | None = None
+        """The connections whose deliveries are handed out: None once one is lost."""
         self._lost = asyncio.Event()
         self._address = connections.endpoint.address
-        self._warned_not_before = False
-        self._held = 0
-        self._hold_room = asyncio.Event()
-        self._due: list[tuple[_Reader, Watermark, Any, Any]] = []
-        self._due_ready = asyncio.Event()
+        self._holds = Holds(name, self._take_due, self._wait_for_room, self._current)
 
     def __repr__(self) -> str:
         return f"<StreamSubscription {self.topic}/{self.channel} window={self.window}>"
@@ -141,7 +120,7 @@ class StreamSubscription:
     # --- lifecycle -------------------------------------------------------------
 
     async def start(self, receiver: Receiver) -> None:
-        """Create the streams if missing and subscribe to both as the channel."""
+        """Create the streams if missing and subscribe to each as the channel."""
         if self._receiver is not None:
             return
         self._receiver = receiver
@@ -149,41 +128,84 @@ class StreamSubscription:
         self._loop = asyncio.get_running_loop()
         for reader in self.readers:
             await self.connections.ensure_stream(reader.stream)
-        try:
-            await self._connect()
-        except Exception as exc:
-            if (error := await self.connections.unresolved(self.topic, exc)) is not None:
-                raise error from None
-            raise
+        deadline = _monotonic() + 30.0
+        while True:
+            try:
+                await self._connect()
+                break
+            except wire.BrokerRefused as exc:  # a stream just created: not available yet
+                if exc.code != wire.STREAM_NOT_AVAILABLE or _monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+            except Exception as exc:
+                if (error := await self.connections.unresolved(self.topic, exc)) is not None:
+                    raise error from None
+                raise
         self._room.set()
         self._spawn(self._store_loop())
         self._spawn(self._keep())
-        self._spawn(self._hand_on_due())
+        self._spawn(self._holds.hand_on_due())
         self._spawn(self._tell_standby())
 
     async def _connect(self) -> None:
-        self._consumer = self._live = consumer = await self.connections.consumer(self._on_close)
-        for reader in self.readers:
-            reader.subscription_id = await self._subscribe(consumer, reader)
+        """A connection to the URI's broker, which says where each stream is read
+        (RabbitMQ's advertised host and port); one connection per broker named."""
+        self._session = session = object()
+        callbacks = (
+            partial(self._on_chunk, session),
+            partial(self._on_update, session),
+            partial(self._on_lost, session),
+        )
+        home = (self.connections.endpoint.host, self.connections.endpoint.port)
+        try:
+            first = await self.connections.link(home, *callbacks)
+            self._links.append(first)
+            places = await first.brokers([reader.stream for reader in self.readers])
+            by_address = {home: first}
+            for reader in self.readers:
+                address = places[reader.stream]
+                link = by_address.get(address)
+                if link is None:
+                    link = by_address[address] = await self.connections.link(address, *callbacks)
+                    self._links.append(link)
+                reader.link = link
+                await link.subscribe(
+                    reader.index, reader.stream, wire.FIRST, 0, CREDIT,
+                    {"single-active-consumer": "true", "name": self.channel},
+                )  # fmt: skip
+            if not any(reader.link is first for reader in self.readers):
+                self._links.remove(first)
+                first.abort()
+        except BaseException:
+            self._drop_links()
+            raise
         self._subscribed = True
 
-    async def _on_close(self, info: Any) -> None:
-        if not self._stopping and self._subscribed:
-            log.warning("%s: connection to RabbitMQ lost (%s); resubscribing", self.name, info)
-            self._subscribed = False
-            self._live = None  # what rstream still has of that connection is not handed out
-            self._lost.set()
+    def _drop_links(self) -> None:
+        self._session = None
+        for link in self._links:
+            link.abort()
+        self._links = []
+        for reader in self.readers:
+            reader.link = None
+            reader.backlog.clear()
+
+    def _on_lost(self, session: object, why: str) -> None:
+        if session is not self._session or self._stopping:
+            return
+        log.warning("%s: connection to RabbitMQ lost (%s); resubscribing", self.name, why)
+        self._subscribed = False
+        self._session = None  # what was read ahead on it is not handed out
+        self._lost.set()
 
     async def _keep(self) -> None:
         """Resubscribe after a lost connection, with backoff; the readers resume from
         the stored offsets (what was in hand then may be handled again, never skipped)."""
         while not self._stopping:
             await self._lost.wait()
-            old, self._consumer = self._consumer, None
-            if old is not None:
-                await self.connections.close_consumer(old)
             delay = self.settings.reconnect_delay
             while not self._stopping:
+                self._drop_links()
                 try:
                     await self._connect()
                     log.info("%s: resubscribed", self.name)
@@ -192,59 +214,67 @@ class StreamSubscription:
                 except Exception as exc:
                     log.warning(
                         "%s: resubscribing failed (%s); again in %.1fs",
-                        self.name,
-                        reason(exc),
-                        delay,
-                    )
+                        self.name, reason(exc), delay,
+                    )  # fmt: skip
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.settings.max_reconnect_delay)
             self._lost.clear()
 
-    async def _subscribe(self, consumer: Any, reader: _Reader) -> int:
-        take = self._take
-
-        def on_message(message: Any, context: Any) -> Coroutine[Any, Any, None] | None:
-            # rstream awaits what the callback returns, if anything: the hot path (room
-            # in the window, nothing to wait for) returns nothing, and costs no coroutine.
-            if self._live is not consumer:  # its connection is lost: the chunks rstream
-                return None  # read ahead are read again after the stored offset
-            if reader.retry or self.in_flight >= self._allowed(reader, context):
-                return self._on_message(reader, message, context, consumer)
-            take(reader, message, context)
-            return None
-
-        async def on_update(active: bool, context: Any) -> Any:
-            return await self._on_update(reader, active)
-
-        subscription_id: int = await consumer.subscribe(
-            reader.stream, on_message, decoder=decode, initial_credit=CREDIT,
-            properties={"single-active-consumer": "true", "name": self.channel},
-            subscriber_name=self.channel, consumer_update_listener=on_update,
-        )  # fmt: skip
-        return subscription_id
-
-    async def _on_update(self, reader: _Reader, active: bool) -> Any:
-        """RabbitMQ made this process the channel's active consumer (or took it away)."""
-        from rstream import OffsetSpecification, OffsetType, exceptions
-
-        self._drop_held(reader)  # read again from the stored offset, by whoever is active
+    async def _on_update(self, session: object, index: int, active: bool) -> tuple[int, int]:
+        """RabbitMQ made this process the channel's active consumer (or took it away):
+        where to read from."""
+        if session is not self._session or not 0 <= index < len(self.readers):
+            return wire.NEXT, 0
+        reader = self.readers[index]
+        self._holds.drop(reader)  # read again from the stored offset, by whoever is active
+        reader.backlog.clear()
         if not active:
             await self._store(reader)
             reader.active = False
             self._standing_by(reader)
-            return OffsetSpecification(OffsetType.NEXT, 0)
-        consumer = self._consumer
+            return wire.NEXT, 0
         reader.watermark = Watermark()
         reader.active = True
         reader.standing_by = False
-        try:
-            stored = await self._stored_offset(consumer, reader.stream)
-        except exceptions.OffsetNotFound:
+        stored = await self._stored_offset(reader)
+        if stored is None:
             log.info("%s: active on %s from its start", self.name, reader.stream)
-            return OffsetSpecification(OffsetType.FIRST, 0)
+            reader.start = 0
+            return wire.FIRST, 0
         reader.watermark.stored = reader.watermark.value = stored
+        reader.start = stored + 1
         log.info("%s: active on %s after offset %d", self.name, reader.stream, stored)
-        return OffsetSpecification(OffsetType.OFFSET, stored + 1)
+        return wire.OFFSET, stored + 1
+
+    async def _stored_offset(self, reader: Reader) -> int | None:
+        """The channel's stored offset on the reader's stream (None: none stored). Just
+        after a restart RabbitMQ may answer "stream not available", or not in time, while
+        it recovers its streams: ask again for up to a minute."""
+        delay, deadline = 0.1, _monotonic() + 60.0
+        while True:
+            link = reader.link
+            if link is None:
+                raise ConnectionError(f"{reader.stream}: not connected")
+            try:
+                return await link.query_offset(self.channel, reader.stream)
+            except wire.BrokerRefused as exc:
+                if exc.code == wire.NO_OFFSET:
+                    return None
+                if exc.code != wire.STREAM_NOT_AVAILABLE or self._late(deadline):
+                    raise
+                why: BaseException = exc
+            except TimeoutError as exc:
+                if self._late(deadline):
+                    raise
+                why = exc
+            log.info(
+                "%s: offset of %s not readable yet (%s)", self.name, reader.stream, reason(why)
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _late(self, deadline: float) -> bool:
+        return self._stopping or _monotonic() > deadline
 
     async def _tell_standby(self) -> None:
         """Say so for each reader RabbitMQ has not made active soon after subscribing."""
@@ -253,7 +283,7 @@ class StreamSubscription:
             if not reader.active and self._subscribed:
                 self._standing_by(reader)
 
-    def _standing_by(self, reader: _Reader) -> None:
+    def _standing_by(self, reader: Reader) -> None:
         """One INFO line when ``reader`` waits as a single-active-consumer standby. The
         protocol says only whether this consumer is active, never which one is, so the
         line names the command that lists the group (this process's connection among
@@ -270,58 +300,40 @@ class StreamSubscription:
             self.settings.client_id,
         )  # fmt: skip
 
-    async def _stored_offset(self, consumer: Any, stream: str) -> int:
-        """The channel's stored offset on ``stream``. Just after a restart RabbitMQ may
-        answer "stream not available", or not in time, while it recovers its streams: ask
-        again for up to a minute (rstream sends no answer to the activation until this
-        returns, and one that raised would leave the channel without a reader)."""
-        from rstream import exceptions
-
-        delay, deadline = 0.1, _monotonic() + 60.0
-        while True:
-            try:
-                return int(await consumer.query_offset(stream, self.channel))
-            except (exceptions.StreamNotAvailable, TimeoutError) as exc:
-                if self._stopping or _monotonic() > deadline:
-                    raise
-                log.info("%s: offset of %s not readable yet (%s)", self.name, stream, reason(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-
     async def stop(self) -> None:
-        """Take no more: callbacks wait; the watermarks are written now."""
+        """Take no more: what is read ahead waits; the watermarks are written now."""
         self._stopping = True
-        self._flow = Flow.PAUSED
+        self._set_limits(Flow.PAUSED)
         for reader in self.readers:
             await self._store(reader)
 
     async def close(self) -> None:
         """Wait for retries being appended, write the watermarks, unsubscribe."""
         self._stopping = True
+        self._set_limits(Flow.PAUSED)
         deadline = _monotonic() + 5.0
         while self._retrying and _monotonic() < deadline:
             await asyncio.sleep(0.02)
         for task in list(self._tasks):
             task.cancel()
-        consumer = self._consumer
         for reader in self.readers:
-            self._drop_held(reader)  # not stored past: read again by the next consumer
+            self._holds.drop(reader)  # not stored past: read again by the next consumer
             await self._store(reader)
-            if consumer is not None and reader.subscription_id is not None:
+            link = reader.link
+            if link is not None and not link.closed:
                 try:
-                    await consumer.unsubscribe(reader.subscription_id)
+                    await link.unsubscribe(reader.index)
                 except Exception:
                     log.debug("unsubscribe failed", exc_info=True)
-                reader.subscription_id = None
-        if consumer is not None:
-            await self.connections.close_consumer(consumer)
-        self._consumer = self._live = None
+        for link in self._links:
+            await link.close()
+        self._drop_links()
         self._subscribed = False
 
     @property
     def subscribed(self) -> bool:
-        """True while both readers are subscribed."""
-        return self._subscribed and self._consumer is not None
+        """True while every reader is subscribed."""
+        return self._subscribed and self._session is not None
 
     @property
     def ready(self) -> bool:
@@ -341,142 +353,24 @@ class StreamSubscription:
     def set_flow(self, flow: Flow, window: int) -> None:
         """At most ``window`` unsettled (1 when probing, none when paused)."""
         self._flow, self.window = flow, window
+        self._set_limits(flow)
         self._room.set()
 
-    def _allowed(self, reader: _Reader | None = None, context: Any = None) -> int:
-        """How many may be unsettled for the next message (of ``reader``, at ``context``).
-
-        A backoff pause withholds credit, so the broker sends nothing more; the rest of
-        the chunk being read was already sent, and is delivered as nsqd delivers what it
-        put on the wire before RDY 0 (a drain delivers nothing more)."""
+    def _set_limits(self, flow: Flow) -> None:
+        """How many may be unsettled before the next message of the chunk being read
+        (``_mid_limit``) and before starting a chunk (``_limit``). A backoff pause
+        withholds credit, so the broker sends nothing more; the rest of the chunk being
+        read was already sent, and is delivered as nsqd delivers what it put on the wire
+        before RDY 0 (a drain delivers nothing more)."""
         if self._stopping:
-            return 0
-        if self._flow is Flow.PAUSED:
-            if reader is not None and reader.chunk == (context.timestamp, context.offset):
-                return self.window
-            return 0
-        return 1 if self._flow is Flow.PROBE else self.window
+            self._limit = self._mid_limit = 0
+        elif flow is Flow.PROBE:
+            self._limit = self._mid_limit = 1
+        else:
+            self._mid_limit = self.window
+            self._limit = 0 if flow is Flow.PAUSED else self.window
 
-    async def _wait_for_room(self, reader: _Reader | None = None, context: Any = None) -> None:
-        while self.in_flight >= self._allowed(reader, context):
-            self._room.clear()
-            await self._room.wait()
-
-    # --- messages --------------------------------------------------------------
-
-    async def _on_message(self, reader: _Reader, message: Any, context: Any, consumer: Any) -> None:
-        if reader.retry and type(message) is not bytes:
-            wait = self._wait_until(message.properties.get(NOT_BEFORE))
-            if wait > 0:
-                await self._hold(reader, message, context, wait)
-                return
-        await self._wait_for_room(reader, context)
-        if self._live is consumer:
-            self._take(reader, message, context)
-
-    # --- retries held until due ------------------------------------------------
-
-    async def _hold(self, reader: _Reader, message: Any, context: Any, wait: float) -> None:
-        """Keep a retry that is not due yet (its offset unsettled) and read on; past
-        :data:`HOLD_LIMIT` held, wait here (the reader then reads in order again)."""
-        while self._held >= HOLD_LIMIT:
-            self._hold_room.clear()
-            await self._hold_room.wait()
-        mark, offset = reader.watermark, context.offset
-        mark.delivered(offset)
-        item = (reader, mark, message, context)
-        loop = self._loop or asyncio.get_running_loop()
-        reader.held[offset] = loop.call_later(wait, self._make_due, item)
-        self._held += 1
-
-    def _make_due(self, item: tuple[_Reader, Watermark, Any, Any]) -> None:
-        reader, _, _, context = item
-        if reader.held.pop(context.offset, None) is not None:
-            self._release_hold()
-            self._due.append(item)
-            self._due_ready.set()
-
-    def _release_hold(self) -> None:
-        self._held -= 1
-        self._hold_room.set()
-
-    def _drop_held(self, reader: _Reader) -> None:
-        """Forget ``reader``'s held retries (their offsets were not stored: they are
-        read again by the next active consumer)."""
-        for timer in reader.held.values():
-            timer.cancel()
-            self._release_hold()
-        reader.held.clear()
-        self._due = [item for item in self._due if item[0] is not reader]
-
-    async def _hand_on_due(self) -> None:
-        """Hand each due retry to the window, as room comes."""
-        while True:
-            await self._due_ready.wait()
-            while self._due:
-                await self._wait_for_room()
-                if not self._due:
-                    break
-                reader, mark, message, context = self._due.pop(0)
-                if mark is reader.watermark and reader.active and self._live is not None:
-                    self._take(reader, message, context, fresh=False)
-            self._due_ready.clear()
-
-    def _wait_until(self, due: Any) -> float:
-        """Seconds to hold a retry with this ``x-not-before`` (ms since the epoch), at
-        most :data:`MAX_NOT_BEFORE`: anyone allowed to write to the retry stream could
-        otherwise stall every retry of the channel for ever."""
-        if type(due) is not int:
-            return 0.0
-        wait = due / 1000 - time.time()
-        if wait > MAX_NOT_BEFORE:
-            if not self._warned_not_before:
-                self._warned_not_before = True
-                log.warning(
-                    "%s: a retry in %s is due in %.0fs, over the bound of %.0fs (not written"
-                    " by nsqworker); holding it %.0fs", self.name, self.readers[-1].stream,
-                    wait, MAX_NOT_BEFORE, MAX_NOT_BEFORE,
-                )  # fmt: skip
-            wait = MAX_NOT_BEFORE
-        return wait
-
-    def _take(self, reader: _Reader, message: Any, context: Any, fresh: bool = True) -> None:
-        """Hand one message to the receiver; ``fresh`` False for a held retry (its
-        offset is already in the watermark)."""
-        reason: str | None = None
-        attempts = 1
-        offset = first = context.offset
-        timestamp = context.timestamp
-        reader.chunk = (timestamp, offset + 1)
-        if type(message) is bytes:  # one data section (streams.amqp.decode)
-            body = message
-        else:  # a Decoded: properties, several sections, or not AMQP at all
-            body, reason = message.body, message.error
-            if reader.retry:  # the topic's own stream is always attempt 1 (publishers'
-                props = message.properties  # x-attempts are not trusted there)
-                count = props.get(ATTEMPTS)
-                attempts = count if type(count) is int and count > 1 else 1
-                why = props.get(UNDECODABLE)
-                if reason is None and why is not None:
-                    reason = why if isinstance(why, str) else repr(why)
-                first, timestamp = origin(props, offset, timestamp)
-        mark = reader.watermark
-        args = (
-            reader.prefix + str(first).encode(), body, timestamp * 1_000_000,
-            attempts, self.topic, self.channel, self._address, self._receiver,
-            (reader, mark, offset), _monotonic(),
-        )  # fmt: skip
-        msg = Message(*args) if reason is None else Undecodable(*args, reason=reason)
-        msg.origin = (self.topic, first)
-        reader.received += 1
-        if fresh:
-            mark.delivered(offset)
-        self.in_flight += 1
-        if self._deliver(msg):  # type: ignore[misc]
-            mark.settled(offset)
-            self.in_flight -= 1
-
-    def _settled(self, reader: _Reader, mark: Watermark, offset: int) -> None:
+    def _settled(self, reader: Reader, mark: Watermark, offset: int) -> None:
         # ``mark`` is the watermark of the session that delivered it: after a resubscribe
         # the reader has a new one, and a late settle must not touch it.
         mark.settled(offset)
@@ -529,27 +423,22 @@ class StreamSubscription:
 
     # --- offsets -----------------------------------------------------------------
 
-    async def _store(self, reader: _Reader) -> None:
-        mark = reader.watermark
-        consumer = self._consumer
-        if not mark.dirty or consumer is None or not reader.active:
+    async def _store(self, reader: Reader) -> None:
+        mark, link = reader.watermark, reader.link
+        if not mark.dirty or link is None or link.closed or not reader.active:
             return
         value = mark.value
         assert value is not None
         try:
-            await consumer.store_offset(reader.stream, self.channel, value)
+            link.store_offset(self.channel, reader.stream, value)
             mark.stored = value
         except Exception as exc:
-            self.connections.errors["store_offset"] = (
-                self.connections.errors.get("store_offset", 0) + 1
-            )
+            errors = self.connections.errors
+            errors["store_offset"] = errors.get("store_offset", 0) + 1
             log.warning(
                 "%s: storing offset %d of %s failed: %s",
-                self.name,
-                value,
-                reader.stream,
-                reason(exc),
-            )
+                self.name, value, reader.stream, reason(exc),
+            )  # fmt: skip
 
     async def _store_loop(self) -> None:
         while True:
@@ -568,18 +457,18 @@ class StreamSubscription:
         """The window, what is in hand, and per stream the watermark and role."""
         return SubscriptionStats(
             connected=int(self.subscribed),
-            window=self._allowed(),
+            window=self._limit,
             in_flight=self.in_flight,
             errors=dict(self.connections.errors),
             connections=[
                 {
-                    "address": self.connections.endpoint.address,
+                    "address": r.link.address if r.link is not None else self._address,
                     "stream": r.stream,
                     "active": r.active,
                     "offset": r.watermark.value,
                     "stored": r.watermark.stored,
                     "received": r.received,
-                    "held": len(r.held),
+                    "held": self._holds.held(r),
                 }
                 for r in self.readers
             ],

@@ -107,6 +107,35 @@ async def test_a_body_over_the_frame_size_names_the_sizes(rabbitmq: str) -> None
             await producer.publish(topic(), b"x", delay=1.0)
 
 
+async def test_a_thousand_publishes_at_once_are_each_confirmed_and_stored_once(
+    rabbitmq: str,
+) -> None:
+    """Publishes made while others are being sent go together in one frame: every call
+    returns once its own message is confirmed, each is stored once, and a body too large
+    among them fails alone."""
+    stream, seen = topic(), []
+    bodies = [f"m{i}".encode() for i in range(1000)]
+    async with StreamProducer(settings=settings(rabbitmq)) as producer:
+        await asyncio.gather(*(producer.publish(stream, body) for body in bodies[:500]))
+        calls = [producer.publish(stream, body) for body in bodies[500:]]
+        calls.insert(100, producer.publish(stream, b"x" * (1024 * 1024)))
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert [type(o) for o in outcomes if o is not None] == [MessageTooLarge]
+
+    def record(msg: Message) -> Outcome:
+        seen.append(msg.body)
+        return FINISH
+
+    consumer = Consumer(stream, "c", record, settings(rabbitmq))
+    await consumer.start()
+    try:
+        await wait_until(lambda: len(seen) >= 1000, 20, message=lambda: f"{len(seen)} read")
+        await asyncio.sleep(0.2)
+    finally:
+        await consumer.stop(2)
+    assert sorted(seen) == sorted(bodies) and len(seen) == 1000
+
+
 async def test_wrong_credentials_and_a_missing_vhost_are_clear_errors(rabbitmq: str) -> None:
     e = endpoint(rabbitmq)
     wrong = f"rabbitmq-stream://guest:not-the-password@{e['host']}:{e['port']}/"

@@ -145,9 +145,9 @@ async def test_a_far_x_not_before_on_the_retry_stream_is_clamped(
     retries behind it are read ahead, not held back."""
     from rstream import AMQPMessage
 
-    import nsqworker.streams.subscription as subscription
+    import nsqworker.streams.held as held
 
-    monkeypatch.setattr(subscription, "MAX_NOT_BEFORE", 1.0, raising=False)
+    monkeypatch.setattr(held, "MAX_NOT_BEFORE", 1.0)
     stream = topic()
     now_ms = int(time.time() * 1000)
     far = AMQPMessage(body=b"far", application_properties={
@@ -196,3 +196,53 @@ async def test_a_dead_letter_just_over_the_frame_is_cut_to_fit(rabbitmq: str) ->
     kept = base64.b64decode(copy["body"])
     assert len(kept) > limit // 2 and body.startswith(kept)
     assert producer.max_message_size == limit
+
+
+async def test_sub_entry_batches_plain_and_gzip_are_read_each_at_its_offset(
+    rabbitmq: str,
+) -> None:
+    """Another client's sub-entry batches (several messages in one entry, uncompressed
+    or gzip, the Java client's ``subEntrySize``) between plain messages: every message
+    is handled once, in order, each with its own offset as its id; one that is not AMQP
+    inside a batch is dead-lettered and the rest of its batch handled."""
+    from rstream import AMQPMessage, CompressionType
+    from rstream import Producer as RProducer
+
+    stream = topic()
+    e = Endpoint.from_settings(settings(rabbitmq))
+    producer = RProducer(host=e.host, port=e.port, vhost=e.vhost, username=e.username,
+                         password=e.password)  # fmt: skip
+    await producer.start()
+    try:
+        await producer.create_stream(stream, stream_arguments(settings(rabbitmq)), exists_ok=True)
+        await producer.send_wait(stream, AMQPMessage(body=b"plain 0"))
+        batch: list[Any] = [AMQPMessage(body=f"batch {i}".encode()) for i in range(3)]
+        await producer.send_sub_entry(stream, batch, CompressionType.No)
+        zipped: list[Any] = [
+            AMQPMessage(body=b"gzip 0"),
+            b"\xffnot amqp",
+            AMQPMessage(body=b"gzip 2"),
+        ]
+        await producer.send_sub_entry(stream, zipped, CompressionType.Gzip)
+        await producer.send_wait(stream, AMQPMessage(body=b"plain 1"))
+    finally:
+        await producer.close()
+    handled: list[tuple[str, bytes]] = []
+    hooked: list[tuple[str, bytes]] = []
+    reg = Registry()
+
+    @reg.task(stream, channel="c", on_dead_letter=lambda m, r: hooked.append((m.id, m.body)))
+    async def handle(msg: Message) -> None:
+        handled.append((msg.id, msg.body))
+
+    async with Worker(reg, settings(rabbitmq)):
+        await wait_until(lambda: len(handled) == 7 and len(hooked) == 1, 20,
+                         message=lambda: f"{handled} {hooked}")  # fmt: skip
+    at = {body: int(mid.rpartition(":")[2]) for mid, body in handled}
+    assert sorted(at.values()) == [at[body] for _, body in handled]  # in offset order
+    assert set(at) == {b"plain 0", b"plain 1", b"batch 0", b"batch 1", b"batch 2", b"gzip 0",
+                       b"gzip 2"}  # fmt: skip
+    assert [at[b"batch 1"], at[b"batch 2"]] == [at[b"batch 0"] + 1, at[b"batch 0"] + 2]
+    assert at[b"gzip 2"] == at[b"gzip 0"] + 2
+    assert hooked == [(f"{stream}:{at[b'gzip 0'] + 1}", b"\xffnot amqp")]
+    assert sorted([*at.values(), at[b"gzip 0"] + 1]) == list(range(8))
