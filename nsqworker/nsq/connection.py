@@ -1,7 +1,8 @@
 """One TCP connection to nsqd: after the handshake, frames in and commands out.
 
 :class:`Connection` is an :class:`asyncio.Protocol` (streams cost too much per
-message). After the dial, a :class:`~nsqworker.nsq.handshake.Handshake` pulls frames one at a time;
+message). After the dial, it carries out the steps of a
+:class:`~nsqworker.nsq.handshake.Negotiation`, feeding it nsqd's frames one at a time;
 after it, ``data_received`` decodes every frame of a chunk, hands messages to
 ``on_message`` inline, matches answers to requests in order, and flushes what the
 callbacks wrote once per chunk. It knows nothing about tasks, RDY policy or backoff.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -25,7 +27,14 @@ from nsqworker.errors import (
     RemoteProtocolError,
 )
 from nsqworker.nsq import protocol
-from nsqworker.nsq.handshake import ASSUMED_HEARTBEAT, Handshake, connect_error
+from nsqworker.nsq.handshake import (
+    ASSUMED_HEARTBEAT,
+    Compress,
+    Negotiation,
+    Send,
+    StartTLS,
+    connect_error,
+)
 from nsqworker.nsq.options import ConnectionConfig, ServerInfo
 from nsqworker.nsq.protocol import ErrorFrame, Frame, Response
 from nsqworker.nsq.tls import import_snappy
@@ -165,7 +174,9 @@ class Connection(asyncio.Protocol):
                     f"connection to nsqd at {self.address} closed while connecting"
                 )
             async with asyncio.timeout(cfg.dial_timeout):
-                self.server = await Handshake(self).negotiate(snappy)
+                self.server = await self._negotiate(
+                    Negotiation(self.address, self.host, cfg, snappy)
+                )
         except BaseException as exc:
             error = connect_error(self.address, cfg.dial_timeout, exc)
             if self._transport is not None:
@@ -190,6 +201,54 @@ class Connection(asyncio.Protocol):
                 self._in_read = False
             self._flush()
         return self.server
+
+    async def _negotiate(self, negotiation: Negotiation) -> ServerInfo:
+        """Carry out ``negotiation``'s steps, feeding it each frame nsqd sends."""
+        steps = negotiation.start()
+        while True:
+            for step in steps:
+                if isinstance(step, Send):
+                    self._wbuf.append(step.data)
+                    self._flush()
+                elif isinstance(step, StartTLS):
+                    await self._start_tls(step)
+                elif isinstance(step, Compress):
+                    # What came with the last plain answer is already compressed.
+                    leftover = self._decoder.take_buffer()
+                    self._compress, self._decompress = step.compress, step.decompress
+                    if leftover:
+                        self._decoder.receive(step.decompress(leftover))
+                else:
+                    return step.server
+            steps = negotiation.receive(await self._next_frame())
+
+    async def _next_frame(self) -> Frame:
+        while True:
+            try:
+                frame = self._decoder.next_frame()
+            except RemoteProtocolError as exc:
+                raise ConnectionClosed(f"nsqd at {self.address} sent garbage: {exc}") from exc
+            if frame is not None:
+                return frame
+            if self._lost:
+                raise self._closed_error()
+            self._waiter = self._loop.create_future()
+            await self._waiter
+
+    async def _start_tls(self, step: StartTLS) -> None:
+        if len(self._decoder):
+            raise ConnectionClosed(f"nsqd at {self.address} sent data before the TLS handshake")
+        assert self._transport is not None
+        transport = await self._loop.start_tls(
+            self._transport,
+            self,
+            step.context or ssl.create_default_context(),
+            server_hostname=step.server_hostname,
+            ssl_handshake_timeout=self.config.dial_timeout,
+        )
+        if transport is None:
+            raise ConnectionClosed(f"TLS handshake with nsqd at {self.address} failed")
+        self._transport = transport
 
     @property
     def connected(self) -> bool:
