@@ -27,6 +27,7 @@ from nsqworker.errors import (
     RemoteProtocolError,
 )
 from nsqworker.nsq import protocol
+from nsqworker.nsq.deadlines import Deadlines, Request
 from nsqworker.nsq.handshake import (
     ASSUMED_HEARTBEAT,
     Compress,
@@ -52,14 +53,6 @@ _PUBLISH_PREFIXES = (b"PUB ", b"MPUB", b"DPUB")
 _NOP = protocol.nop()
 
 
-def _expire(future: asyncio.Future[bytes], timeout: float) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError(f"no answer from nsqd within {timeout} s"))
-
-
-# The deadline sweep may run up to the loop's clock resolution early (uvloop counts in
-# whole milliseconds); what is due within this much counts as due, as a timer would.
-_SWEEP_SLACK = 0.001
 FIN_DELAY = 0.002
 """Seconds the FINs of a small read burst may wait for later bursts' (see
 ``Connection._flush_fins``): with nsqd writing unbuffered, a read often holds one
@@ -69,9 +62,6 @@ WRITE_NOW = 4096
 and waiting for the loop's next turn to join it with others would only add latency."""
 FIN_BATCH_SHARE = 4
 """FINs are written at once when they are at least 1/FIN_BATCH_SHARE of RDY."""
-
-# A request waiting for its answer: (future, is it a publish, timeout or None, deadline).
-_Request = tuple[asyncio.Future[bytes], bool, float | None, float]
 
 
 def _ignore(*_: Any) -> None:
@@ -118,13 +108,9 @@ class Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._decoder = protocol.Decoder(self.config.max_frame_size)
         self._transport: asyncio.Transport | None = None
-        self._pending: collections.deque[_Request] = collections.deque()
-        # The pending requests with a timeout, in the order sent, deadlines never
-        # decreasing: one timer (_sweep), armed for the first, stands for a timer per
-        # request. An answered request leaves both queues at once.
-        self._deadlines: collections.deque[_Request] = collections.deque()
-        self._sweep: asyncio.TimerHandle | None = None
-        self._sweep_at = 0.0
+        self._pending: collections.deque[Request] = collections.deque()
+        self.deadlines = Deadlines(self._loop)
+        """When the requests waiting for an answer time out."""
         self._wbuf: list[bytes] = []
         # FIN ids are joined into the write buffer in one go, at the next flush or
         # before the next other command, so the order on the wire is kept.
@@ -256,6 +242,11 @@ class Connection(asyncio.Protocol):
         return self._open and not self._closing
 
     @property
+    def unanswered(self) -> int:
+        """Requests sent and not answered yet (timed out or cancelled ones included)."""
+        return len(self._pending)
+
+    @property
     def closing(self) -> bool:
         """True once we began to close it (:meth:`close` or :meth:`abort`), not when lost."""
         return self._closing
@@ -329,7 +320,7 @@ class Connection(asyncio.Protocol):
                 self.send(_NOP)
             elif self._pending:
                 request = self._pending.popleft()
-                deadlines = self._deadlines
+                deadlines = self.deadlines.queue
                 if deadlines and deadlines[0] is request:
                     deadlines.popleft()
                 future = request[0]
@@ -349,7 +340,7 @@ class Connection(asyncio.Protocol):
             return
         if self._pending:
             request = self._pending.popleft()
-            deadlines = self._deadlines
+            deadlines = self.deadlines.queue
             if deadlines and deadlines[0] is request:
                 deadlines.popleft()
             future, is_publish, _, _ = request
@@ -480,7 +471,7 @@ class Connection(asyncio.Protocol):
         loop = self._loop
         future: asyncio.Future[bytes] = loop.create_future()
         is_publish = command[:4] in _PUBLISH_PREFIXES
-        # send() inlined, and the usual case of _watch(): this runs once per publish.
+        # send() inlined: this runs once per publish.
         if self._fins:
             self._take_fins()
         self._wbuf.append(command)
@@ -493,46 +484,10 @@ class Connection(asyncio.Protocol):
         if timeout is None:
             self._pending.append((future, is_publish, None, 0.0))
             return future
-        deadline = loop.time() + timeout
-        request = (future, is_publish, timeout, deadline)
+        request = (future, is_publish, timeout, loop.time() + timeout)
         self._pending.append(request)
-        deadlines = self._deadlines
-        if deadlines and deadline < deadlines[-1][3]:
-            self._watch(future, timeout)
-        else:
-            deadlines.append(request)
-            if self._sweep is None or deadline < self._sweep_at:
-                self._arm_sweep(deadline)
+        self.deadlines.add(request)
         return future
-
-    def _watch(self, future: asyncio.Future[bytes], timeout: float) -> None:
-        """Fail ``future`` with TimeoutError unless answered within ``timeout``: a timer
-        of its own, for a request due before one sent earlier (out of the sweep's order).
-
-        A request that timed out keeps its FIFO slot, so the next answer is not misread.
-        """
-        timer = self._loop.call_later(timeout, _expire, future, timeout)
-        future.add_done_callback(lambda _: timer.cancel())
-
-    def _arm_sweep(self, when: float) -> None:
-        if self._sweep is not None:
-            self._sweep.cancel()
-        self._sweep_at = when
-        self._sweep = self._loop.call_at(when, self._expire_due)
-
-    def _expire_due(self) -> None:
-        """Fail the requests whose deadline passed; re-arm for the next one."""
-        self._sweep = None
-        deadlines = self._deadlines
-        due = self._loop.time() + _SWEEP_SLACK
-        while deadlines:
-            future, _, timeout, deadline = deadlines[0]
-            if not future.done():  # else cancelled; its answer is still expected
-                if deadline > due:
-                    self._arm_sweep(deadline)
-                    return
-                future.set_exception(TimeoutError(f"no answer from nsqd within {timeout} s"))
-            deadlines.popleft()
 
     async def subscribe(self, topic: str, channel: str) -> None:
         """``SUB topic channel``; messages flow once RDY is raised."""
@@ -623,10 +578,7 @@ class Connection(asyncio.Protocol):
         self._transport = None
         if self._liveness is not None:
             self._liveness.cancel()
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
-        self._deadlines.clear()
+        self.deadlines.clear()
         while self._pending:
             future = self._pending.popleft()[0]
             if not future.done():

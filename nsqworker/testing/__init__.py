@@ -286,7 +286,8 @@ if _HAVE_PYTEST:
             pyfuncitem.get_closest_marker(name) for name in ("asyncio", "anyio", "trio")
         ):
             return None
-        args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+        funcargs = pyfuncitem.funcargs
+        args = {p: funcargs[p] for p in inspect.signature(test).parameters if p in funcargs}
         with asyncio.Runner() as runner:
             runner.run(test(**args))
         return True

@@ -10,7 +10,7 @@ import pytest
 
 from nsqworker.errors import AuthError, ConnectionClosed, NSQDError, RemoteProtocolError
 from nsqworker.nsq import protocol
-from nsqworker.nsq.handshake import Compress, Done, Negotiation, Send, StartTLS, Stage
+from nsqworker.nsq.handshake import Compress, Done, Negotiation, Send, Stage, StartTLS
 from nsqworker.nsq.options import ConnectionConfig
 from nsqworker.nsq.protocol import ErrorFrame, MessageFrame, Response
 
