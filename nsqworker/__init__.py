@@ -2,7 +2,7 @@
 
 Mark functions with ``@task("topic", channel=...)`` and run them with
 ``nsqworker run myservice.tasks``; publish with :class:`Producer` or
-:class:`SyncProducer`.
+:class:`SyncProducer` (NSQ), or the producer :func:`producer_for` gives for any transport.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from nsqworker.nsq.producer import Producer
     from nsqworker.nsq.sync_producer import SyncProducer
     from nsqworker.settings import Settings, SettingsError
+    from nsqworker.transport import producer_for
     from nsqworker.worker import Worker
 
 # The rest of the public surface is imported on first use, so that `import nsqworker`
@@ -50,6 +51,7 @@ _LAZY = {
     "SyncProducer": "nsqworker.nsq.sync_producer",
     "Settings": "nsqworker.settings",
     "SettingsError": "nsqworker.settings",
+    "producer_for": "nsqworker.transport",
     "Worker": "nsqworker.worker",
 }
 
@@ -93,6 +95,7 @@ __all__ = [  # noqa: RUF022 - grouped by theme, not sorted
     # publishing
     "Producer",
     "SyncProducer",
+    "producer_for",
     # errors
     "AlreadyResponded",
     "AuthError",

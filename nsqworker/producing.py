@@ -1,6 +1,6 @@
 """What every transport's producer shares: the telemetry seam of a publish call
-(:class:`PublishCall`, :func:`instrumentation_for`), and for the producers other than
-NSQ's, ``async with``, JSON bodies and the checks of their arguments.
+(:class:`PublishCall`, :func:`instrumentation_for`), and :class:`ProducerBase`: ``async
+with``, JSON bodies and the checks of their arguments.
 
 Telemetry seam: a producer asks :func:`instrumentation_for` once, with its transport's
 :class:`~nsqworker.transport.Capabilities`, for a hook, and runs each public publish
@@ -72,12 +72,13 @@ class ProducerBase:
     timeout: float
     capabilities: ClassVar[Capabilities]
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, envelope: bool = False) -> None:
         if not timeout > 0:
             raise ConfigurationError(f"timeout must be positive seconds, got {timeout!r}")
         self.timeout = timeout
-        self.instrumentation = instrumentation_for(self.capabilities, envelope=False)
-        """Send spans and the sent count (no trace envelope: these brokers have headers)."""
+        self.instrumentation = instrumentation_for(self.capabilities, envelope=envelope)
+        """Send spans and the sent count, and the trace envelope when ``envelope`` (NSQ's
+        producer asks for it: NSQ has no headers)."""
 
     def start(self) -> None:
         """Begin connecting in the background, if the producer can (the first publish
@@ -98,7 +99,11 @@ class ProducerBase:
         raise NotImplementedError
 
     async def __aenter__(self) -> Self:
-        await self.connect()
+        try:
+            await self.connect()
+        except BaseException:
+            await self.close()
+            raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
