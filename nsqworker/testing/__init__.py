@@ -69,6 +69,7 @@ from nsqworker.testing.processes import (
     NsqProcessError,
     find_binary,
 )
+from nsqworker.testing.server import ServerProcess, ServerProcessError
 
 # pytest loads this plugin's fixtures too: kube_control_plane (etcd + kube-apiserver)
 pytest_plugins = ["nsqworker.testing.kube"]
@@ -92,6 +93,8 @@ __all__ = [
     "NsqdProcess",
     "NsqlookupdFactory",
     "NsqlookupdProcess",
+    "ServerProcess",
+    "ServerProcessError",
     "find_binary",
     "free_port",
     "free_ports",
