@@ -40,8 +40,8 @@ from nsqworker.task import (  # eager: `task` must not resolve to the submodule 
 if TYPE_CHECKING:
     from nsqworker.nsq.producer import Producer
     from nsqworker.nsq.sync_producer import SyncProducer
+    from nsqworker.producing import producer_for
     from nsqworker.settings import Settings, SettingsError
-    from nsqworker.transport import producer_for
     from nsqworker.worker import Worker
 
 # The rest of the public surface is imported on first use, so that `import nsqworker`
@@ -51,7 +51,7 @@ _LAZY = {
     "SyncProducer": "nsqworker.nsq.sync_producer",
     "Settings": "nsqworker.settings",
     "SettingsError": "nsqworker.settings",
-    "producer_for": "nsqworker.transport",
+    "producer_for": "nsqworker.producing",
     "Worker": "nsqworker.worker",
 }
 

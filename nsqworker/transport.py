@@ -22,7 +22,6 @@ Transports are found by name (``Settings.transport``) in a registry:
 from __future__ import annotations
 
 import importlib
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -44,7 +43,7 @@ __all__ = [
     "capabilities_of",
     "create_transport",
     "other_producer",
-    "producer_for",
+    "producer_of",
     "register_transport",
     "transport_names",
 ]
@@ -247,20 +246,15 @@ _REGISTRY: dict[str, str | TransportFactory] = {
 }
 
 
-def producer_for(settings: Any = None, timeout: float = 5.0) -> Any:
-    """The producer of the transport ``settings`` name (``Settings()`` from the
-    environment by default): NSQ's :class:`~nsqworker.Producer` to
-    ``settings.nsqd_tcp_addresses``, a ``NatsProducer``, a ``StreamProducer``... built
-    as its factory's ``producer_class(settings=settings, timeout=timeout)``.
+def producer_of(settings: Any, timeout: float) -> Any:
+    """The producer of the transport ``settings`` name, built as its factory's
+    ``producer_class(settings=settings, timeout=timeout)`` (the public way:
+    :func:`nsqworker.producer_for`).
 
     Raises:
         ConfigurationError: the transport has no producer of its own (``memory``: its
             transport object publishes), or is not registered.
     """
-    if settings is None:
-        from nsqworker.settings import Settings
-
-        settings = Settings()  # from the environment and .env
     name = getattr(settings, "transport", "nsq")
     cls = getattr(_factory(name), "producer_class", None)
     if cls is None:
@@ -272,30 +266,10 @@ def producer_for(settings: Any = None, timeout: float = 5.0) -> Any:
 
 
 def other_producer(settings: Any, timeout: float) -> Any | None:
-    """:func:`producer_for` when ``settings`` name a transport other than NSQ; None for NSQ."""
+    """:func:`producer_of` when ``settings`` name a transport other than NSQ; None for NSQ."""
     if getattr(settings, "transport", "nsq") == "nsq":
         return None
-    return producer_for(settings, timeout)
-
-
-def deprecated_other_producer(settings: Any, timeout: float) -> Any | None:
-    """What ``Producer(settings=...)`` without nsqd addresses gave before
-    :func:`producer_for`: another transport's producer (with a DeprecationWarning), or
-    None for NSQ."""
-    if settings is None:
-        from nsqworker.settings import Settings
-
-        settings = Settings()
-    other = other_producer(settings, timeout)
-    if other is not None:
-        warnings.warn(
-            f"Producer(settings=...) with transport={settings.transport!r} returns a "
-            f"{type(other).__name__}; call nsqworker.producer_for(settings) instead "
-            "(Producer is NSQ's)",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-    return other
+    return producer_of(settings, timeout)
 
 
 def capabilities_of(name: str) -> Capabilities:
@@ -313,7 +287,7 @@ def register_transport(name: str, factory: str | TransportFactory) -> None:
     ``factory`` may be a ``"module:attribute"`` string, imported on first use. A class
     with a ``capabilities`` attribute lets telemetry and checks read them without an
     instance; one with ``producer_class`` (built as ``cls(settings=..., timeout=...)``)
-    is what :func:`producer_for` gives for this transport.
+    is what :func:`nsqworker.producer_for` gives for this transport.
     """
     if not name or not name.replace("-", "").replace("_", "").isalnum():
         raise ConfigurationError(f"transport name {name!r}: use letters, digits, - and _")

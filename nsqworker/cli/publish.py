@@ -104,8 +104,8 @@ def publish_command(
     from rich.console import Console
 
     from nsqworker.nsq.producer import Producer
+    from nsqworker.producing import producer_for
     from nsqworker.settings import Settings
-    from nsqworker.transport import producer_for
 
     console = console or Console(stderr=True)
     try:

@@ -11,7 +11,6 @@ callbacks wrote once per chunk. It knows nothing about tasks, RDY policy or back
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import ssl
 from collections.abc import Callable
@@ -27,7 +26,6 @@ from nsqworker.errors import (
     RemoteProtocolError,
 )
 from nsqworker.nsq import protocol
-from nsqworker.nsq.deadlines import Deadlines, Request
 from nsqworker.nsq.handshake import (
     ASSUMED_HEARTBEAT,
     Compress,
@@ -38,6 +36,7 @@ from nsqworker.nsq.handshake import (
 )
 from nsqworker.nsq.options import ConnectionConfig, ServerInfo
 from nsqworker.nsq.protocol import ErrorFrame, Frame, Response
+from nsqworker.nsq.requests import Requests
 from nsqworker.nsq.tls import import_snappy
 
 __all__ = ["Connection", "ConnectionConfig", "ServerInfo"]
@@ -51,6 +50,8 @@ OnClose = Callable[["Connection", ConnectionClosed], None]
 
 _PUBLISH_PREFIXES = (b"PUB ", b"MPUB", b"DPUB")
 _NOP = protocol.nop()
+_OK_FRAME = protocol.encode_frame(Response(protocol.OK))
+_OK_SIZE = len(_OK_FRAME)
 
 
 FIN_DELAY = 0.002
@@ -60,6 +61,8 @@ message; sharing writes lifted a drain by about a quarter (docs/consumer.md)."""
 WRITE_NOW = 4096
 """A command this large (an MPUB) is written at once: it is a write of its own anyway,
 and waiting for the loop's next turn to join it with others would only add latency."""
+WRITE_EVERY = 64
+"""Requests written at once when this many wait: nsqd starts on a burst while it is made."""
 FIN_BATCH_SHARE = 4
 """FINs are written at once when they are at least 1/FIN_BATCH_SHARE of RDY."""
 
@@ -108,9 +111,8 @@ class Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._decoder = protocol.Decoder(self.config.max_frame_size)
         self._transport: asyncio.Transport | None = None
-        self._pending: collections.deque[Request] = collections.deque()
-        self.deadlines = Deadlines(self._loop)
-        """When the requests waiting for an answer time out."""
+        self.requests = Requests(self._loop)
+        """The requests waiting for nsqd's answer, and when they time out."""
         self._wbuf: list[bytes] = []
         # FIN ids are joined into the write buffer in one go, at the next flush or
         # before the next other command, so the order on the wire is kept.
@@ -242,11 +244,6 @@ class Connection(asyncio.Protocol):
         return self._open and not self._closing
 
     @property
-    def unanswered(self) -> int:
-        """Requests sent and not answered yet (timed out or cancelled ones included)."""
-        return len(self._pending)
-
-    @property
     def closing(self) -> bool:
         """True once we began to close it (:meth:`close` or :meth:`abort`), not when lost."""
         return self._closing
@@ -275,6 +272,17 @@ class Connection(asyncio.Protocol):
         if self._handshaking:
             self._decoder.receive(data)
             self._wake(self._waiter)
+            return
+        if (
+            data.startswith(_OK_FRAME)  # a read of nothing but OKs: a publisher's usual one
+            and data.count(_OK_FRAME) * _OK_SIZE == len(data)
+            and not len(self._decoder)
+            and self.requests.answer_oks(len(data) // _OK_SIZE, protocol.OK)
+        ):
+            if self._wbuf:
+                self._flush()
+            elif self._fins:
+                self._flush_fins()
             return
         self._in_read = True
         try:
@@ -318,14 +326,9 @@ class Connection(asyncio.Protocol):
         if type(frame) is Response:
             if frame.data == protocol.HEARTBEAT:
                 self.send(_NOP)
-            elif self._pending:
-                request = self._pending.popleft()
-                deadlines = self.deadlines.queue
-                if deadlines and deadlines[0] is request:
-                    deadlines.popleft()
+            elif (request := self.requests.next()) is not None:
                 future = request[0]
-                # A cancelled or timed-out request still owns its answer.
-                if not future.done():
+                if not future.done():  # a cancelled or timed-out request owns its answer
                     future.set_result(frame.data)
             else:
                 log.warning("nsqd at %s sent an unexpected %r", self.address, frame.data)
@@ -338,11 +341,7 @@ class Connection(asyncio.Protocol):
         if error.code in NON_FATAL_CODES:
             self._on_error(self, error)
             return
-        if self._pending:
-            request = self._pending.popleft()
-            deadlines = self.deadlines.queue
-            if deadlines and deadlines[0] is request:
-                deadlines.popleft()
+        if (request := self.requests.next()) is not None:
             future, is_publish, _, _ = request
             if is_publish and type(error) is NSQDError:
                 error = PublishError(error.code, error.message)
@@ -476,17 +475,23 @@ class Connection(asyncio.Protocol):
             self._take_fins()
         self._wbuf.append(command)
         if not self._in_read:
-            if len(command) >= WRITE_NOW:
+            if len(command) >= WRITE_NOW or len(self._wbuf) >= WRITE_EVERY:
                 self._flush()  # with whatever was queued before it, in order
             elif not self._flush_scheduled:
                 self._flush_scheduled = True
                 loop.call_soon(self._flush)
         if timeout is None:
-            self._pending.append((future, is_publish, None, 0.0))
+            self.requests.pending.append((future, is_publish, None, 0.0))
             return future
-        request = (future, is_publish, timeout, loop.time() + timeout)
-        self._pending.append(request)
-        self.deadlines.add(request)
+        deadline = loop.time() + timeout
+        request = (future, is_publish, timeout, deadline)
+        requests = self.requests
+        requests.pending.append(request)
+        queued = requests.deadlines.queue
+        if queued and deadline >= queued[-1][3]:
+            queued.append(request)  # Deadlines.add's usual case: its sweep is armed
+        else:
+            requests.deadlines.add(request)
         return future
 
     async def subscribe(self, topic: str, channel: str) -> None:
@@ -578,11 +583,7 @@ class Connection(asyncio.Protocol):
         self._transport = None
         if self._liveness is not None:
             self._liveness.cancel()
-        self.deadlines.clear()
-        while self._pending:
-            future = self._pending.popleft()[0]
-            if not future.done():
-                future.set_exception(ConnectionClosed(reason.reason, reason.error))
+        self.requests.fail_all(reason)
         self._wake(self._waiter)
         self._wake(self._drain_waiter)
         if self._established:

@@ -37,7 +37,6 @@ from nsqworker.nsq.capabilities import CAPABILITIES
 from nsqworker.nsq.connection import ConnectionConfig
 from nsqworker.nsq.pool import Node, NodePool
 from nsqworker.nsq.publishing import (
-    NO_HOOK,
     RETRYABLE,
     SIZE,
     TOPIC_CACHE_SIZE,
@@ -84,7 +83,7 @@ class Producer(ProducerBase):
         """Deprecated: settings of another transport give that transport's producer;
         :func:`nsqworker.producer_for` is the way to ask for it."""
         if cls is Producer and nsqd_tcp_addresses is None:
-            from nsqworker.transport import deprecated_other_producer
+            from nsqworker.producing import deprecated_other_producer
 
             other = deprecated_other_producer(options.get("settings"), options.get("timeout", 5.0))
             if other is not None:
@@ -212,8 +211,9 @@ class Producer(ProducerBase):
             TimeoutError: no answer within the timeout (it may still have been stored).
         """
         # The producer's hot path, hence its shape: the topic is checked once per
-        # producer, no PublishCall is built without a hook, and the first attempt is
-        # awaited here rather than in _request (one coroutine less per message).
+        # producer, the first attempt is awaited here rather than in _request (one
+        # coroutine less per message), and without a span to record (no SDK) nothing
+        # but the hook's count is called (no context manager, no PublishCall).
         line = self._pub_lines.get(topic) if type(topic) is str else None
         if line is None:
             line = self._check_topic(topic)
@@ -228,39 +228,34 @@ class Producer(ProducerBase):
         if not self._started or self._closed:
             self.start()
         timeout = timeout or self.timeout
-        self._inflight += 1
-        call = None
-        scope = NO_HOOK
-        count = None
         hook = self._hook
-        if hook is not None:
-            if self._quiet is not None and self._quiet():
-                count = self._count
-            else:
-                call = PublishCall(topic, [body], "PUB", None, self.envelope)
-                scope = hook(call)
+        quiet = self._quiet
+        if hook is not None and (quiet is None or not quiet()):
+            await self._run(PublishCall(topic, [body], "PUB", None, self.envelope), timeout)
+            return
+        count = self._count
+        self._inflight += 1
         try:
-            with scope:
-                if call is not None:
-                    body = call.bodies[0]  # the hook may have wrapped it
-                command = self._pub(line, topic, body)
-                node = self._pool.choose(None)
-                if node is None or (conn := node.conn) is None or conn.write_paused:
-                    address = await self._request(command, "PUB", timeout)
-                else:
-                    deadline = self._loop.time() + timeout
-                    answer: bytes | None
-                    try:
-                        answer = await conn.submit(command, timeout)
-                    except Exception as exc:
-                        self._check_retry(exc, node, "PUB", last=False)
-                        answer = None
-                    if answer is None:  # retried after the except block: not chained to it
-                        address = await self._request(command, "PUB", timeout, deadline, node)
-                    else:
-                        address = self._acknowledged(node, "PUB", answer)
-                if call is not None:
-                    call.nsqd_address, call.published = address, 1
+            limit = self.max_message_size
+            if body and (limit is None or len(body) <= limit):
+                command = line + SIZE.pack(len(body)) + body
+            else:
+                command = protocol.pub(topic, body, limit)  # raises what is wrong
+            node = self._pool.choose(None)
+            if node is None or (conn := node.conn) is None or conn.write_paused:
+                await self._request(command, "PUB", timeout)
+            else:
+                deadline = self._loop.time() + timeout
+                answer: bytes | None
+                try:
+                    answer = await conn.submit(command, timeout)
+                except Exception as exc:
+                    self._check_retry(exc, node, "PUB", last=False)
+                    answer = None
+                if answer is None:  # retried after the except block: not chained to it
+                    await self._request(command, "PUB", timeout, deadline, node)
+                elif answer != protocol.OK:
+                    self._acknowledged(node, "PUB", answer)  # raises
         except BaseException as exc:
             if count is not None:
                 count(topic, 0, 1, exc)
@@ -281,13 +276,6 @@ class Producer(ProducerBase):
             lines.clear()
         line = lines[topic] = b"PUB " + topic.encode() + b"\n"
         return line
-
-    def _pub(self, line: bytes, topic: str, body: bytes) -> bytes:
-        """The PUB command of ``body`` (``line`` is ``topic``'s), checked like protocol.pub."""
-        limit = self.max_message_size
-        if type(body) is bytes and body and (limit is None or len(body) <= limit):
-            return line + SIZE.pack(len(body)) + body
-        return protocol.pub(topic, body, limit)  # raises what is wrong with the body
 
     async def publish_many(
         self, topic: str, bodies: Iterable[Body], timeout: float | None = None

@@ -748,7 +748,7 @@ async def test_requests_to_a_silent_peer_time_out_on_time() -> None:
         await conn.close()
         error, _ = await first
         assert isinstance(error, ConnectionClosed)
-        assert not conn.deadlines and not conn.deadlines.armed
+        assert not conn.requests.deadlines and not conn.requests.deadlines.armed
 
 
 async def test_short_timeout_after_a_long_one_was_answered() -> None:
@@ -776,12 +776,12 @@ async def test_answers_clear_the_deadlines_and_cancelled_requests_keep_their_slo
             *(conn.request(protocol.pub("t", b"%d" % i), timeout=5) for i in range(500))
         )
         assert answers == [protocol.OK] * 500
-        assert not conn.deadlines  # nothing kept for the sweep once answered
+        assert not conn.requests.deadlines  # nothing kept for the sweep once answered
         cancelled = conn.submit(protocol.pub("t", b"x"), timeout=5)
         cancelled.cancel()
         mixed = [conn.submit(protocol.pub("t", b"y"), timeout=t) for t in (5, None, 0.5, 5)]
         assert await asyncio.gather(*mixed) == [protocol.OK] * 4
-        assert not conn.deadlines and not conn.unanswered
+        assert not conn.requests.deadlines and not conn.requests
 
 
 @pytest.mark.parametrize("compression", ["deflate", "snappy"])

@@ -1,8 +1,9 @@
-"""When requests to nsqd time out: one timer for every request waiting for its answer.
+"""The requests a connection sent to nsqd and their answers, in order, and when they
+time out (one timer for every request waiting for its answer).
 
 nsqd answers a connection's requests in the order they were sent, so a request that
-timed out keeps its place in the connection's queue (its answer may still come, and must
-not be taken for the next request's); only its future fails.
+timed out keeps its place in the queue (its answer may still come, and must not be taken
+for the next request's); only its future fails.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import collections
 
-__all__ = ["SWEEP_SLACK", "Deadlines", "Request"]
+from nsqworker.errors import ConnectionClosed
+
+__all__ = ["SWEEP_SLACK", "Deadlines", "Request", "Requests"]
 
 Request = tuple[asyncio.Future[bytes], bool, float | None, float]
 """A request waiting for its answer: (future, is it a publish, timeout or None, deadline)."""
@@ -89,3 +92,53 @@ class Deadlines:
                     return
                 future.set_exception(TimeoutError(f"no answer from nsqd within {timeout} s"))
             queue.popleft()
+
+
+class Requests:
+    """One connection's requests waiting for nsqd's answer: ``pending`` in the order
+    sent, and their :class:`Deadlines`. The connection appends to both (its hot path);
+    the answers come back through :meth:`next` and :meth:`answer_oks`."""
+
+    __slots__ = ("deadlines", "pending")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.pending: collections.deque[Request] = collections.deque()
+        self.deadlines = Deadlines(loop)
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def next(self) -> Request | None:
+        """The oldest request, which the answer just received is for; None if none."""
+        if not self.pending:
+            return None
+        request = self.pending.popleft()
+        queue = self.deadlines.queue
+        if queue and queue[0] is request:
+            queue.popleft()
+        return request
+
+    def answer_oks(self, count: int, ok: bytes) -> bool:
+        """Answer the ``count`` oldest requests with ``ok`` (a read of nothing but OKs, a
+        publisher's usual read); False, and nothing answered, if fewer are pending."""
+        pending = self.pending
+        if count > len(pending):
+            return False
+        queue = self.deadlines.queue
+        for _ in range(count):
+            request = pending.popleft()
+            if queue and queue[0] is request:
+                queue.popleft()
+            future = request[0]
+            if not future.done():  # a cancelled or timed-out request still owns its answer
+                future.set_result(ok)
+        return True
+
+    def fail_all(self, reason: ConnectionClosed) -> None:
+        """The connection is lost: fail every request waiting with ``reason``."""
+        self.deadlines.clear()
+        pending = self.pending
+        while pending:
+            future = pending.popleft()[0]
+            if not future.done():
+                future.set_exception(ConnectionClosed(reason.reason, reason.error))
