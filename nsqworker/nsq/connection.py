@@ -158,9 +158,7 @@ class Connection(asyncio.Protocol):
             async with asyncio.timeout(cfg.dial_timeout):
                 await self._loop.create_connection(lambda: self, self.host, self.port)
             if self._closing:
-                raise ConnectionClosed(
-                    f"connection to nsqd at {self.address} closed while connecting"
-                )
+                raise ConnectionClosed(f"closed while connecting to nsqd at {self.address}")
             async with asyncio.timeout(cfg.dial_timeout):
                 self.server = await self._negotiate(
                     Negotiation(self.address, self.host, cfg, snappy)
@@ -266,7 +264,7 @@ class Connection(asyncio.Protocol):
             try:
                 data = self._decompress(data)
             except Exception as exc:
-                self._fail(f"nsqd at {self.address} sent garbage: cannot decompress ({exc})")
+                self.fail(f"nsqd at {self.address} sent garbage: cannot decompress ({exc})")
                 return
         self.bytes_received += len(data)
         if self._handshaking:
@@ -288,7 +286,7 @@ class Connection(asyncio.Protocol):
         try:
             count = self._decode(data)
         except RemoteProtocolError as exc:
-            self._fail(f"nsqd at {self.address} sent garbage: {exc}")
+            self.fail(f"nsqd at {self.address} sent garbage: {exc}")
             return
         finally:
             self._in_read = False
@@ -506,13 +504,14 @@ class Connection(asyncio.Protocol):
         interval = self.config.heartbeat_interval or ASSUMED_HEARTBEAT
         idle = self._loop.time() - self._last_read
         if idle >= 2 * interval:
-            self._fail(f"no data or heartbeat from nsqd at {self.address} for {idle:.1f} s")
+            self.fail(f"no data or heartbeat from nsqd at {self.address} for {idle:.1f} s")
         else:
             self._liveness = self._loop.call_later(
                 max(interval, 2 * interval - idle), self._check_liveness
             )
 
-    def _fail(self, reason: str) -> None:
+    def fail(self, reason: str) -> None:
+        """Drop the connection as broken (``reason`` logged): what nsqd's garbage does."""
         log.warning("%s; closing", reason)
         if self._close_reason is None:
             self._close_reason = ConnectionClosed(reason)

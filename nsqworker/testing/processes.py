@@ -284,7 +284,13 @@ class _NsqProcess(ServerProcess):
 
     # -- HTTP ------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """``method path`` on the process's HTTP API (``request("POST", "/channel/pause",
+        params={...})``); ``kwargs`` go to httpx.
+
+        Raises:
+            NsqHttpError: an error status (404, 500...).
+        """
         url = f"{self.http_address}{path}"
         response = self._http.request(method, url, **kwargs)
         if response.status_code >= 400:
@@ -292,7 +298,7 @@ class _NsqProcess(ServerProcess):
         return response
 
     def _get_json(self, path: str, **params: str) -> Any:
-        return _unwrap(self._request("GET", path, params=params).json())
+        return _unwrap(self.request("GET", path, params=params).json())
 
 
 class NsqlookupdProcess(_NsqProcess):
@@ -392,19 +398,19 @@ class NsqdProcess(_NsqProcess):
 
     def create_topic(self, topic: str) -> None:
         """Create ``topic`` (``POST /topic/create``); no error if it exists."""
-        self._request("POST", "/topic/create", params={"topic": topic})
+        self.request("POST", "/topic/create", params={"topic": topic})
 
     def create_channel(self, topic: str, channel: str) -> None:
         """Create ``topic`` and its ``channel``, so messages published later are kept."""
         self.create_topic(topic)
-        self._request("POST", "/channel/create", params={"topic": topic, "channel": channel})
+        self.request("POST", "/channel/create", params={"topic": topic, "channel": channel})
 
     def publish(self, topic: str, body: bytes | str, defer_ms: int | None = None) -> None:
         """Publish one message over HTTP (``POST /pub``), deferred by ``defer_ms`` if given."""
         params: dict[str, str] = {"topic": topic}
         if defer_ms is not None:
             params["defer"] = str(defer_ms)
-        self._request("POST", "/pub", params=params, content=_as_bytes(body))
+        self.request("POST", "/pub", params=params, content=_as_bytes(body))
 
     def mpublish(self, topic: str, bodies: Iterable[bytes | str], binary: bool = False) -> None:
         """Publish several messages in one ``POST /mpub``.
@@ -423,7 +429,7 @@ class NsqdProcess(_NsqProcess):
             if any(b"\n" in m for m in messages):
                 raise ValueError("a message contains a newline; use mpublish(..., binary=True)")
             content = b"\n".join(messages)
-        self._request("POST", "/mpub", params=params, content=content)
+        self.request("POST", "/mpub", params=params, content=content)
 
     def stats(self, topic: str | None = None, channel: str | None = None) -> dict[str, Any]:
         """``GET /stats?format=json``, optionally filtered by topic and channel.
