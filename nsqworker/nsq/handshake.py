@@ -249,9 +249,12 @@ _WARNED: set[tuple[str, str]] = set()
 
 
 def forget_adapted() -> None:
-    """Forget what each nsqd accepted and which warnings were given (a test's fresh start)."""
+    """Forget what each nsqd accepted and which warnings were given, the unused AUTH
+    secret's too (a test's fresh start)."""
+    global _warned_unused_secret
     _ADAPTED.clear()
     _WARNED.clear()
+    _warned_unused_secret = False
 
 
 _MAX_REFUSALS = 5  # one per negotiable field at most

@@ -30,6 +30,7 @@ from nsqworker.errors import (
 )
 from nsqworker.nsq import protocol
 from nsqworker.nsq.connection import Connection, ConnectionConfig, ServerInfo
+from nsqworker.nsq.handshake import forget_adapted
 from nsqworker.nsq.protocol import MessageFrame, Response, encode_frame
 from nsqworker.testing import NsqdFactory, NsqdProcess
 
@@ -408,9 +409,9 @@ async def test_auth_without_secret(
 
 
 async def test_secret_without_auth_warns(
-    nsqd: NsqdProcess, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    nsqd: NsqdProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("nsqworker.nsq.handshake._warned_unused_secret", False)
+    forget_adapted()
     async with connected(nsqd.tcp_address, ConnectionConfig(auth_secret="unused")) as conn:
         assert not conn.server.auth_required
     async with connected(nsqd.tcp_address, ConnectionConfig(auth_secret="unused")):
