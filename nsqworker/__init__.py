@@ -2,7 +2,7 @@
 
 Mark functions with ``@task("topic", channel=...)`` and run them with
 ``nsqworker run myservice.tasks``; publish with :class:`Producer` or
-:class:`SyncProducer`.
+:class:`SyncProducer` (NSQ), or the producer :func:`producer_for` gives for any transport.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -40,6 +40,7 @@ from nsqworker.task import (  # eager: `task` must not resolve to the submodule 
 if TYPE_CHECKING:
     from nsqworker.nsq.producer import Producer
     from nsqworker.nsq.sync_producer import SyncProducer
+    from nsqworker.producing import producer_for
     from nsqworker.settings import Settings, SettingsError
     from nsqworker.worker import Worker
 
@@ -50,6 +51,7 @@ _LAZY = {
     "SyncProducer": "nsqworker.nsq.sync_producer",
     "Settings": "nsqworker.settings",
     "SettingsError": "nsqworker.settings",
+    "producer_for": "nsqworker.producing",
     "Worker": "nsqworker.worker",
 }
 
@@ -93,6 +95,7 @@ __all__ = [  # noqa: RUF022 - grouped by theme, not sorted
     # publishing
     "Producer",
     "SyncProducer",
+    "producer_for",
     # errors
     "AlreadyResponded",
     "AuthError",

@@ -62,7 +62,16 @@ from enum import Enum
 
 from nsqworker.transport import Flow, Timer
 
-__all__ = ["PROBE_QUIET", "STALL_MARGIN", "TRANSITIONS", "Alarm", "Backoff", "Event", "Phase"]
+__all__ = [
+    "PROBE_QUIET",
+    "STALL_MARGIN",
+    "TRANSITIONS",
+    "Alarm",
+    "Backoff",
+    "Event",
+    "Phase",
+    "check_move",
+]
 
 Random = Callable[[], float]
 
@@ -225,12 +234,17 @@ class Backoff:
         return self._move(Event.STOP, Phase.STOPPED, now, None)
 
     def _move(self, event: Event, to: Phase, now: float, deadline: float | None) -> bool:
-        allowed = TRANSITIONS.get((self.phase, event), frozenset())
-        if to is not self.phase and to not in allowed:
-            raise AssertionError(f"backoff: {event.value} may not move {self.phase} to {to}")
+        check_move(self.phase, event, to)
         changed = to is not self.phase
         self.phase, self.since, self.deadline = to, now, deadline
         return changed
+
+
+def check_move(phase: Phase, event: Event, to: Phase) -> None:
+    """Raise AssertionError unless ``event`` may move ``phase`` to ``to`` (staying put
+    is always allowed): :data:`TRANSITIONS` enforced."""
+    if to is not phase and to not in TRANSITIONS.get((phase, event), frozenset()):
+        raise AssertionError(f"backoff: {event.value} may not move {phase} to {to}")
 
 
 class Alarm:

@@ -16,6 +16,7 @@ and every bound key. Both carry ``trace_id`` and ``span_id`` inside an OpenTelem
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import sys
@@ -226,7 +227,7 @@ def configure_logging(
         cache_logger_on_first_use=True,
     )
     for lazy in list(_LAZY_LOGGERS):
-        lazy._forget()
+        lazy.drop_configuration()
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _Handler)]:
         root.removeHandler(old)
@@ -289,7 +290,7 @@ class _LazyLogger:
         self._initial = initial
         _LAZY_LOGGERS.add(self)
 
-    def _forget(self) -> None:
+    def drop_configuration(self) -> None:
         """Drop the copied methods, so the next call takes the new configuration."""
         for method in _METHODS:
             self.__dict__.pop(method, None)
@@ -319,7 +320,9 @@ def get_logger(name: str | None = None, **initial: Any) -> FilteringBoundLogger:
     call and keeps it until ``configure_logging`` is called again.
     """
     if name is None:
-        name = str(sys._getframe(1).f_globals.get("__name__", "nsqworker"))
+        caller = inspect.currentframe()
+        caller = caller.f_back if caller is not None else None
+        name = str(caller.f_globals.get("__name__", "nsqworker")) if caller else "nsqworker"
     return cast(FilteringBoundLogger, _LazyLogger(name, initial))
 
 

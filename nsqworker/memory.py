@@ -33,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from nsqworker.errors import ConfigurationError
 from nsqworker.message import Message, to_bytes
@@ -55,6 +55,8 @@ CAPABILITIES = Capabilities(
     delayed_publish=True,
     reply_address=False,
 )
+Outcome = Literal["ack", "retry", "reject"]
+"""How a subscription answered a delivery."""
 ADDRESS = "memory"
 """``Message.address`` of every delivery."""
 
@@ -301,7 +303,10 @@ class MemoryTransport:
             ch = state.channels[channel] = _Channel()
         return ch
 
-    def _attach(self, sub: MemorySubscription) -> _Channel:
+    # --- what a MemorySubscription asks of its broker ----------------------------------
+
+    def attach(self, sub: MemorySubscription) -> None:
+        """Let ``sub`` take deliveries of its channel (created if new); starts the pump."""
         ch = self._channel(sub.topic, sub.channel)
         ch.subscriptions.append(sub)
         self._subscriptions.append(sub)
@@ -309,18 +314,52 @@ class MemoryTransport:
             self._changed = asyncio.Event()
             self._pump_task = asyncio.create_task(self._run_pump())
         self._wake()
-        return ch
 
-    def _detach(self, sub: MemorySubscription) -> None:
+    def detach(self, sub: MemorySubscription) -> None:
+        """Stop delivering to ``sub``; what it holds unanswered goes back to the front of
+        its channel, as nsqd requeues a closed connection's messages."""
         ch = self._channel(sub.topic, sub.channel)
         if sub in ch.subscriptions:
             ch.subscriptions.remove(sub)
         if sub in self._subscriptions:
             self._subscriptions.remove(sub)
         for entry in [e for e in ch.in_flight.values() if e.holder is sub]:
-            del ch.in_flight[entry.id]  # unanswered at close: back to the queue, as nsqd does
+            del ch.in_flight[entry.id]
             ch.ready.appendleft(entry)
         self._wake()
+
+    def flow_changed(self) -> None:
+        """A subscription's flow or window changed: the pump looks again."""
+        self._wake()
+
+    def settle(self, msg: Message, outcome: Outcome, delay: float = 0.0) -> bool:
+        """Record the answer to ``msg``: ``"ack"``, ``"retry"`` (back to its channel
+        after ``delay`` virtual seconds) or ``"reject"``. False, and nothing recorded,
+        when ``msg`` is no longer the current delivery (it outlived ``ack_wait`` and was
+        delivered again: a late answer)."""
+        entry: _Entry
+        delivery: int
+        entry, delivery = msg.receipt
+        ch = self._channel(msg.topic, msg.channel)
+        if ch.in_flight.get(entry.id) is not entry or entry.delivery != delivery:
+            return False
+        del ch.in_flight[entry.id]
+        entry.holder = None
+        if outcome == "ack":
+            ch.acked.append(Delivered(entry.body, msg.id, msg.attempts))
+        elif outcome == "retry":
+            ch.retried.append(Retried(entry.body, msg.id, msg.attempts, delay))
+            self._delay(ch, entry, delay)
+        else:
+            ch.rejected.append(Delivered(entry.body, msg.id, msg.attempts))
+        self._wake()
+        return True
+
+    def keep_alive(self, msg: Message) -> None:
+        """Push ``msg``'s deadline ``ack_wait`` further, if it is the current delivery."""
+        entry, delivery = msg.receipt
+        if entry.delivery == delivery:
+            entry.deadline = self.clock() + self.ack_wait
 
     def _delay(self, ch: _Channel, entry: _Entry, delay: float) -> None:
         heapq.heappush(ch.delayed, (self.clock() + delay, next(self._seq), entry))
@@ -410,19 +449,6 @@ class MemoryTransport:
                 )
         return "; ".join(parts) or "no topics"
 
-    def _settled(self, msg: Message) -> tuple[_Channel, _Entry] | None:
-        """The channel and entry of ``msg`` if it is still the current delivery."""
-        entry: _Entry
-        delivery: int
-        entry, delivery = msg.receipt
-        ch = self._channel(msg.topic, msg.channel)
-        if ch.in_flight.get(entry.id) is not entry or entry.delivery != delivery:
-            return None  # timed out and delivered again: a late answer, ignored
-        del ch.in_flight[entry.id]
-        entry.holder = None
-        self._wake()
-        return ch, entry
-
 
 class MemorySubscription:
     """One channel of a :class:`MemoryTransport` topic, for one receiver."""
@@ -443,12 +469,12 @@ class MemorySubscription:
     async def start(self, receiver: Receiver) -> None:
         """Attach to the channel; deliveries start on the next loop turn."""
         self._receiver = receiver
-        self.broker._attach(self)
+        self.broker.attach(self)
 
     def set_flow(self, flow: Flow, window: int) -> None:
         """Honoured by the pump: open up to ``window``, probe one, or none."""
         self.flow, self.window = flow, window
-        self.broker._wake()
+        self.broker.flow_changed()
 
     def room(self) -> bool:
         """Whether flow control lets one more delivery through."""
@@ -474,7 +500,7 @@ class MemorySubscription:
     async def close(self) -> None:
         """Detach; anything still unanswered goes back to the channel."""
         self._stopped = True
-        self.broker._detach(self)
+        self.broker.detach(self)
 
     @property
     def ready(self) -> bool:
@@ -501,37 +527,25 @@ class MemorySubscription:
         """A timer on the virtual clock."""
         return self.broker.call_later(delay, callback)
 
-    def _done(self, msg: Message) -> tuple[_Channel, _Entry] | None:
+    def _settle(self, msg: Message, outcome: Outcome, delay: float = 0.0) -> None:
         self.running -= 1
-        return self.broker._settled(msg)
+        self.broker.settle(msg, outcome, delay)
 
     def ack(self, msg: Message) -> None:
         """Done: recorded in :meth:`MemoryTransport.acked`."""
-        found = self._done(msg)
-        if found is not None:
-            ch, entry = found
-            ch.acked.append(Delivered(entry.body, msg.id, msg.attempts))
+        self._settle(msg, "ack")
 
     def retry(self, msg: Message, delay: float) -> None:
         """Back to the channel after ``delay`` virtual seconds."""
-        found = self._done(msg)
-        if found is not None:
-            ch, entry = found
-            ch.retried.append(Retried(entry.body, msg.id, msg.attempts, delay))
-            self.broker._delay(ch, entry, delay)
+        self._settle(msg, "retry", delay)
 
     def reject(self, msg: Message) -> None:
         """Given up: recorded in :meth:`MemoryTransport.rejected`."""
-        found = self._done(msg)
-        if found is not None:
-            ch, entry = found
-            ch.rejected.append(Delivered(entry.body, msg.id, msg.attempts))
+        self._settle(msg, "reject")
 
     def keep_alive(self, msg: Message) -> None:
         """Push the delivery's deadline ``ack_wait`` further."""
-        entry, delivery = msg.receipt
-        if entry.delivery == delivery:
-            entry.deadline = self.broker.clock() + self.broker.ack_wait
+        self.broker.keep_alive(msg)
 
     def keep_alive_interval(self, msg: Message) -> float | None:
         """Half of ``ack_wait``."""

@@ -43,6 +43,7 @@ __all__ = [
     "capabilities_of",
     "create_transport",
     "other_producer",
+    "producer_of",
     "register_transport",
     "transport_names",
 ]
@@ -245,12 +246,16 @@ _REGISTRY: dict[str, str | TransportFactory] = {
 }
 
 
-def other_producer(settings: Any, timeout: float) -> Any | None:
-    """The producer ``Producer(settings=settings)`` becomes when the settings name a
-    transport other than NSQ (its factory's ``producer_class``); None for NSQ."""
+def producer_of(settings: Any, timeout: float) -> Any:
+    """The producer of the transport ``settings`` name, built as its factory's
+    ``producer_class(settings=settings, timeout=timeout)`` (the public way:
+    :func:`nsqworker.producer_for`).
+
+    Raises:
+        ConfigurationError: the transport has no producer of its own (``memory``: its
+            transport object publishes), or is not registered.
+    """
     name = getattr(settings, "transport", "nsq")
-    if name == "nsq":
-        return None
     cls = getattr(_factory(name), "producer_class", None)
     if cls is None:
         raise ConfigurationError(
@@ -258,6 +263,13 @@ def other_producer(settings: Any, timeout: float) -> Any | None:
             "transport, or with NSQ"
         )
     return cls(settings=settings, timeout=timeout)
+
+
+def other_producer(settings: Any, timeout: float) -> Any | None:
+    """:func:`producer_of` when ``settings`` name a transport other than NSQ; None for NSQ."""
+    if getattr(settings, "transport", "nsq") == "nsq":
+        return None
+    return producer_of(settings, timeout)
 
 
 def capabilities_of(name: str) -> Capabilities:
@@ -275,7 +287,7 @@ def register_transport(name: str, factory: str | TransportFactory) -> None:
     ``factory`` may be a ``"module:attribute"`` string, imported on first use. A class
     with a ``capabilities`` attribute lets telemetry and checks read them without an
     instance; one with ``producer_class`` (built as ``cls(settings=..., timeout=...)``)
-    is what ``Producer(settings=...)`` gives for this transport.
+    is what :func:`nsqworker.producer_for` gives for this transport.
     """
     if not name or not name.replace("-", "").replace("_", "").isalnum():
         raise ConfigurationError(f"transport name {name!r}: use letters, digits, - and _")

@@ -176,6 +176,11 @@ class NsqStore:
                 if held not in self._removed and conn is not None and conn.connected:
                     conn.touch(held.id)
 
+    @property
+    def errors(self) -> list[NSQDError]:
+        """nsqd's non-fatal errors so far (``E_FIN_FAILED``, ``E_TOUCH_FAILED``...)."""
+        return list(self._errors)
+
     def _on_error(self, conn: Connection, error: NSQDError) -> None:
         self._errors.append(error)
         log.warning("nsqd %s: %s", conn.address, error)

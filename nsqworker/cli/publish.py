@@ -104,6 +104,7 @@ def publish_command(
     from rich.console import Console
 
     from nsqworker.nsq.producer import Producer
+    from nsqworker.producing import producer_for
     from nsqworker.settings import Settings
 
     console = console or Console(stderr=True)
@@ -142,7 +143,10 @@ def publish_command(
                 "no nsqd address: pass --nsqd HOST:PORT (like --nsqd 127.0.0.1:4150), "
                 "or set NSQWORKER_NSQD_TCP_ADDRESSES"
             )
-        producer = Producer(None if other else nsqd or None, settings=settings, timeout=timeout)
+        if other:
+            producer = producer_for(settings, timeout)
+        else:
+            producer = Producer(nsqd or None, settings=settings, timeout=timeout)
     except (ConfigurationError, TypeError) as exc:
         for line in str(exc).splitlines():  # a SettingsError has one line per problem
             console.print(f"[red]error:[/red] {markup_safe(line)}", highlight=False, soft_wrap=True)

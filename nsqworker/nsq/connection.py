@@ -1,7 +1,8 @@
 """One TCP connection to nsqd: after the handshake, frames in and commands out.
 
 :class:`Connection` is an :class:`asyncio.Protocol` (streams cost too much per
-message). After the dial, a :class:`~nsqworker.nsq.handshake.Handshake` pulls frames one at a time;
+message). After the dial, it carries out the steps of a
+:class:`~nsqworker.nsq.handshake.Negotiation`, feeding it nsqd's frames one at a time;
 after it, ``data_received`` decodes every frame of a chunk, hands messages to
 ``on_message`` inline, matches answers to requests in order, and flushes what the
 callbacks wrote once per chunk. It knows nothing about tasks, RDY policy or backoff.
@@ -10,8 +11,8 @@ callbacks wrote once per chunk. It knows nothing about tasks, RDY policy or back
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -25,9 +26,17 @@ from nsqworker.errors import (
     RemoteProtocolError,
 )
 from nsqworker.nsq import protocol
-from nsqworker.nsq.handshake import ASSUMED_HEARTBEAT, Handshake, connect_error
+from nsqworker.nsq.handshake import (
+    ASSUMED_HEARTBEAT,
+    Compress,
+    Negotiation,
+    Send,
+    StartTLS,
+    connect_error,
+)
 from nsqworker.nsq.options import ConnectionConfig, ServerInfo
 from nsqworker.nsq.protocol import ErrorFrame, Frame, Response
+from nsqworker.nsq.requests import Requests
 from nsqworker.nsq.tls import import_snappy
 
 __all__ = ["Connection", "ConnectionConfig", "ServerInfo"]
@@ -41,16 +50,10 @@ OnClose = Callable[["Connection", ConnectionClosed], None]
 
 _PUBLISH_PREFIXES = (b"PUB ", b"MPUB", b"DPUB")
 _NOP = protocol.nop()
+_OK_FRAME = protocol.encode_frame(Response(protocol.OK))
+_OK_SIZE = len(_OK_FRAME)
 
 
-def _expire(future: asyncio.Future[bytes], timeout: float) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError(f"no answer from nsqd within {timeout} s"))
-
-
-# The deadline sweep may run up to the loop's clock resolution early (uvloop counts in
-# whole milliseconds); what is due within this much counts as due, as a timer would.
-_SWEEP_SLACK = 0.001
 FIN_DELAY = 0.002
 """Seconds the FINs of a small read burst may wait for later bursts' (see
 ``Connection._flush_fins``): with nsqd writing unbuffered, a read often holds one
@@ -58,11 +61,10 @@ message; sharing writes lifted a drain by about a quarter (docs/consumer.md)."""
 WRITE_NOW = 4096
 """A command this large (an MPUB) is written at once: it is a write of its own anyway,
 and waiting for the loop's next turn to join it with others would only add latency."""
+WRITE_EVERY = 64
+"""Requests written at once when this many wait: nsqd starts on a burst while it is made."""
 FIN_BATCH_SHARE = 4
 """FINs are written at once when they are at least 1/FIN_BATCH_SHARE of RDY."""
-
-# A request waiting for its answer: (future, is it a publish, timeout or None, deadline).
-_Request = tuple[asyncio.Future[bytes], bool, float | None, float]
 
 
 def _ignore(*_: Any) -> None:
@@ -109,13 +111,8 @@ class Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._decoder = protocol.Decoder(self.config.max_frame_size)
         self._transport: asyncio.Transport | None = None
-        self._pending: collections.deque[_Request] = collections.deque()
-        # The pending requests with a timeout, in the order sent, deadlines never
-        # decreasing: one timer (_sweep), armed for the first, stands for a timer per
-        # request. An answered request leaves both queues at once.
-        self._deadlines: collections.deque[_Request] = collections.deque()
-        self._sweep: asyncio.TimerHandle | None = None
-        self._sweep_at = 0.0
+        self.requests = Requests(self._loop)
+        """The requests waiting for nsqd's answer, and when they time out."""
         self._wbuf: list[bytes] = []
         # FIN ids are joined into the write buffer in one go, at the next flush or
         # before the next other command, so the order on the wire is kept.
@@ -161,11 +158,11 @@ class Connection(asyncio.Protocol):
             async with asyncio.timeout(cfg.dial_timeout):
                 await self._loop.create_connection(lambda: self, self.host, self.port)
             if self._closing:
-                raise ConnectionClosed(
-                    f"connection to nsqd at {self.address} closed while connecting"
-                )
+                raise ConnectionClosed(f"closed while connecting to nsqd at {self.address}")
             async with asyncio.timeout(cfg.dial_timeout):
-                self.server = await Handshake(self).negotiate(snappy)
+                self.server = await self._negotiate(
+                    Negotiation(self.address, self.host, cfg, snappy)
+                )
         except BaseException as exc:
             error = connect_error(self.address, cfg.dial_timeout, exc)
             if self._transport is not None:
@@ -190,6 +187,54 @@ class Connection(asyncio.Protocol):
                 self._in_read = False
             self._flush()
         return self.server
+
+    async def _negotiate(self, negotiation: Negotiation) -> ServerInfo:
+        """Carry out ``negotiation``'s steps, feeding it each frame nsqd sends."""
+        steps = negotiation.start()
+        while True:
+            for step in steps:
+                if isinstance(step, Send):
+                    self._wbuf.append(step.data)
+                    self._flush()
+                elif isinstance(step, StartTLS):
+                    await self._start_tls(step)
+                elif isinstance(step, Compress):
+                    # What came with the last plain answer is already compressed.
+                    leftover = self._decoder.take_buffer()
+                    self._compress, self._decompress = step.compress, step.decompress
+                    if leftover:
+                        self._decoder.receive(step.decompress(leftover))
+                else:
+                    return step.server
+            steps = negotiation.receive(await self._next_frame())
+
+    async def _next_frame(self) -> Frame:
+        while True:
+            try:
+                frame = self._decoder.next_frame()
+            except RemoteProtocolError as exc:
+                raise ConnectionClosed(f"nsqd at {self.address} sent garbage: {exc}") from exc
+            if frame is not None:
+                return frame
+            if self._lost:
+                raise self._closed_error()
+            self._waiter = self._loop.create_future()
+            await self._waiter
+
+    async def _start_tls(self, step: StartTLS) -> None:
+        if len(self._decoder):
+            raise ConnectionClosed(f"nsqd at {self.address} sent data before the TLS handshake")
+        assert self._transport is not None
+        transport = await self._loop.start_tls(
+            self._transport,
+            self,
+            step.context or ssl.create_default_context(),
+            server_hostname=step.server_hostname,
+            ssl_handshake_timeout=self.config.dial_timeout,
+        )
+        if transport is None:
+            raise ConnectionClosed(f"TLS handshake with nsqd at {self.address} failed")
+        self._transport = transport
 
     @property
     def connected(self) -> bool:
@@ -219,18 +264,29 @@ class Connection(asyncio.Protocol):
             try:
                 data = self._decompress(data)
             except Exception as exc:
-                self._fail(f"nsqd at {self.address} sent garbage: cannot decompress ({exc})")
+                self.fail(f"nsqd at {self.address} sent garbage: cannot decompress ({exc})")
                 return
         self.bytes_received += len(data)
         if self._handshaking:
             self._decoder.receive(data)
             self._wake(self._waiter)
             return
+        if (
+            data.startswith(_OK_FRAME)  # a read of nothing but OKs: a publisher's usual one
+            and data.count(_OK_FRAME) * _OK_SIZE == len(data)
+            and not len(self._decoder)
+            and self.requests.answer_oks(len(data) // _OK_SIZE, protocol.OK)
+        ):
+            if self._wbuf:
+                self._flush()
+            elif self._fins:
+                self._flush_fins()
+            return
         self._in_read = True
         try:
             count = self._decode(data)
         except RemoteProtocolError as exc:
-            self._fail(f"nsqd at {self.address} sent garbage: {exc}")
+            self.fail(f"nsqd at {self.address} sent garbage: {exc}")
             return
         finally:
             self._in_read = False
@@ -268,14 +324,9 @@ class Connection(asyncio.Protocol):
         if type(frame) is Response:
             if frame.data == protocol.HEARTBEAT:
                 self.send(_NOP)
-            elif self._pending:
-                request = self._pending.popleft()
-                deadlines = self._deadlines
-                if deadlines and deadlines[0] is request:
-                    deadlines.popleft()
+            elif (request := self.requests.next()) is not None:
                 future = request[0]
-                # A cancelled or timed-out request still owns its answer.
-                if not future.done():
+                if not future.done():  # a cancelled or timed-out request owns its answer
                     future.set_result(frame.data)
             else:
                 log.warning("nsqd at %s sent an unexpected %r", self.address, frame.data)
@@ -288,11 +339,7 @@ class Connection(asyncio.Protocol):
         if error.code in NON_FATAL_CODES:
             self._on_error(self, error)
             return
-        if self._pending:
-            request = self._pending.popleft()
-            deadlines = self._deadlines
-            if deadlines and deadlines[0] is request:
-                deadlines.popleft()
+        if (request := self.requests.next()) is not None:
             future, is_publish, _, _ = request
             if is_publish and type(error) is NSQDError:
                 error = PublishError(error.code, error.message)
@@ -421,59 +468,29 @@ class Connection(asyncio.Protocol):
         loop = self._loop
         future: asyncio.Future[bytes] = loop.create_future()
         is_publish = command[:4] in _PUBLISH_PREFIXES
-        # send() inlined, and the usual case of _watch(): this runs once per publish.
+        # send() inlined: this runs once per publish.
         if self._fins:
             self._take_fins()
         self._wbuf.append(command)
         if not self._in_read:
-            if len(command) >= WRITE_NOW:
+            if len(command) >= WRITE_NOW or len(self._wbuf) >= WRITE_EVERY:
                 self._flush()  # with whatever was queued before it, in order
             elif not self._flush_scheduled:
                 self._flush_scheduled = True
                 loop.call_soon(self._flush)
         if timeout is None:
-            self._pending.append((future, is_publish, None, 0.0))
+            self.requests.pending.append((future, is_publish, None, 0.0))
             return future
         deadline = loop.time() + timeout
         request = (future, is_publish, timeout, deadline)
-        self._pending.append(request)
-        deadlines = self._deadlines
-        if deadlines and deadline < deadlines[-1][3]:
-            self._watch(future, timeout)
+        requests = self.requests
+        requests.pending.append(request)
+        queued = requests.deadlines.queue
+        if queued and deadline >= queued[-1][3]:
+            queued.append(request)  # Deadlines.add's usual case: its sweep is armed
         else:
-            deadlines.append(request)
-            if self._sweep is None or deadline < self._sweep_at:
-                self._arm_sweep(deadline)
+            requests.deadlines.add(request)
         return future
-
-    def _watch(self, future: asyncio.Future[bytes], timeout: float) -> None:
-        """Fail ``future`` with TimeoutError unless answered within ``timeout``: a timer
-        of its own, for a request due before one sent earlier (out of the sweep's order).
-
-        A request that timed out keeps its FIFO slot, so the next answer is not misread.
-        """
-        timer = self._loop.call_later(timeout, _expire, future, timeout)
-        future.add_done_callback(lambda _: timer.cancel())
-
-    def _arm_sweep(self, when: float) -> None:
-        if self._sweep is not None:
-            self._sweep.cancel()
-        self._sweep_at = when
-        self._sweep = self._loop.call_at(when, self._expire_due)
-
-    def _expire_due(self) -> None:
-        """Fail the requests whose deadline passed; re-arm for the next one."""
-        self._sweep = None
-        deadlines = self._deadlines
-        due = self._loop.time() + _SWEEP_SLACK
-        while deadlines:
-            future, _, timeout, deadline = deadlines[0]
-            if not future.done():  # else cancelled; its answer is still expected
-                if deadline > due:
-                    self._arm_sweep(deadline)
-                    return
-                future.set_exception(TimeoutError(f"no answer from nsqd within {timeout} s"))
-            deadlines.popleft()
 
     async def subscribe(self, topic: str, channel: str) -> None:
         """``SUB topic channel``; messages flow once RDY is raised."""
@@ -487,13 +504,14 @@ class Connection(asyncio.Protocol):
         interval = self.config.heartbeat_interval or ASSUMED_HEARTBEAT
         idle = self._loop.time() - self._last_read
         if idle >= 2 * interval:
-            self._fail(f"no data or heartbeat from nsqd at {self.address} for {idle:.1f} s")
+            self.fail(f"no data or heartbeat from nsqd at {self.address} for {idle:.1f} s")
         else:
             self._liveness = self._loop.call_later(
                 max(interval, 2 * interval - idle), self._check_liveness
             )
 
-    def _fail(self, reason: str) -> None:
+    def fail(self, reason: str) -> None:
+        """Drop the connection as broken (``reason`` logged): what nsqd's garbage does."""
         log.warning("%s; closing", reason)
         if self._close_reason is None:
             self._close_reason = ConnectionClosed(reason)
@@ -564,14 +582,7 @@ class Connection(asyncio.Protocol):
         self._transport = None
         if self._liveness is not None:
             self._liveness.cancel()
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
-        self._deadlines.clear()
-        while self._pending:
-            future = self._pending.popleft()[0]
-            if not future.done():
-                future.set_exception(ConnectionClosed(reason.reason, reason.error))
+        self.requests.fail_all(reason)
         self._wake(self._waiter)
         self._wake(self._drain_waiter)
         if self._established:

@@ -1,20 +1,23 @@
 """Opening a connection: magic, IDENTIFY, TLS, compression, AUTH.
 
-A :class:`~nsqworker.nsq.connection.Connection` dials, then hands itself to a
-:class:`Handshake`, which pulls frames one at a time until nsqd has answered every step
-(what it needs of the connection is the :class:`Negotiating` protocol). After it, the
-connection's read loop takes over.
+:class:`Negotiation` is the handshake without I/O: fed nsqd's frames one at a time, it
+returns the steps the connection carries out (:class:`Send` bytes, :class:`StartTLS`,
+:class:`Compress` from now on, :class:`Done` with what nsqd answered) and raises what
+nsqd's answers mean. :class:`~nsqworker.nsq.connection.Connection` dials, runs the steps,
+then hands over to its read loop. :func:`connect_adapting` retries a negotiation that
+nsqd refused with values it accepts.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, cast
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol, TypeVar
 
 from nsqworker.errors import (
     AuthError,
@@ -31,10 +34,22 @@ from nsqworker.nsq.options import (
     ServerInfo,
     identify_rejection,
 )
-from nsqworker.nsq.protocol import ErrorFrame, MessageFrame, Response
-from nsqworker.nsq.tls import compression_codecs, import_snappy
+from nsqworker.nsq.protocol import ErrorFrame, Frame, MessageFrame
+from nsqworker.nsq.tls import Codec, compression_codecs, import_snappy
 
-__all__ = ["Handshake", "Negotiating", "connect_adapting", "connect_error"]
+__all__ = [
+    "Compress",
+    "Done",
+    "Negotiation",
+    "Send",
+    "Stage",
+    "StartTLS",
+    "Step",
+    "connect_adapting",
+    "connect_error",
+    "forget_adapted",
+    "nsqd_info",
+]
 
 log = logging.getLogger("nsqworker.nsq.connection")
 _NOP = protocol.nop()
@@ -61,142 +76,152 @@ def connect_error(address: str, dial_timeout: float, exc: BaseException) -> Base
     return exc
 
 
-class Negotiating(Protocol):
-    """What a :class:`Handshake` reads and drives of the connection it negotiates: the
-    connection is the asyncio protocol of the socket, so the handshake reads the frames
-    its decoder holds, waits on its waiter, and writes through its buffer."""
-
-    address: str
-    host: str
-    config: ConnectionConfig
-    _loop: asyncio.AbstractEventLoop
-    _decoder: protocol.Decoder
-    _transport: asyncio.Transport | None
-    _wbuf: list[bytes]
-    _compress: Callable[[bytes], bytes] | None
-    _decompress: Callable[[bytes], bytes] | None
-    _waiter: asyncio.Future[None] | None
-    _lost: bool
-
-    def _flush(self) -> None: ...
-    def _closed_error(self) -> ConnectionClosed: ...
+# --- the negotiation, without I/O -------------------------------------------------------
 
 
-class Handshake:
-    """One negotiation of ``conn`` after its dial; :meth:`negotiate` returns what nsqd
-    answered (its IDENTIFY, with AUTH's identity when it asked for AUTH)."""
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Write ``data`` to nsqd (through the compression in force)."""
 
-    def __init__(self, conn: Negotiating) -> None:
-        self.conn = conn
-        self.address = conn.address
+    data: bytes
 
-    async def negotiate(self, snappy: Any) -> ServerInfo:
-        """Magic and IDENTIFY, then TLS, compression and AUTH as nsqd answers."""
-        return await self._negotiate(snappy)
 
-    async def _negotiate(self, snappy: Any) -> ServerInfo:
-        cfg = self.conn.config
-        assert self.conn._transport is not None
-        self.conn._transport.write(protocol.MAGIC_V2 + protocol.identify(cfg.identify_body()))
-        server = ServerInfo.from_identify((await self._next_response()).data)
-        if cfg.tls_v1:
+@dataclass(frozen=True, slots=True)
+class StartTLS:
+    """Upgrade the socket to TLS now; nothing may have been received after the answer
+    that asked for it. ``context`` None: the system's default context."""
+
+    context: ssl.SSLContext | None
+    server_hostname: str
+
+
+@dataclass(frozen=True, slots=True)
+class Compress:
+    """From now on compress what is written and decompress what is read, including the
+    bytes received but not decoded yet (nsqd may send its compressed OK in the same
+    segment as the plain answer before it)."""
+
+    compress: Codec
+    decompress: Codec
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The negotiation is over: ``server`` is what nsqd answered (its IDENTIFY, with
+    AUTH's identity when it asked for AUTH)."""
+
+    server: ServerInfo
+
+
+Step = Send | StartTLS | Compress | Done
+
+
+class Stage(Enum):
+    """What the negotiation waits for nsqd to answer."""
+
+    IDENTIFY = "IDENTIFY"
+    TLS = "TLS"
+    COMPRESSION = "compression"
+    AUTH = "AUTH"
+    DONE = "done"
+
+
+class Negotiation:
+    """One handshake with nsqd at ``address`` (dialled as ``host``), as a state machine.
+
+    :meth:`start` gives the first steps (magic and IDENTIFY); :meth:`receive` takes each
+    frame nsqd sends and gives the next steps, ending with :class:`Done`. nsqd v1.3.0
+    upgrades in this order: TLS, then snappy or deflate, then AUTH. Heartbeats are
+    answered with a NOP. Raises :class:`NSQDError` (:class:`AuthError`) for nsqd's
+    errors, :class:`AuthError` when AUTH cannot be sent, :class:`ConnectionClosed` for
+    answers that make no sense, :class:`ConfigurationError` for a missing snappy.
+    """
+
+    def __init__(
+        self, address: str, host: str, config: ConnectionConfig, snappy: Any = None
+    ) -> None:
+        self.address = address
+        self.host = host
+        self.config = config
+        self.snappy = snappy
+        self.server = ServerInfo()
+        self.stage = Stage.IDENTIFY
+
+    def start(self) -> list[Step]:
+        """The magic and IDENTIFY."""
+        return [Send(protocol.MAGIC_V2 + protocol.identify(self.config.identify_body()))]
+
+    def receive(self, frame: Frame) -> list[Step]:
+        """The steps after nsqd sent ``frame``."""
+        if self.stage is Stage.DONE:
+            raise RuntimeError("the negotiation is over")
+        if isinstance(frame, ErrorFrame):
+            raise NSQDError.from_frame(frame.data)
+        if isinstance(frame, MessageFrame):
+            raise ConnectionClosed(f"nsqd at {self.address} sent a message before SUB")
+        if frame.data == protocol.HEARTBEAT:
+            return [Send(_NOP)]
+        stage = self.stage
+        if stage is Stage.IDENTIFY:
+            self.server = ServerInfo.from_identify(frame.data)
+        elif stage is Stage.AUTH:
+            self.server = self._authorised(frame.data)
+        elif frame.data != protocol.OK:
+            raise ConnectionClosed(
+                f"nsqd at {self.address} answered {frame.data!r} after {stage.value}"
+            )
+        return self._after(stage)
+
+    def _after(self, answered: Stage) -> list[Step]:
+        """The next upgrade nsqd's IDENTIFY answer asks for, after ``answered``."""
+        server, cfg = self.server, self.config
+        if answered is Stage.IDENTIFY and cfg.tls_v1:
             if not server.tls_v1:
                 raise ConnectionClosed(
                     f"TLS was asked for but nsqd at {self.address} does not offer it "
                     "(start nsqd with --tls-cert and --tls-key, or set tls_v1 off)"
                 )
-            await self._start_tls()
-            await self._expect_ok("TLS")
-        # nsqd v1.3.0 upgrades in this order: TLS, then snappy or deflate.
-        if server.snappy or server.deflate:
-            self._install_compression(server, snappy)
-            await self._expect_ok("compression")
-        if server.auth_required:
-            server = await self._auth(server)
-        elif cfg.auth_secret:
+            self.stage = Stage.TLS
+            return [StartTLS(cfg.ssl_context, cfg.tls_server_name or self.host)]
+        if answered in (Stage.IDENTIFY, Stage.TLS) and (server.snappy or server.deflate):
+            snappy = self.snappy
+            if server.snappy and snappy is None:
+                snappy = import_snappy()
+            codecs = compression_codecs(snappy if server.snappy else None, server.deflate_level)
+            self.stage = Stage.COMPRESSION
+            return [Compress(*codecs)]
+        if answered is not Stage.AUTH and server.auth_required:
+            self.stage = Stage.AUTH
+            return [Send(protocol.auth(self._secret()))]
+        if not server.auth_required and cfg.auth_secret:
             global _warned_unused_secret
             if not _warned_unused_secret:
                 _warned_unused_secret = True
                 log.warning("auth_secret is set but nsqd at %s does not require AUTH", self.address)
-        return server
+        self.stage = Stage.DONE
+        return [Done(server)]
 
-    async def _next_response(self) -> Response:
-        """The next answer during negotiation; heartbeats are answered and skipped."""
-        while True:
-            try:
-                frame = self.conn._decoder.next_frame()
-            except RemoteProtocolError as exc:
-                raise ConnectionClosed(f"nsqd at {self.address} sent garbage: {exc}") from exc
-            if frame is None:
-                if self.conn._lost:
-                    raise self.conn._closed_error()
-                self.conn._waiter = self.conn._loop.create_future()
-                await self.conn._waiter
-            elif isinstance(frame, ErrorFrame):
-                raise NSQDError.from_frame(frame.data)
-            elif isinstance(frame, MessageFrame):
-                raise ConnectionClosed(f"nsqd at {self.address} sent a message before SUB")
-            elif frame.data == protocol.HEARTBEAT:
-                self.conn._wbuf.append(_NOP)
-                self.conn._flush()
-            else:
-                return frame
-
-    async def _expect_ok(self, step: str) -> None:
-        frame = await self._next_response()
-        if frame.data != protocol.OK:
-            raise ConnectionClosed(f"nsqd at {self.address} answered {frame.data!r} after {step}")
-
-    async def _start_tls(self) -> None:
-        if len(self.conn._decoder):
-            raise ConnectionClosed(f"nsqd at {self.address} sent data before the TLS handshake")
-        cfg = self.conn.config
-        context = cfg.ssl_context or ssl.create_default_context()
-        assert self.conn._transport is not None
-        transport = await self.conn._loop.start_tls(
-            self.conn._transport,
-            cast(asyncio.BaseProtocol, self.conn),
-            context,
-            server_hostname=cfg.tls_server_name or self.conn.host,
-            ssl_handshake_timeout=cfg.dial_timeout,
-        )
-        if transport is None:
-            raise ConnectionClosed(f"TLS handshake with nsqd at {self.address} failed")
-        self.conn._transport = transport
-
-    def _install_compression(self, server: ServerInfo, snappy: Any) -> None:
-        # nsqd may have sent the compressed OK in the same segment as the plain
-        # IDENTIFY answer: those bytes sit undecoded in the decoder.
-        leftover = self.conn._decoder.take_buffer()
-        if server.snappy and snappy is None:
-            snappy = import_snappy()
-        self.conn._compress, self.conn._decompress = compression_codecs(
-            snappy if server.snappy else None, server.deflate_level
-        )
-        if leftover:
-            self.conn._decoder.receive(self.conn._decompress(leftover))
-
-    async def _auth(self, server: ServerInfo) -> ServerInfo:
-        secret = self.conn.config.auth_secret
+    def _secret(self) -> str:
+        secret = self.config.auth_secret
         if not secret:
             raise AuthError(
                 f"nsqd at {self.address} requires AUTH and no secret is set: "
                 "set NSQWORKER_AUTH_SECRET (Settings.auth_secret)"
             )
-        if self.conn.config.auth_requires_tls:
+        if self.config.auth_requires_tls:
             raise AuthError(
                 f"nsqd at {self.address}, found through nsqlookupd, asks for AUTH over plain "
                 "TCP: the secret is not sent (lookupd is unauthenticated). Set tls_v1, list "
                 "the nsqd in nsqd_tcp_addresses, or set lookupd_auth_without_tls on a "
                 "trusted network"
             )
-        self.conn._wbuf.append(protocol.auth(secret))
-        self.conn._flush()
-        data = (await self._next_response()).data
+        return secret
+
+    def _authorised(self, data: bytes) -> ServerInfo:
         try:
             info = json.loads(data)
             return dataclasses.replace(
-                server,
+                self.server,
                 auth_identity=str(info.get("identity", "")),
                 auth_identity_url=str(info.get("identity_url", "")) or None,
                 auth_permission_count=int(info.get("permission_count", 0)),
@@ -221,6 +246,17 @@ C = TypeVar("C", bound=_Connectable)
 #: What each nsqd accepted, by (address, config asked): reconnects ask it directly.
 _ADAPTED: dict[tuple[str, ConnectionConfig], ConnectionConfig] = {}
 _WARNED: set[tuple[str, str]] = set()
+
+
+def forget_adapted() -> None:
+    """Forget what each nsqd accepted and which warnings were given, the unused AUTH
+    secret's too (a test's fresh start)."""
+    global _warned_unused_secret
+    _ADAPTED.clear()
+    _WARNED.clear()
+    _warned_unused_secret = False
+
+
 _MAX_REFUSALS = 5  # one per negotiable field at most
 
 
@@ -244,7 +280,7 @@ async def _clamp(field: str, asked: Any, http_address: str | None, cfg: Connecti
     if http_address is None or field not in _INFO_LIMITS:
         return None
     key, floor = _INFO_LIMITS[field]
-    info = await _info(http_address, cfg)
+    info = await nsqd_info(http_address, cfg)
     limit = None if info is None else info.get(key)
     if not isinstance(limit, int):
         return None
@@ -255,7 +291,7 @@ async def _clamp(field: str, asked: Any, http_address: str | None, cfg: Connecti
     return clamped if clamped < asked else None
 
 
-async def _info(http_address: str | None, cfg: ConnectionConfig) -> dict[str, Any] | None:
+async def nsqd_info(http_address: str | None, cfg: ConnectionConfig) -> dict[str, Any] | None:
     """nsqd's ``GET /info`` answer, or None (also for one over lookupd's size cap, or
     nested too deeply: the address came from lookupd, which anyone may answer as)."""
     import httpx  # here, not at import: it costs ~60 ms
@@ -363,7 +399,7 @@ async def _refused_error(
             log.debug("probing nsqd at %s for its limits: %s", address, exc)
         finally:
             probe.abort()
-    elif field in _INFO_LIMITS and (info := await _info(http_address, cfg)) is not None:
+    elif field in _INFO_LIMITS and (info := await nsqd_info(http_address, cfg)) is not None:
         key = _INFO_LIMITS[field][0]
         value = info.get(key)
         if isinstance(value, int):

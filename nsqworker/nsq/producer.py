@@ -21,28 +21,22 @@ Publish calls go through the telemetry seam of :mod:`nsqworker.producing`.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Iterable
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Self, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
 
 from nsqworker.errors import (
-    ConfigurationError,
     ConnectionClosed,
     LocalProtocolError,
-    NoConnection,
     NSQDError,
     PublishError,
     RemoteProtocolError,
 )
 from nsqworker.nsq import protocol
-from nsqworker.nsq.backoff import reconnect_delay
 from nsqworker.nsq.capabilities import CAPABILITIES
-from nsqworker.nsq.connection import Connection, ConnectionConfig
-from nsqworker.nsq.handshake import connect_adapting
+from nsqworker.nsq.connection import ConnectionConfig
+from nsqworker.nsq.pool import Node, NodePool
 from nsqworker.nsq.publishing import (
-    NO_HOOK,
     RETRYABLE,
     SIZE,
     TOPIC_CACHE_SIZE,
@@ -55,10 +49,11 @@ from nsqworker.nsq.publishing import (
     split_batches,
     to_bytes,
 )
-from nsqworker.producing import instrumentation_for
+from nsqworker.producing import ProducerBase
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
+    from nsqworker.transport import Capabilities
 
 __all__ = ["Body", "Instrumentation", "Producer", "PublishCall"]
 
@@ -66,31 +61,10 @@ log = logging.getLogger(__name__)
 
 RECONNECT_DELAY: Final = 0.1
 MAX_RECONNECT_DELAY: Final = 30.0
-_STABLE_AFTER: Final = 1.0  # a connection that lived this long resets the backoff
 _JUST_BYTES: Final = {bytes}
 
 
-# --- the async producer -------------------------------------------------------------
-
-
-class _Node:
-    """One nsqd address: its live connection (if any) and the task that keeps it up."""
-
-    __slots__ = ("address", "conn", "last_error", "task")
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.conn: Connection | None = None
-        self.last_error: BaseException | None = None
-        self.task: asyncio.Task[None] | None = None
-
-    @property
-    def healthy(self) -> bool:
-        # A connection is only ever connected while not closed.
-        return self.conn is not None and self.conn.connected
-
-
-class Producer:
+class Producer(ProducerBase):
     """Publishes to one or more nsqd over TCP; every call returns once nsqd said OK.
 
     ``async with Producer(["127.0.0.1:4150"]) as p: await p.publish("clicks", b"...")``.
@@ -103,14 +77,16 @@ class Producer:
     publish that fails never breaks the producer for the next one.
     """
 
-    def __new__(cls, nsqd_tcp_addresses: list[str] | str | None = None, **options: Any) -> Any:
-        """No nsqd address and settings of another transport: its producer (NatsProducer)."""
-        if cls is Producer and nsqd_tcp_addresses is None:
-            from nsqworker.settings import Settings as _Settings
-            from nsqworker.transport import other_producer
+    capabilities: ClassVar[Capabilities] = CAPABILITIES
 
-            settings = options.get("settings") or _Settings()
-            if (other := other_producer(settings, options.get("timeout", 5.0))) is not None:
+    def __new__(cls, nsqd_tcp_addresses: list[str] | str | None = None, **options: Any) -> Any:
+        """Deprecated: settings of another transport give that transport's producer;
+        :func:`nsqworker.producer_for` is the way to ask for it."""
+        if cls is Producer and nsqd_tcp_addresses is None:
+            from nsqworker.producing import deprecated_other_producer
+
+            other = deprecated_other_producer(options.get("settings"), options.get("timeout", 5.0))
+            if other is not None:
                 return other
         return super().__new__(cls)
 
@@ -125,8 +101,6 @@ class Producer:
         max_message_size: int | None = None,
         max_body_size: int | None = None,
     ) -> None:
-        if not timeout > 0:
-            raise ConfigurationError(f"timeout must be positive seconds, got {timeout!r}")
         if nsqd_tcp_addresses is None and settings is None:
             from nsqworker.settings import Settings as _Settings
 
@@ -136,39 +110,38 @@ class Producer:
             connection_config = (
                 ConnectionConfig() if settings is None else ConnectionConfig.from_settings(settings)
             )
-        self._config = connection_config
-        self.timeout = timeout
         self.max_message_size = max_message_size
         """nsqd's ``--max-msg-size`` when known (given or learned), else None."""
         self.max_body_size = max_body_size
         """nsqd's ``--max-body-size`` when known (given or learned), else None."""
-        self._reconnect_base = float(getattr(settings, "reconnect_delay", RECONNECT_DELAY))
-        self._reconnect_cap = float(getattr(settings, "max_reconnect_delay", MAX_RECONNECT_DELAY))
+        self._pool = NodePool(
+            self.addresses,
+            connection_config,
+            float(getattr(settings, "reconnect_delay", RECONNECT_DELAY)),
+            float(getattr(settings, "max_reconnect_delay", MAX_RECONNECT_DELAY)),
+        )
         if envelope is None:
             envelope = bool(getattr(settings, "tracing_envelope", False))
         self.envelope = envelope
         self._hook: Instrumentation | None = None
         self._quiet: Callable[[], bool] | None = None
         self._count: Callable[[str, int, int, BaseException | None], None] | None = None
-        self._instrument = instrumentation_for(CAPABILITIES, envelope)
-        self._nodes = [_Node(a) for a in self.addresses]
-        self._next = 0
+        super().__init__(timeout, envelope=envelope)  # the telemetry hook
         self._started = False
         self._closed = False
         self._loop: asyncio.AbstractEventLoop  # set by start(), before any publish
-        self._changed: asyncio.Event | None = None
         self._inflight = 0
         # Created by close() when calls are in flight; the last one to end resolves it.
         self._idle: asyncio.Future[None] | None = None
         self._pub_lines: dict[str, bytes] = {}
 
-    @property
-    def _instrument(self) -> Instrumentation | None:
-        """The telemetry hook (see the module docstring); None when there is none."""
+    @property  # type: ignore[override]
+    def instrumentation(self) -> Instrumentation | None:
+        """The telemetry hook (see :mod:`nsqworker.producing`); None for none."""
         return self._hook
 
-    @_instrument.setter
-    def _instrument(self, hook: Instrumentation | None) -> None:
+    @instrumentation.setter
+    def instrumentation(self, hook: Instrumentation | None) -> None:
         quiet, count = getattr(hook, "quiet", None), getattr(hook, "count", None)
         both = callable(quiet) and callable(count)
         self._hook = hook
@@ -176,29 +149,13 @@ class Producer:
         self._count = count if both else None
 
     def __repr__(self) -> str:
-        up = sum(n.healthy for n in self._nodes)
-        return f"<Producer {','.join(self.addresses)} connected={up}/{len(self._nodes)}>"
-
-    async def __aenter__(self) -> Self:
-        try:
-            await self.connect()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+        up = len(self._pool.connected)
+        return f"<Producer {','.join(self.addresses)} connected={up}/{len(self.addresses)}>"
 
     @property
     def connected(self) -> list[str]:
         """Addresses of the nsqd with a live connection right now."""
-        return [n.address for n in self._nodes if n.healthy]
+        return self._pool.connected
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -210,9 +167,7 @@ class Producer:
             return
         self._started = True
         self._loop = asyncio.get_running_loop()
-        self._changed = asyncio.Event()
-        for node in self._nodes:
-            node.task = asyncio.create_task(self._keep(node), name=f"nsq-producer {node.address}")
+        self._pool.start()
 
     async def connect(self, timeout: float | None = None) -> None:
         """Start connecting to every nsqd; return once one is connected.
@@ -223,7 +178,7 @@ class Producer:
         """
         self.start()
         timeout = timeout or self.timeout
-        await self._pick(asyncio.get_running_loop().time() + timeout, None, timeout)
+        await self._pool.pick(asyncio.get_running_loop().time() + timeout, None, timeout)
 
     async def close(self, timeout: float = 5.0) -> None:
         """Wait up to ``timeout`` for publishes in flight, then close every connection."""
@@ -232,122 +187,14 @@ class Producer:
         self._closed = True
         if not self._started:
             return
+        self._pool.begin_close()
         if self._inflight:
             self._idle = asyncio.get_running_loop().create_future()
             try:
                 await asyncio.wait_for(self._idle, timeout)
             except TimeoutError:
                 pass
-        tasks = [n.task for n in self._nodes if n.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        conns = [n.conn for n in self._nodes if n.conn is not None]
-        await asyncio.gather(*(c.close(timeout) for c in conns), return_exceptions=True)
-        self._notify()
-
-    def _notify(self) -> None:
-        """Wake every call waiting for a connection to come up."""
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = asyncio.Event()
-
-    async def _keep(self, node: _Node) -> None:
-        """Keep ``node`` connected: dial, wait for the close, redial with backoff."""
-        loop = asyncio.get_running_loop()
-        attempt = 0
-        while not self._closed:
-            if attempt:
-                await asyncio.sleep(
-                    reconnect_delay(attempt, self._reconnect_base, self._reconnect_cap)
-                )
-            conn = await self._dial(node, attempt)
-            if conn is None:
-                attempt += 1
-                continue
-            node.conn = conn
-            self._notify()
-            since = loop.time()
-            await conn.wait_closed()
-            if node.conn is conn:
-                node.conn = None
-            if not self._closed:
-                log.warning(
-                    "producer lost nsqd at %s (%s); redialling", node.address, node.last_error
-                )
-            attempt = 0 if loop.time() - since >= _STABLE_AFTER else attempt + 1
-
-    async def _dial(self, node: _Node, attempt: int) -> Connection | None:
-        """A connected Connection to ``node``, or None (the error kept in ``last_error``)."""
-        conn: Connection | None = None
-        try:
-            on_close = self._on_close(node)
-            conn = await connect_adapting(
-                node.address, self._config, lambda c: Connection(node.address, c, on_close=on_close)
-            )
-        except BaseException as exc:
-            if conn is not None:
-                conn.abort()
-            if not isinstance(exc, Exception):
-                raise
-            node.last_error = exc
-            log.log(
-                logging.WARNING if attempt == 0 else logging.DEBUG,
-                "producer cannot reach nsqd at %s (attempt %d): %s",
-                node.address,
-                attempt + 1,
-                exc,
-            )
-            return None
-        if attempt:
-            log.info("producer reconnected to nsqd at %s", node.address)
-        return conn
-
-    def _on_close(self, node: _Node) -> Callable[[Connection, ConnectionClosed], None]:
-        def on_close(conn: Connection, exc: ConnectionClosed) -> None:
-            if node.conn is conn:
-                node.conn = None
-                node.last_error = exc
-
-        return on_close
-
-    def _choose(self, avoid: _Node | None) -> _Node | None:
-        """The next node with a live connection (round-robin), preferring one not
-        ``avoid``; None while none is up."""
-        nodes = self._nodes
-        if len(nodes) == 1:
-            conn = nodes[0].conn  # healthy, inlined: this runs once per publish
-            return nodes[0] if conn is not None and conn.connected else None
-        healthy = [n for n in nodes if n.healthy]
-        if not healthy:
-            return None
-        choices = [n for n in healthy if n is not avoid] or healthy
-        self._next += 1
-        return choices[self._next % len(choices)]
-
-    async def _pick(self, deadline: float, avoid: _Node | None, timeout: float) -> _Node:
-        """:meth:`_choose`, waiting up to ``deadline`` for a connection to come up."""
-        loop = asyncio.get_running_loop()
-        while True:
-            node = self._choose(avoid)
-            if node is not None:
-                return node
-            remaining = deadline - loop.time()
-            changed = self._changed
-            if self._closed or remaining <= 0 or changed is None:
-                raise self._no_connection(timeout)
-            try:
-                await asyncio.wait_for(changed.wait(), remaining)
-            except TimeoutError:
-                raise self._no_connection(timeout) from None
-
-    def _no_connection(self, timeout: float) -> NoConnection:
-        if self._closed:
-            return NoConnection("the producer is closed")
-        tried = "; ".join(
-            f"{n.address}: {n.last_error or 'not connected yet'}" for n in self._nodes
-        )
-        return NoConnection(f"no nsqd reachable within {timeout:g} s (tried {tried})")
+        await self._pool.close(timeout)
 
     # -- publishing --------------------------------------------------------------------
 
@@ -364,8 +211,9 @@ class Producer:
             TimeoutError: no answer within the timeout (it may still have been stored).
         """
         # The producer's hot path, hence its shape: the topic is checked once per
-        # producer, no PublishCall is built without a hook, and the first attempt is
-        # awaited here rather than in _request (one coroutine less per message).
+        # producer, the first attempt is awaited here rather than in _request (one
+        # coroutine less per message), and without a span to record (no SDK) nothing
+        # but the hook's count is called (no context manager, no PublishCall).
         line = self._pub_lines.get(topic) if type(topic) is str else None
         if line is None:
             line = self._check_topic(topic)
@@ -380,39 +228,34 @@ class Producer:
         if not self._started or self._closed:
             self.start()
         timeout = timeout or self.timeout
-        self._inflight += 1
-        call = None
-        scope = NO_HOOK
-        count = None
         hook = self._hook
-        if hook is not None:
-            if self._quiet is not None and self._quiet():
-                count = self._count
-            else:
-                call = PublishCall(topic, [body], "PUB", None, self.envelope)
-                scope = hook(call)
+        quiet = self._quiet
+        if hook is not None and (quiet is None or not quiet()):
+            await self._run(PublishCall(topic, [body], "PUB", None, self.envelope), timeout)
+            return
+        count = self._count
+        self._inflight += 1
         try:
-            with scope:
-                if call is not None:
-                    body = call.bodies[0]  # the hook may have wrapped it
-                command = self._pub(line, topic, body)
-                node = self._choose(None)
-                if node is None or (conn := node.conn) is None or conn.write_paused:
-                    address = await self._request(command, "PUB", timeout)
-                else:
-                    deadline = self._loop.time() + timeout
-                    answer: bytes | None
-                    try:
-                        answer = await conn.submit(command, timeout)
-                    except Exception as exc:
-                        self._check_retry(exc, node, "PUB", last=False)
-                        answer = None
-                    if answer is None:  # retried after the except block: not chained to it
-                        address = await self._request(command, "PUB", timeout, deadline, node)
-                    else:
-                        address = self._acknowledged(node, "PUB", answer)
-                if call is not None:
-                    call.nsqd_address, call.published = address, 1
+            limit = self.max_message_size
+            if body and (limit is None or len(body) <= limit):
+                command = line + SIZE.pack(len(body)) + body
+            else:
+                command = protocol.pub(topic, body, limit)  # raises what is wrong
+            node = self._pool.choose(None)
+            if node is None or (conn := node.conn) is None or conn.write_paused:
+                await self._request(command, "PUB", timeout)
+            else:
+                deadline = self._loop.time() + timeout
+                answer: bytes | None
+                try:
+                    answer = await conn.submit(command, timeout)
+                except Exception as exc:
+                    self._check_retry(exc, node, "PUB", last=False)
+                    answer = None
+                if answer is None:  # retried after the except block: not chained to it
+                    await self._request(command, "PUB", timeout, deadline, node)
+                elif answer != protocol.OK:
+                    self._acknowledged(node, "PUB", answer)  # raises
         except BaseException as exc:
             if count is not None:
                 count(topic, 0, 1, exc)
@@ -433,20 +276,6 @@ class Producer:
             lines.clear()
         line = lines[topic] = b"PUB " + topic.encode() + b"\n"
         return line
-
-    def _pub(self, line: bytes, topic: str, body: bytes) -> bytes:
-        """The PUB command of ``body`` (``line`` is ``topic``'s), checked like protocol.pub."""
-        limit = self.max_message_size
-        if type(body) is bytes and body and (limit is None or len(body) <= limit):
-            return line + SIZE.pack(len(body)) + body
-        return protocol.pub(topic, body, limit)  # raises what is wrong with the body
-
-    async def publish_json(
-        self, topic: str, obj: Any, delay: float | None = None, timeout: float | None = None
-    ) -> None:
-        """Publish ``obj`` serialised as compact UTF-8 JSON; see :meth:`publish`."""
-        body = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-        await self.publish(topic, body, delay=delay, timeout=timeout)
 
     async def publish_many(
         self, topic: str, bodies: Iterable[Body], timeout: float | None = None
@@ -475,10 +304,11 @@ class Producer:
             self.start()
         self._inflight += 1
         try:
-            if self._instrument is None:
+            hook = self._hook
+            if hook is None:
                 await self._send(call, timeout or self.timeout)
             else:
-                with self._instrument(call):
+                with hook(call):
                     await self._send(call, timeout or self.timeout)
         finally:
             self._inflight -= 1
@@ -528,7 +358,7 @@ class Producer:
         operation: str,
         timeout: float,
         deadline: float | None = None,
-        failed: _Node | None = None,
+        failed: Node | None = None,
     ) -> str:
         """Send one command until nsqd says OK; retried once if the connection died.
 
@@ -542,7 +372,7 @@ class Producer:
             deadline = loop.time() + timeout
         avoid = failed
         while True:
-            node = self._choose(avoid) or await self._pick(deadline, avoid, timeout)
+            node = self._pool.choose(avoid) or await self._pool.pick(deadline, avoid, timeout)
             conn = node.conn
             assert conn is not None  # chosen connected, nothing awaited since
             try:
@@ -555,7 +385,7 @@ class Producer:
                 continue
             return self._acknowledged(node, operation, answer)
 
-    def _check_retry(self, exc: Exception, node: _Node, operation: str, last: bool) -> None:
+    def _check_retry(self, exc: Exception, node: Node, operation: str, last: bool) -> None:
         """Raise what the failure ``exc`` of an attempt on ``node`` means, unless the
         command may be sent once more: not ``last``, and the connection died or nsqd
         failed to store it."""
@@ -575,7 +405,7 @@ class Producer:
         raise exc
 
     @staticmethod
-    def _acknowledged(node: _Node, operation: str, answer: bytes) -> str:
+    def _acknowledged(node: Node, operation: str, answer: bytes) -> str:
         """``node``'s address if ``answer`` is nsqd's OK."""
         if answer != protocol.OK:
             raise RemoteProtocolError(f"nsqd {node.address} answered {operation} with {answer!r}")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from nsqworker.nsq.connection import ConnectionConfig
 from nsqworker.nsq.loop_thread import BlockingClient, LoopThread
 from nsqworker.nsq.producer import Body, Producer
+from nsqworker.transport import other_producer
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -38,14 +39,26 @@ class SyncProducer(BlockingClient):
         max_message_size: int | None = None,
         max_body_size: int | None = None,
     ) -> None:
-        self._producer = Producer(
-            nsqd_tcp_addresses,
-            settings=settings,
-            connection_config=connection_config,
-            timeout=timeout,
-            envelope=envelope,
-            max_message_size=max_message_size,
-            max_body_size=max_body_size,
+        other: Any = None
+        if nsqd_tcp_addresses is None:
+            if settings is None:
+                from nsqworker.settings import Settings as _Settings
+
+                settings = _Settings()  # from the environment and .env
+            # Settings of another transport: its producer (NatsProducer...), as before.
+            other = other_producer(settings, timeout)
+        self._producer = (
+            other
+            if other is not None
+            else Producer(
+                nsqd_tcp_addresses,
+                settings=settings,
+                connection_config=connection_config,
+                timeout=timeout,
+                envelope=envelope,
+                max_message_size=max_message_size,
+                max_body_size=max_body_size,
+            )
         )
         self.timeout = timeout
         self._runner = LoopThread("SyncProducer", "Producer", "the producer", self.close)
@@ -54,6 +67,11 @@ class SyncProducer(BlockingClient):
 
     def __repr__(self) -> str:
         return f"<SyncProducer {self._producer!r}>"
+
+    @property
+    def loop_thread(self) -> LoopThread:
+        """The event loop the calls run on, and its daemon thread."""
+        return self._runner
 
     @property
     def producer(self) -> Producer:

@@ -69,6 +69,7 @@ from nsqworker.testing.processes import (
     NsqProcessError,
     find_binary,
 )
+from nsqworker.testing.server import ServerProcess, ServerProcessError
 
 # pytest loads this plugin's fixtures too: kube_control_plane (etcd + kube-apiserver)
 pytest_plugins = ["nsqworker.testing.kube"]
@@ -92,6 +93,8 @@ __all__ = [
     "NsqdProcess",
     "NsqlookupdFactory",
     "NsqlookupdProcess",
+    "ServerProcess",
+    "ServerProcessError",
     "find_binary",
     "free_port",
     "free_ports",
@@ -286,7 +289,8 @@ if _HAVE_PYTEST:
             pyfuncitem.get_closest_marker(name) for name in ("asyncio", "anyio", "trio")
         ):
             return None
-        args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+        funcargs = pyfuncitem.funcargs
+        args = {p: funcargs[p] for p in inspect.signature(test).parameters if p in funcargs}
         with asyncio.Runner() as runner:
             runner.run(test(**args))
         return True

@@ -233,7 +233,7 @@ class HttpFaultServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 owner.requests += 1
-                owner._answer(self)
+                owner.answer(self)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -248,7 +248,8 @@ class HttpFaultServer:
         """``http://127.0.0.1:port``, for ``lookupd_http_addresses``."""
         return f"http://{LOOPBACK}:{self.port}"
 
-    def _answer(self, handler: BaseHTTPRequestHandler) -> None:
+    def answer(self, handler: BaseHTTPRequestHandler) -> None:
+        """Answer one GET as :attr:`mode` says (its request handler calls this)."""
         mode = self.mode
         if mode == "500":
             self._send(handler, 500, b'{"message":"INTERNAL_ERROR"}')

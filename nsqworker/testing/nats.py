@@ -13,35 +13,25 @@ start them for a test.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import shutil
-import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import Any, Self
 
 import httpx
 
 from nsqworker.testing.locations import nats_install_hint
 from nsqworker.testing.ports import LOOPBACK, free_ports
-from nsqworker.testing.processes import NsqProcessError, find_binary, signal_and_wait
+from nsqworker.testing.processes import find_binary
+from nsqworker.testing.server import ServerProcess, ServerProcessError
 
 __all__ = ["NATS_INSTALL_HINT", "NatsCluster", "NatsServerProcess", "find_nats_server"]
 
 NATS_INSTALL_HINT = nats_install_hint()
 READY_TIMEOUT = 20.0
-_LIVE: set[NatsServerProcess] = set()
-
-
-@atexit.register
-def _kill_leftovers() -> None:
-    for proc in list(_LIVE):
-        with contextlib.suppress(Exception):
-            proc.kill()
 
 
 def find_nats_server(bin_dir: str | None = None) -> str:
@@ -53,9 +43,11 @@ def find_nats_server(bin_dir: str | None = None) -> str:
         raise FileNotFoundError(f"{str(exc).split(';')[0]}; {nats_install_hint()}") from None
 
 
-class NatsServerProcess:
+class NatsServerProcess(ServerProcess):
     """One nats-server with JetStream (without, given ``jetstream=False``: a user's
     first mistake), on loopback ports chosen at :meth:`start`."""
+
+    stop_timeout = 10.0  # nats-server's graceful stop
 
     def __init__(
         self,
@@ -69,6 +61,7 @@ class NatsServerProcess:
         cluster_port: int | None = None,
         jetstream: bool = True,
     ) -> None:
+        super().__init__()
         self.name = name
         self.jetstream = jetstream
         self.extra_args = list(extra_args)
@@ -80,8 +73,6 @@ class NatsServerProcess:
         self.store_dir = Path(store_dir or tempfile.mkdtemp(prefix=f"nats-{name}-"))
         self.port = 0
         self.http_port = 0
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
 
     def __repr__(self) -> str:
         return f"<NatsServerProcess {self.name} port={self.port} running={self.running}>"
@@ -92,16 +83,9 @@ class NatsServerProcess:
         return f"nats://{LOOPBACK}:{self.port}"
 
     @property
-    def running(self) -> bool:
-        """True while the process runs."""
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def pid(self) -> int:
-        """The process id."""
-        if self._proc is None:
-            raise NsqProcessError("nats-server was never started")
-        return self._proc.pid
+    def title(self) -> str:
+        """``nats-server <name>``."""
+        return f"nats-server {self.name}"
 
     @property
     def log_path(self) -> Path:
@@ -128,17 +112,12 @@ class NatsServerProcess:
         ``/healthz`` says JetStream is up unless ``wait`` is False (a cluster waits for
         all its nodes at once)."""
         if self.running:
-            raise NsqProcessError(f"nats-server {self.name} is already running")
+            raise ServerProcessError(f"nats-server {self.name} is already running")
         if not self.port:
             self.port, self.http_port = free_ports(2)
         binary = self._binary or find_nats_server()
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
-        self._proc = subprocess.Popen(
-            [binary, *self._args()], stdin=subprocess.DEVNULL, stdout=self._log,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        _LIVE.add(self)
+        self.spawn([binary, *self._args()])
         if wait:
             self.wait_ready()
         return self
@@ -146,66 +125,26 @@ class NatsServerProcess:
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         """Wait until ``/healthz?js-enabled-only=true`` (without JetStream: ``/healthz``)
         answers 200."""
-        deadline = time.monotonic() + timeout
         url = f"http://{LOOPBACK}:{self.http_port}/healthz"
         if self.jetstream:
             url += "?js-enabled-only=true"
-        while True:
-            if self._proc is None or self._proc.poll() is not None:
-                raise NsqProcessError(f"nats-server {self.name} exited:\n{self.log_tail()}")
+
+        def healthy() -> bool:
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url, timeout=0.5).status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                self.kill()
-                raise NsqProcessError(
-                    f"nats-server {self.name} not ready within {timeout:g}s:\n{self.log_tail()}"
-                )
-            time.sleep(0.05)
+                return httpx.get(url, timeout=0.5).status_code == 200
+            return False
+
+        self.wait_until(healthy, timeout, "become ready")
 
     def varz(self, endpoint: str = "varz", **params: str) -> Any:
         """The monitoring endpoint's JSON (``varz``, ``jsz``, ``connz``...)."""
         url = f"http://{LOOPBACK}:{self.http_port}/{endpoint}"
         return httpx.get(url, params=params, timeout=5).json()
 
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM (nats-server's graceful stop), SIGKILL after ``timeout``."""
-        return self._terminate(signal.SIGTERM, timeout)
-
-    def kill(self) -> int | None:
-        """SIGKILL, like a crash."""
-        return self._terminate(signal.SIGKILL, 5.0)
-
-    def _terminate(self, sig: signal.Signals, timeout: float) -> int | None:
-        proc = self._proc
-        try:
-            return None if proc is None else signal_and_wait(proc, sig, timeout)
-        finally:
-            _LIVE.discard(self)
-            if self._log is not None:
-                self._log.close()
-                self._log = None
-
-    def close(self) -> None:
-        """Stop, and remove the store if this object made it."""
-        try:
-            self.stop()
-        finally:
-            if self._owns_store:
-                shutil.rmtree(self.store_dir, ignore_errors=True)
-
-    def log_tail(self, lines: int = 20) -> str:
-        """The last lines of the server's log."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
-
-    def __enter__(self) -> Self:
-        return self if self.running else self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def discard_data(self) -> None:
+        """Remove the store if this object made it."""
+        if self._owns_store:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
 
 
 class NatsCluster:
@@ -240,7 +179,7 @@ class NatsCluster:
         while not all(self._has_leader(s) for s in self.servers):
             if time.monotonic() > deadline:
                 self.close()
-                raise NsqProcessError(
+                raise ServerProcessError(
                     f"the NATS cluster elected no JetStream leader in {timeout:g}s"
                 )
             time.sleep(0.05)

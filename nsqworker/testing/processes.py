@@ -8,24 +8,26 @@ as nsqd: ...``); in a pytest suite the fixtures of :mod:`nsqworker.testing` star
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
-import signal
 import struct
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, ClassVar, Self
+from typing import Any, NoReturn, Self
 
 import httpx
 
 from nsqworker.testing.locations import TOOLS_BIN_ENV, nsq_install_hint, user_bin_dir
 from nsqworker.testing.ports import LOOPBACK, free_ports
+from nsqworker.testing.server import (
+    ServerProcess,
+    ServerProcessError,
+    signal_and_wait,
+)
 
 __all__ = [
     "NsqCluster",
@@ -34,21 +36,21 @@ __all__ = [
     "NsqdProcess",
     "NsqlookupdProcess",
     "find_binary",
+    "signal_and_wait",
 ]
 
 
 READY_TIMEOUT = 10.0
 """Seconds a process gets to answer ``GET /ping`` after it was started."""
-STOP_TIMEOUT = 5.0
-"""Seconds :meth:`stop` waits after SIGTERM before it sends SIGKILL."""
 PORT_ATTEMPTS = 5
 """How many times :meth:`start` picks new ports when the chosen ones were taken."""
 
 _ADDRESS_IN_USE = "address already in use"
 
 
-class NsqProcessError(RuntimeError):
-    """Raised when an nsqd or nsqlookupd process cannot be started or stopped."""
+NsqProcessError = ServerProcessError
+"""The error every test server raises when it cannot be started or stopped (its first
+name, from when only nsqd and nsqlookupd had one)."""
 
 
 class NsqHttpError(RuntimeError):
@@ -105,21 +107,6 @@ def find_binary(name: str, bin_dir: str | os.PathLike[str] | None = None) -> str
     raise FileNotFoundError(f"{name} not found (searched {searched}); {nsq_install_hint()}")
 
 
-def signal_and_wait(
-    proc: subprocess.Popen[bytes], sig: signal.Signals, timeout: float
-) -> int | None:
-    """Send ``sig`` to ``proc`` if it runs and wait; SIGKILL after ``timeout`` seconds."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
-    return proc.returncode
-
-
 def _unwrap(body: Any) -> Any:
     """Strip the ``{"status_code", "data"}`` envelope of NSQ < 1.0 if present."""
     if isinstance(body, dict) and "data" in body and "status_code" in body:
@@ -129,21 +116,9 @@ def _unwrap(body: Any) -> Any:
 
 # ---------------------------------------------------------------------------- processes
 
-_LIVE: set[_NsqProcess] = set()
 
-
-@atexit.register
-def _kill_leftovers() -> None:
-    """Never leave nsqd processes behind when the interpreter exits."""
-    for proc in list(_LIVE):
-        with contextlib.suppress(Exception):
-            proc.kill()
-
-
-class _NsqProcess:
-    """Shared lifecycle of one nsqd or nsqlookupd child process on loopback."""
-
-    name: ClassVar[str]
+class _NsqProcess(ServerProcess):
+    """What nsqd and nsqlookupd share: free TCP and HTTP ports, a data path, ``/ping``."""
 
     def __init__(
         self,
@@ -155,6 +130,7 @@ class _NsqProcess:
         binary: str | None = None,
         ready_timeout: float = READY_TIMEOUT,
     ) -> None:
+        super().__init__()
         self.extra_args = list(extra_args)
         self.ready_timeout = ready_timeout
         self._binary = binary
@@ -163,9 +139,6 @@ class _NsqProcess:
         self._http_port = http_port
         self._owns_data = data_path is None
         self._data_path = Path(data_path) if data_path is not None else None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        self._log_offset = 0
         self._client: httpx.Client | None = None
 
     # -- properties ------------------------------------------------------------------
@@ -189,23 +162,6 @@ class _NsqProcess:
     def http_address(self) -> str:
         """``"http://127.0.0.1:PORT"`` of the HTTP listener."""
         return f"http://{LOOPBACK}:{self.http_port}"
-
-    @property
-    def pid(self) -> int:
-        """Process id of the running (or last) process."""
-        if self._proc is None:
-            raise NsqProcessError(f"{self.name} was never started")
-        return self._proc.pid
-
-    @property
-    def returncode(self) -> int | None:
-        """Exit status of the last process, None while it runs or before the first start."""
-        return None if self._proc is None else self._proc.poll()
-
-    @property
-    def running(self) -> bool:
-        """True while the process is alive."""
-        return self._proc is not None and self._proc.poll() is None
 
     @property
     def data_path(self) -> Path:
@@ -292,82 +248,33 @@ class _NsqProcess:
                     raise
                 time.sleep(0.2)
 
-    def stop(self, timeout: float = STOP_TIMEOUT) -> int | None:
-        """SIGTERM and wait (SIGKILL after ``timeout`` seconds); return the exit status."""
-        return self._terminate(signal.SIGTERM, timeout)
-
-    def kill(self) -> int | None:
-        """SIGKILL and wait, like a crash: nsqd loses what it held only in memory."""
-        return self._terminate(signal.SIGKILL, STOP_TIMEOUT)
-
-    def close(self) -> None:
-        """Stop the process and remove its data path if this object created it."""
-        try:
-            self.stop()
-        finally:
-            if self._client is not None:
-                self._client.close()
-            if self._owns_data and self._data_path is not None:
-                shutil.rmtree(self._data_path, ignore_errors=True)
-                self._data_path = None
-
-    def __enter__(self) -> Self:
-        if not self.running:
-            self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def log_tail(self, lines: int = 20, since_start: bool = False) -> str:
-        """Last ``lines`` lines of the log file (of the latest start if ``since_start``)."""
-        try:
-            with self.log_path.open("rb") as log:
-                if since_start:
-                    log.seek(self._log_offset)
-                text = log.read().decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+    def discard_data(self) -> None:
+        """Close the HTTP client; remove the data path if this object created it."""
+        if self._client is not None:
+            self._client.close()
+        if self._owns_data and self._data_path is not None:
+            shutil.rmtree(self._data_path, ignore_errors=True)
+            self._data_path = None
 
     def _spawn_and_wait(self) -> None:
         self.data_path.mkdir(parents=True, exist_ok=True)
-        argv = [self.binary, *self._args()]
-        self._log = self.log_path.open("ab")
-        self._log.write(f"--- {' '.join(argv)}\n".encode())
-        self._log.flush()
-        self._log_offset = self._log.tell()
-        self._proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=self.data_path,
-            start_new_session=True,  # a terminal's Ctrl-C reaches only our caller
-        )
-        _LIVE.add(self)
+        self.spawn([self.binary, *self._args()], cwd=self.data_path)
+        url = f"{self.http_address}/ping"
+
+        def answers() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                return self._http.get(url, timeout=0.5).status_code == 200 and self.running
+            return False
+
         try:
-            self._wait_ready()
+            self.wait_until(answers, self.ready_timeout, f"answer {url}")
         except BaseException:
             self.kill()
             raise
 
-    def _wait_ready(self) -> None:
-        proc = self._proc
-        assert proc is not None
-        deadline = time.monotonic() + self.ready_timeout
-        url = f"{self.http_address}/ping"
-        while True:
-            if proc.poll() is not None:
-                self._raise_start_failure(f"exited with status {proc.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if self._http.get(url, timeout=0.5).status_code == 200 and proc.poll() is None:
-                    return
-            if time.monotonic() >= deadline:
-                self._raise_start_failure(f"did not answer {url} within {self.ready_timeout:g}s")
-            time.sleep(0.02)
-
-    def _raise_start_failure(self, what: str) -> None:
+    def fail(self, what: str) -> NoReturn:
+        """:class:`NsqProcessError` with the ports and the log's end (a port taken by
+        another process: the internal ``_PortInUse``, so that start() picks new ones)."""
         tail = self.log_tail(since_start=True)
         error = _PortInUse if _ADDRESS_IN_USE in tail else NsqProcessError
         raise error(
@@ -375,19 +282,15 @@ class _NsqProcess:
             f"log {self.log_path}:\n{tail}"
         )
 
-    def _terminate(self, sig: signal.Signals, timeout: float) -> int | None:
-        proc = self._proc
-        try:
-            return None if proc is None else signal_and_wait(proc, sig, timeout)
-        finally:
-            _LIVE.discard(self)
-            if self._log is not None:
-                self._log.close()
-                self._log = None
-
     # -- HTTP ------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """``method path`` on the process's HTTP API (``request("POST", "/channel/pause",
+        params={...})``); ``kwargs`` go to httpx.
+
+        Raises:
+            NsqHttpError: an error status (404, 500...).
+        """
         url = f"{self.http_address}{path}"
         response = self._http.request(method, url, **kwargs)
         if response.status_code >= 400:
@@ -395,7 +298,7 @@ class _NsqProcess:
         return response
 
     def _get_json(self, path: str, **params: str) -> Any:
-        return _unwrap(self._request("GET", path, params=params).json())
+        return _unwrap(self.request("GET", path, params=params).json())
 
 
 class NsqlookupdProcess(_NsqProcess):
@@ -495,19 +398,19 @@ class NsqdProcess(_NsqProcess):
 
     def create_topic(self, topic: str) -> None:
         """Create ``topic`` (``POST /topic/create``); no error if it exists."""
-        self._request("POST", "/topic/create", params={"topic": topic})
+        self.request("POST", "/topic/create", params={"topic": topic})
 
     def create_channel(self, topic: str, channel: str) -> None:
         """Create ``topic`` and its ``channel``, so messages published later are kept."""
         self.create_topic(topic)
-        self._request("POST", "/channel/create", params={"topic": topic, "channel": channel})
+        self.request("POST", "/channel/create", params={"topic": topic, "channel": channel})
 
     def publish(self, topic: str, body: bytes | str, defer_ms: int | None = None) -> None:
         """Publish one message over HTTP (``POST /pub``), deferred by ``defer_ms`` if given."""
         params: dict[str, str] = {"topic": topic}
         if defer_ms is not None:
             params["defer"] = str(defer_ms)
-        self._request("POST", "/pub", params=params, content=_as_bytes(body))
+        self.request("POST", "/pub", params=params, content=_as_bytes(body))
 
     def mpublish(self, topic: str, bodies: Iterable[bytes | str], binary: bool = False) -> None:
         """Publish several messages in one ``POST /mpub``.
@@ -526,7 +429,7 @@ class NsqdProcess(_NsqProcess):
             if any(b"\n" in m for m in messages):
                 raise ValueError("a message contains a newline; use mpublish(..., binary=True)")
             content = b"\n".join(messages)
-        self._request("POST", "/mpub", params=params, content=content)
+        self.request("POST", "/mpub", params=params, content=content)
 
     def stats(self, topic: str | None = None, channel: str | None = None) -> dict[str, Any]:
         """``GET /stats?format=json``, optionally filtered by topic and channel.

@@ -13,7 +13,6 @@ fixture at a RabbitMQ you already run instead (its stream plugin enabled).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
@@ -23,7 +22,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import IO, Self
+from typing import Self
 
 from nsqworker.testing.locations import (
     ROOTFS_ENV,
@@ -32,23 +31,13 @@ from nsqworker.testing.locations import (
     user_tools_dir,
 )
 from nsqworker.testing.ports import LOOPBACK, free_ports
-from nsqworker.testing.processes import NsqProcessError
+from nsqworker.testing.server import ServerProcess, ServerProcessError
 
 __all__ = ["RABBITMQ_HINT", "RabbitMQProcess", "find_rootfs"]
 
 RABBITMQ_HINT = rabbitmq_install_hint()
 READY_TIMEOUT = 90.0
 _MARK = "NSQWORKER_RABBITMQ_INSTANCE"
-_LIVE: set[RabbitMQProcess] = set()
-
-
-@atexit.register
-def _kill_leftovers() -> None:
-    """Never leave a RabbitMQ (or its data) behind when the interpreter exits."""
-    for server in list(_LIVE):
-        with contextlib.suppress(Exception):
-            server.kill()
-        shutil.rmtree(server.host_home, ignore_errors=True)
 
 
 def _is_rootfs(path: Path) -> bool:
@@ -83,11 +72,15 @@ def find_rootfs(start: Path | None = None) -> Path:
     )
 
 
-class RabbitMQProcess:
+class RabbitMQProcess(ServerProcess):
     """RabbitMQ in ``rootfs`` via chroot, on free loopback ports; ``uri`` reaches its
     stream listener as guest."""
 
+    name = "RabbitMQ"
+    stop_timeout = 30.0
+
     def __init__(self, rootfs: Path, advertised_host: str = LOOPBACK) -> None:
+        super().__init__()
         self.rootfs = rootfs
         self.advertised_host = advertised_host
         """What the stream listener tells clients to connect to (``stream.advertised_host``);
@@ -95,18 +88,11 @@ class RabbitMQProcess:
         self.instance = uuid.uuid4().hex[:8]
         self.home = Path("/nsqw") / self.instance  # inside the root filesystem
         self.amqp_port = self.stream_port = self.dist_port = self.epmd_port = 0
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
 
     @property
     def uri(self) -> str:
         """``rabbitmq-stream://guest:guest@127.0.0.1:<port>/``."""
         return f"rabbitmq-stream://guest:guest@{LOOPBACK}:{self.stream_port}/"
-
-    @property
-    def running(self) -> bool:
-        """True while any process of this instance runs."""
-        return bool(self._pids())
 
     @property
     def host_home(self) -> Path:
@@ -142,7 +128,7 @@ class RabbitMQProcess:
             NsqProcessError: not root (chroot needs it), or the server did not start.
         """
         if os.geteuid() != 0:
-            raise NsqProcessError(
+            raise ServerProcessError(
                 f"RabbitMQ in {self.rootfs} runs with chroot, which needs root: run this as"
                 " root (sudo), or use a RabbitMQ you run with"
                 " RABBITMQ_STREAM_TEST_URI=rabbitmq-stream://guest:guest@127.0.0.1:5552/"
@@ -166,29 +152,13 @@ class RabbitMQProcess:
             "ERL_EPMD_PORT": str(self.epmd_port),
             "ERL_EPMD_ADDRESS": LOOPBACK,
         }
-        self._log = self.log_path.open("ab")
-        self._proc = subprocess.Popen(
-            ["chroot", str(self.rootfs), "/usr/lib/rabbitmq/bin/rabbitmq-server"],
-            env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-        _LIVE.add(self)
+        self.spawn(["chroot", str(self.rootfs), "/usr/lib/rabbitmq/bin/rabbitmq-server"], env=env)
         self.wait_ready()
         return self
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         """Wait until the stream listener answers a PeerProperties exchange."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._proc is None or self._proc.poll() is not None:
-                self.stop()
-                raise NsqProcessError(f"RabbitMQ exited:\n{self.log_tail()}")
-            if _stream_answers(self.stream_port):
-                return
-            if time.monotonic() > deadline:
-                self.stop()
-                raise NsqProcessError(f"RabbitMQ not ready in {timeout:g}s:\n{self.log_tail()}")
-            time.sleep(0.25)
+        self.wait_until(lambda: _stream_answers(self.stream_port), timeout, "become ready")
 
     def _pids(self) -> list[int]:
         """Every process of this instance (the server, its Erlang VM, its epmd)."""
@@ -201,11 +171,16 @@ class RabbitMQProcess:
                     found.append(int(entry.name))
         return found
 
-    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 30.0) -> None:
-        """Stop every process of the instance (SIGKILL after ``timeout``); the data stays,
-        so :meth:`start` again resumes the same streams."""
-        pids = self._pids()
-        for pid in pids:
+    @property
+    def running(self) -> bool:
+        """True while any process of this instance runs (the server, its Erlang VM, its
+        epmd: they outlive the chroot that started them)."""
+        return bool(self._pids())
+
+    def terminate(self, sig: signal.Signals, timeout: float) -> int | None:
+        """Send ``sig`` to every process of the instance (SIGKILL after ``timeout``);
+        the data stays, so :meth:`start` again resumes the same streams."""
+        for pid in self._pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + timeout
@@ -217,34 +192,11 @@ class RabbitMQProcess:
         if self._proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(5)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        _LIVE.discard(self)
+        return super().terminate(sig, 5.0)  # the chroot's own process, already ended
 
-    def kill(self) -> None:
-        """SIGKILL every process, like a crash."""
-        self.stop(signal.SIGKILL, timeout=5.0)
-
-    def close(self) -> None:
-        """Stop and remove the instance's data."""
-        try:
-            self.stop()
-        finally:
-            shutil.rmtree(self.host_home, ignore_errors=True)
-
-    def log_tail(self, lines: int = 30) -> str:
-        """The end of the server's console output."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def discard_data(self) -> None:
+        """Remove the instance's data."""
+        shutil.rmtree(self.host_home, ignore_errors=True)
 
 
 def _stream_answers(port: int) -> bool:

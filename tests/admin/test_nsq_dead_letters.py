@@ -71,7 +71,7 @@ async def test_what_the_tool_holds_outlives_the_message_timeout(nsqd_factory: Ns
         await asyncio.sleep(HOLD)  # past the message timeout: only TOUCH keeps them ours
         for item in items:
             await store.remove(item)
-    assert store._errors == []  # no E_FIN_FAILED: none had timed out
+    assert store.errors == []  # no E_FIN_FAILED: none had timed out
     stats = channel_stats(nsqd, dead, CHANNEL)
     assert stats["timeout_count"] == 0 and stats["depth"] == 0
     assert await list_dead_letters(settings, dead) == []

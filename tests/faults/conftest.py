@@ -113,10 +113,9 @@ def _quiet_logs() -> Any:
 @pytest.fixture(autouse=True)
 def _fresh_negotiation() -> Any:
     """Each test starts with nothing learned about any nsqd."""
-    from nsqworker.nsq import handshake
+    from nsqworker.nsq.handshake import forget_adapted
 
-    handshake._ADAPTED.clear()
-    handshake._WARNED.clear()
+    forget_adapted()
     yield
 
 

@@ -136,11 +136,11 @@ async def test_auth_over_plain_tcp_to_a_listed_nsqd_is_warned_once(
 async def test_an_nsqd_info_answer_too_deep_or_too_large_is_ignored(body: bytes) -> None:
     with HttpFaultServer(mode="fixed") as info:
         info.body = b'{"max_heartbeat_interval": 10000000000}'
-        assert await handshake._info(info.address, ConnectionConfig()) == {
+        assert await handshake.nsqd_info(info.address, ConnectionConfig()) == {
             "max_heartbeat_interval": 10_000_000_000
         }
         info.body = body
-        assert await handshake._info(info.address, ConnectionConfig()) is None
+        assert await handshake.nsqd_info(info.address, ConnectionConfig()) is None
 
 
 async def test_the_poller_keeps_the_http_addresses_of_current_producers_only() -> None:

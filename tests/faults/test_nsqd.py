@@ -197,7 +197,7 @@ async def test_topic_or_channel_deleted_while_consuming(
         nsqd.publish(kit.TOPIC, b"before")
         await kit.until(lambda: seen.bodies["before"], 5, "not consumed")
         params = {"topic": kit.TOPIC} | ({"channel": kit.CHANNEL} if what == "channel" else {})
-        nsqd._request("POST", f"/{what}/delete", params=params)
+        nsqd.request("POST", f"/{what}/delete", params=params)
         # nsqd closes our connection; the worker subscribes again, which recreates both.
         await kit.until(lambda: nsqd.channel_stats(kit.TOPIC, kit.CHANNEL), 10, "no resubscribe")
         await kit.until(lambda: worker.ready, 5, "not ready after resubscribing")
@@ -213,10 +213,10 @@ async def test_channel_paused_and_unpaused(nsqd_factory: NsqdFactory, kit) -> No
         nsqd.publish(kit.TOPIC, b"before")
         await kit.until(lambda: seen.bodies["before"], 5, "not consumed")
         channel = {"topic": kit.TOPIC, "channel": kit.CHANNEL}
-        nsqd._request("POST", "/channel/pause", params=channel)
+        nsqd.request("POST", "/channel/pause", params=channel)
         nsqd.publish(kit.TOPIC, b"while paused")
         await asyncio.sleep(1.0)
         assert not seen.bodies["while paused"]
         assert worker.ready  # paused by the operator is not a fault of ours
-        nsqd._request("POST", "/channel/unpause", params=channel)
+        nsqd.request("POST", "/channel/unpause", params=channel)
         await kit.until(lambda: seen.bodies["while paused"], 5, "not consumed after unpause")

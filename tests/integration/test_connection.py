@@ -30,6 +30,7 @@ from nsqworker.errors import (
 )
 from nsqworker.nsq import protocol
 from nsqworker.nsq.connection import Connection, ConnectionConfig, ServerInfo
+from nsqworker.nsq.handshake import forget_adapted
 from nsqworker.nsq.protocol import MessageFrame, Response, encode_frame
 from nsqworker.testing import NsqdFactory, NsqdProcess
 
@@ -408,9 +409,9 @@ async def test_auth_without_secret(
 
 
 async def test_secret_without_auth_warns(
-    nsqd: NsqdProcess, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    nsqd: NsqdProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("nsqworker.nsq.handshake._warned_unused_secret", False)
+    forget_adapted()
     async with connected(nsqd.tcp_address, ConnectionConfig(auth_secret="unused")) as conn:
         assert not conn.server.auth_required
     async with connected(nsqd.tcp_address, ConnectionConfig(auth_secret="unused")):
@@ -748,7 +749,7 @@ async def test_requests_to_a_silent_peer_time_out_on_time() -> None:
         await conn.close()
         error, _ = await first
         assert isinstance(error, ConnectionClosed)
-        assert not conn._deadlines and conn._sweep is None
+        assert not conn.requests.deadlines and not conn.requests.deadlines.armed
 
 
 async def test_short_timeout_after_a_long_one_was_answered() -> None:
@@ -776,12 +777,12 @@ async def test_answers_clear_the_deadlines_and_cancelled_requests_keep_their_slo
             *(conn.request(protocol.pub("t", b"%d" % i), timeout=5) for i in range(500))
         )
         assert answers == [protocol.OK] * 500
-        assert not conn._deadlines  # nothing kept for the sweep once answered
+        assert not conn.requests.deadlines  # nothing kept for the sweep once answered
         cancelled = conn.submit(protocol.pub("t", b"x"), timeout=5)
         cancelled.cancel()
         mixed = [conn.submit(protocol.pub("t", b"y"), timeout=t) for t in (5, None, 0.5, 5)]
         assert await asyncio.gather(*mixed) == [protocol.OK] * 4
-        assert not conn._deadlines and not conn._pending
+        assert not conn.requests.deadlines and not conn.requests
 
 
 @pytest.mark.parametrize("compression", ["deflate", "snappy"])

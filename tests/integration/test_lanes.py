@@ -144,7 +144,7 @@ async def test_a_lost_bulk_lane_hands_rdy_back_and_loses_nothing(nsqd: NsqdProce
         bulk = consumer.subscription.connections.links[nsqd.tcp_address].bulk
         if not lost and bulk is not None and msg.receipt is bulk:
             lost.append(msg.body)
-            bulk.conn._fail("test: bulk lane cut")  # its FIN cannot be sent any more
+            bulk.conn.fail("test: bulk lane cut")  # its FIN cannot be sent any more
         await asyncio.sleep(0)
         seen[msg.body] += 1
         return FINISH
@@ -254,7 +254,7 @@ async def test_an_nsqd_leaving_lookupd_mid_backlog_is_retired_on_both_lanes(
         await wait_until(lambda: lane(consumer) == "bulk", timeout=20, message="bulk lane")
         # Tombstoned: lookupd stops listing the nsqd, which keeps running.
         node = f"127.0.0.1:{nsqd.http_port}"
-        nsqlookupd._request("POST", "/topic/tombstone", params={"topic": TOPIC, "node": node})
+        nsqlookupd.request("POST", "/topic/tombstone", params={"topic": TOPIC, "node": node})
         await wait_until(lambda: not consumer.stats().connections, timeout=20, message="retired")
 
         def closed() -> bool:  # the last FINs and CLS reach nsqd a moment later

@@ -374,7 +374,7 @@ def test_sync_producer_from_many_threads(nsqd: NsqdProcess) -> None:
         producer.publish_json("sync", {"done": True})
     assert errors == []
     assert message_count(nsqd, "sync") == 8 * 200 + 3
-    assert not producer._runner.thread.is_alive()
+    assert not producer.loop_thread.thread.is_alive()
     producer.close()  # idempotent
 
 

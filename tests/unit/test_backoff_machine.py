@@ -19,7 +19,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nsqworker.backoff import PROBE_QUIET, TRANSITIONS, Alarm, Backoff, Event, Phase
+from nsqworker.backoff import (
+    PROBE_QUIET,
+    TRANSITIONS,
+    Alarm,
+    Backoff,
+    Event,
+    Phase,
+    check_move,
+)
 from nsqworker.transport import Flow
 
 
@@ -125,10 +133,10 @@ def test_zero_multiplier_turns_backoff_off() -> None:
 
 
 def test_a_move_outside_the_table_is_refused() -> None:
-    b = machine()
     assert (Phase.OPEN, Event.TIMER) not in TRANSITIONS
     with pytest.raises(AssertionError, match="may not move"):
-        b._move(Event.TIMER, Phase.PROBING, 0.0, None)
+        check_move(Phase.OPEN, Event.TIMER, Phase.PROBING)
+    check_move(Phase.OPEN, Event.TIMER, Phase.OPEN)  # staying put is always allowed
 
 
 # --- a simulated consumer on a virtual clock ----------------------------------------

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
+import nsqworker.nsq.pool as pool_module
 import nsqworker.nsq.producer as producer_module
 from nsqworker.errors import (
     ConfigurationError,
@@ -186,7 +187,7 @@ class FakeConnection:
 
 @pytest.fixture
 def nsqds(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, FakeNsqd]]:
-    monkeypatch.setattr(producer_module, "Connection", FakeConnection)
+    monkeypatch.setattr(pool_module, "Connection", FakeConnection)
     SERVERS.clear()
     SERVERS.update({"a:1": FakeNsqd(), "b:2": FakeNsqd()})
     yield SERVERS
@@ -359,10 +360,11 @@ async def test_topic_check_is_cached_but_lets_no_invalid_name_through(
                 with pytest.raises(InvalidName):
                     await producer.publish_many(name, [b"x"])
         assert checked.count("bad topic") == 9  # an invalid one every time
+        before = checked.count("t")
         for i in range(10):  # the cache stays bounded
             await producer.publish(f"t{i}", b"x")
-        assert len(producer._pub_lines) <= 3
         await producer.publish("t", b"x")
+        assert checked.count("t") == before + 1  # "t" was forgotten: checked again
     assert nsqds["a:1"].received.count(b"PUB t\n\x00\x00\x00\x01x") == 4
     assert len(nsqds["a:1"].received) == 3 + 2 + 10 + 1  # no invalid name was sent
 
@@ -417,7 +419,7 @@ async def test_instrumentation_sees_the_retry(nsqds: dict[str, FakeNsqd]) -> Non
     a, b = nsqds["a:1"], nsqds["b:2"]
     async with Producer(["a:1", "b:2"], timeout=1) as producer:
         await up(producer, 2)
-        producer._instrument = instrument
+        producer.instrumentation = instrument
         a.script = ["drop"]
         await producer.publish("t", b"x")  # one of these two goes to a: dropped, retried on b
         await producer.publish("t", b"x")
@@ -456,7 +458,7 @@ async def test_instrumentation_wraps_each_call(nsqds: dict[str, FakeNsqd]) -> No
         seen.append((call.operation, call.topic, call.published, call.nsqd_address, None))
 
     async with Producer("a:1", timeout=1) as producer:
-        producer._instrument = instrument
+        producer.instrumentation = instrument
         await producer.publish("t", b"x")
         await producer.publish("t", b"x", delay=1)
         await producer.publish_many("t", [b"1", b"2"])
@@ -476,10 +478,10 @@ async def test_instrumentation_wraps_each_call(nsqds: dict[str, FakeNsqd]) -> No
 def test_a_producer_gets_its_telemetry_hook_with_its_transports_system() -> None:
     from nsqworker.telemetry.tracing import ProducerInstrumentation
 
-    hook = Producer("a:1", envelope=True)._instrument
+    hook = Producer("a:1", envelope=True).instrumentation
     assert isinstance(hook, ProducerInstrumentation) and hook.envelope
     assert hook.system == "nsq"
-    assert isinstance(Producer("a:1", envelope=False)._instrument, ProducerInstrumentation)
+    assert isinstance(Producer("a:1", envelope=False).instrumentation, ProducerInstrumentation)
     from nsqworker.nats import NatsProducer
     from nsqworker.settings import Settings
     from nsqworker.streams import StreamProducer
@@ -494,13 +496,13 @@ def test_a_producer_gets_its_telemetry_hook_with_its_transports_system() -> None
 
 def test_sync_producer_lifecycle(nsqds: dict[str, FakeNsqd]) -> None:
     producer = SyncProducer(["a:1"], timeout=1)
-    assert producer._runner.thread.daemon
+    assert producer.loop_thread.thread.daemon
     producer.publish("t", "x")
     producer.publish_json("t", {"a": [1, "é"]})
     producer.publish_many("t", iter([b"1", b"2"]))
     assert pubs(nsqds["a:1"]) == [b"x", '{"a":[1,"é"]}'.encode()]
     producer.close()
-    assert not producer._runner.thread.is_alive()
+    assert not producer.loop_thread.thread.is_alive()
     assert nsqds["a:1"].connections == []
     producer.close()
     with pytest.raises(ConnectionClosed):
@@ -518,7 +520,7 @@ def test_sync_producer_closes_at_exit(
     producer.publish("t", b"x")
     registered[0]()  # what the interpreter does at exit
     assert registered == []
-    assert not producer._runner.thread.is_alive()
+    assert not producer.loop_thread.thread.is_alive()
 
 
 def test_sync_producer_refuses_its_own_loop(nsqds: dict[str, FakeNsqd]) -> None:
@@ -528,7 +530,7 @@ def test_sync_producer_refuses_its_own_loop(nsqds: dict[str, FakeNsqd]) -> None:
             producer.publish("t", b"x")
 
         with pytest.raises(RuntimeError, match="own event loop"):
-            asyncio.run_coroutine_threadsafe(inside(), producer._runner.loop).result(2)
+            asyncio.run_coroutine_threadsafe(inside(), producer.loop_thread.loop).result(2)
 
 
 # --- publish command helpers ---------------------------------------------------------
@@ -563,9 +565,9 @@ async def test_quiet_publishes_are_still_counted(nsqds: dict[str, FakeNsqd]) -> 
     from nsqworker.telemetry.tracing import ProducerInstrumentation
 
     async with Producer("a:1", timeout=1) as producer:
-        hook = producer._instrument
+        hook = producer.instrumentation
         assert isinstance(hook, ProducerInstrumentation)
-        assert producer._quiet is not None and producer._quiet()
+        assert hook.quiet()
         for _ in range(3):
             await producer.publish("t", b"x")
         nsqds["a:1"].script = [NSQDError("E_BAD_TOPIC", "no")]

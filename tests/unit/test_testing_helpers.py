@@ -168,3 +168,25 @@ def test_rabbitmq_says_it_needs_root_before_trying(
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     with pytest.raises(NsqProcessError, match=r"runs with chroot, which needs root.*sudo"):
         RabbitMQProcess(_fake_rootfs(tmp_path / "rootfs")).start()
+
+
+def test_every_server_helper_shares_one_base_and_one_error(tmp_path: Path) -> None:
+    from nsqworker.testing import (
+        NsqlookupdProcess,
+        NsqProcessError,
+        ServerProcess,
+        ServerProcessError,
+    )
+    from nsqworker.testing.nats import NatsServerProcess
+    from nsqworker.testing.rabbitmq import RabbitMQProcess
+
+    assert NsqProcessError is ServerProcessError
+    for cls in (NsqdProcess, NsqlookupdProcess, NatsServerProcess, RabbitMQProcess):
+        assert issubclass(cls, ServerProcess)
+    # A server that exits at once: the error names it, its status and its log's end.
+    server = NatsServerProcess(binary="/bin/false", store_dir=tmp_path)
+    with pytest.raises(ServerProcessError, match=r"nats-server n1 exited with status 1"):
+        server.start()
+    assert not server.running and server.returncode == 1
+    assert "--- /bin/false" in server.log_tail()
+    server.close()

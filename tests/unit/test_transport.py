@@ -132,15 +132,41 @@ def test_memory_refuses_what_a_broker_would() -> None:
         broker.advance(-1)
 
 
-def test_producer_follows_the_transport_of_its_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nsqworker import Producer
+def test_producer_for_follows_the_transport_of_its_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nsqworker import Producer, producer_for
     from nsqworker.nats import NatsProducer
 
-    nats = Producer(settings=Settings(transport="nats", nats_servers=["nats://127.0.0.1:4222"]))
+    nats = producer_for(Settings(transport="nats", nats_servers=["nats://127.0.0.1:4222"]))
     assert isinstance(nats, NatsProducer) and nats.connection.servers == ["nats://127.0.0.1:4222"]
+    nsq = producer_for(Settings(nsqd_tcp_addresses=["127.0.0.1:4150"]), timeout=2.0)
+    assert type(nsq) is Producer and nsq.addresses == ["127.0.0.1:4150"] and nsq.timeout == 2.0
     assert isinstance(Producer(["127.0.0.1:4150"]), Producer)  # an nsqd address: NSQ
     monkeypatch.setenv("NSQWORKER_TRANSPORT", "nats")
-    assert isinstance(Producer(), NatsProducer)
+    assert isinstance(producer_for(), NatsProducer)
+    monkeypatch.setenv("NSQWORKER_TRANSPORT", "memory")
+    with pytest.raises(ConfigurationError, match="'memory' has no producer"):
+        producer_for()
+
+
+def test_producer_with_another_transports_settings_still_works_and_warns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nsqworker import Producer, SyncProducer
+    from nsqworker.nats import NatsProducer
+
+    with pytest.warns(DeprecationWarning, match="producer_for"):
+        nats = Producer(settings=Settings(transport="nats"))
+    assert isinstance(nats, NatsProducer)
+    monkeypatch.setenv("NSQWORKER_TRANSPORT", "nats")
+    with pytest.warns(DeprecationWarning, match="producer_for"):
+        assert isinstance(Producer(), NatsProducer)
+    sync = SyncProducer(timeout=1.0)  # wraps the transport's producer, as documented
+    try:
+        assert isinstance(sync.producer, NatsProducer)
+    finally:
+        sync.close()
     monkeypatch.setenv("NSQWORKER_TRANSPORT", "memory")
     with pytest.raises(ConfigurationError, match="'memory' has no producer"):
         Producer()
