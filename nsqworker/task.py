@@ -350,8 +350,7 @@ class Registry:
         """Declare the decorated function as the handler of ``topic`` on ``channel``.
 
         Args:
-            topic: the topic to consume (an NSQ topic, a NATS JetStream subject's
-                stream, a RabbitMQ stream).
+            topic: the topic to consume (NSQ topic, JetStream stream, RabbitMQ stream).
             channel: the channel to subscribe with; every channel gets its own copy
                 of each message, so two tasks on one topic need two channels.
             max_in_flight: messages handled at once (default ``Settings.max_in_flight``);

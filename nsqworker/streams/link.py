@@ -96,15 +96,17 @@ class StreamLink(asyncio.Protocol):
             REQUEST_TIMEOUT,
         )  # fmt: skip
         try:
-            await link._handshake(vhost, username, password, name, frame_max)
+            await link.handshake(vhost, username, password, name, frame_max)
         except BaseException:
             link.abort()
             raise
         return link
 
-    async def _handshake(
+    async def handshake(
         self, vhost: str, username: str, password: str, name: str, frame_max: int
     ) -> None:
+        """Open the stream protocol session: peer properties, SASL PLAIN, tune, open
+        ``vhost`` (what :meth:`connect` does once the socket is up)."""
         properties = {"product": "nsqworker", "connection_name": name}
         await self._request(
             lambda c: stats.encode_peer_properties(c, properties), "peer properties"

@@ -146,6 +146,9 @@ def policy_in_transport(sources: dict[str, str]) -> list[str]:
     return sorted(set(found))
 
 
+NAMEDTUPLE_API = frozenset({"_replace", "_asdict", "_fields", "_make", "_field_defaults"})
+
+
 def reach_ins(name: str, source: str) -> list[str]:
     """``module:line: x._name`` for each private attribute of anything but ``self`` or
     ``cls`` (dunders aside) that ``source`` (module ``name``) reads or writes."""
@@ -154,6 +157,8 @@ def reach_ins(name: str, source: str) -> list[str]:
         if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
             continue
         if node.attr.startswith("__") and node.attr.endswith("__"):
+            continue
+        if node.attr in NAMEDTUPLE_API:  # public, underscored so no field can clash
             continue
         if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
             continue
