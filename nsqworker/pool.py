@@ -205,6 +205,10 @@ class ThreadPool:
         with self._cond:
             self._cond.notify_all()
 
+    def started(self) -> int:
+        """Threads started so far (the pool grows on demand, up to its size)."""
+        return len(self._threads)
+
     def alive(self) -> int:
         """Threads still running (a handler that outlived the drain, or not yet exited)."""
         return sum(t.is_alive() for t in self._threads)

@@ -102,6 +102,12 @@ class Worker:
         await self.stop()
 
     @property
+    def runners(self) -> tuple[TaskRunner, ...]:
+        """The task runners, one per task, in the registry's order (empty before
+        :meth:`start`)."""
+        return tuple(self._runners)
+
+    @property
     def transport(self) -> Transport:
         """The transport the tasks run on (built from the settings on first use)."""
         if self._transport is None:

@@ -193,7 +193,7 @@ async def test_a_task_without_hooks_runs_its_handler_unwrapped(broker: Harness) 
         pass
 
     async with worker(broker, reg) as w:
-        runner = w._runners[0]
+        runner = w.runners[0]
         assert runner.func is plain and not runner.after_hooks
 
 

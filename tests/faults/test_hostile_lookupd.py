@@ -42,7 +42,7 @@ async def test_malformed_producers_are_skipped_not_a_crash(nsqd_factory: NsqdFac
         settings = kit.fast(lookupd_http_addresses=[lookupd.address], lookupd_poll_interval=0.1)
         async with Worker(kit.registry(seen), settings) as worker:
             await kit.until(lambda: seen.bodies["good"], 10, "the listed nsqd not consumed")
-            poller = worker._runners[0].dispatcher.subscription.connections.poller
+            poller = worker.runners[0].dispatcher.subscription.connections.poller
             assert poller is not None
             lookupd.body = b'{"producers": {"not": "a list"}}'
             polls = poller.polls
@@ -58,11 +58,11 @@ async def test_too_many_producers_is_refused(kit) -> None:
         lookupd.body = producers(*(nsqd_entry(1 + n % 60000) for n in range(10_001)))
         settings = kit.fast(lookupd_http_addresses=[lookupd.address], lookupd_poll_interval=0.1)
         async with Worker(kit.registry(kit.Seen()), settings) as worker:
-            poller = worker._runners[0].dispatcher.subscription.connections.poller
+            poller = worker.runners[0].dispatcher.subscription.connections.poller
             assert poller is not None
             await kit.until(lambda: poller.polls >= 2, 5, "no polls")
             assert poller.answered == 0  # refused: no nsqd dialled
-            assert not worker._runners[0].dispatcher.stats().connections
+            assert not worker.runners[0].dispatcher.stats().connections
 
 
 @pytest.mark.parametrize("allowed", [False, True], ids=["default", "lookupd_auth_without_tls"])

@@ -36,7 +36,7 @@ async def test_lookupd_down_at_start_then_up(
     with caplog.at_level(logging.DEBUG, logger=LOOKUPD_LOG):
         async with Worker(kit.registry(seen), settings) as worker:
             await kit.until(
-                lambda: worker._runners[0].dispatcher.subscription.connections.poller.polls >= 5,
+                lambda: worker.runners[0].dispatcher.subscription.connections.poller.polls >= 5,
                 5,
                 "no polls",
             )  # type: ignore[union-attr]

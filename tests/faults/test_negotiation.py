@@ -113,7 +113,7 @@ async def test_through_lookupd_a_refused_default_is_clamped_to_nsqds_limit(
     with caplog.at_level(logging.WARNING, logger="nsqworker.nsq.connection"):
         async with Worker(kit.registry(seen), settings) as worker:
             await kit.until(lambda: seen.bodies["via lookupd"], 10, "not consumed")
-            sessions = worker._runners[0].dispatcher.subscription.connections.sessions
+            sessions = worker.runners[0].dispatcher.subscription.connections.sessions
             assert [s.conn.config.heartbeat_interval for s in sessions] == [10.0]
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(refusals) == 1 and "using 10 s, its limit" in refusals[0], refusals

@@ -32,7 +32,7 @@ async def test_the_threshold_is_ten_times_the_p99_and_at_least_the_floor() -> No
         pass
 
     async with Worker(reg, settings(slow_handler_after=60), transport=MemoryTransport()) as w:
-        (runner,) = w._runners
+        (runner,) = w.runners
         assert runner.slow_after() == 60  # no history: the floor
         fast = runner.bounds.index(0.05)  # handlers of 10-50 ms: 10x p99 is under 60 s
         runner.counts[fast] = 1000
@@ -65,7 +65,7 @@ async def test_a_task_with_fast_history_is_not_slow_where_one_without_is(
     async with Worker(reg, settings(slow_handler_after=0.1), transport=broker) as w:
         await broker.publish_many("slow_known", [b"short"] * 20)
         await broker.run_until_idle()
-        known_runner = w._runners[0]
+        known_runner = w.runners[0]
         assert 0.4 <= known_runner.slow_after() < 1.0  # 10 x a p99 of about 50 ms
         await broker.publish("slow_known", b"long")
         await broker.publish("slow_new", b"long")
@@ -93,7 +93,7 @@ async def test_a_message_waiting_for_a_slot_is_not_a_slow_handler(
 
     broker = MemoryTransport()
     async with Worker(reg, settings(), transport=broker) as w:
-        (runner,) = w._runners
+        (runner,) = w.runners
         runner.slow_watch.threshold = lambda: 0.5  # fixed: this test is about the age
         published = time.monotonic()
         await broker.publish("slow_wait", b"stuck")

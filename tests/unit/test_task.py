@@ -499,13 +499,13 @@ async def test_sync_pool_grows_when_its_threads_block_up_to_max_in_flight() -> N
     assert all(runner.callback(make_message()[0]) is DEFERRED for _ in range(5))
     assert runner.pool is not None
     await asyncio.sleep(0)  # the batch is handed over at the end of the iteration
-    assert len(runner.pool._threads) == 1  # lazily: one to start with
+    assert runner.pool.started() == 1  # lazily: one to start with
     # Every thread blocked and jobs waiting: the pool grows, doubling per check.
     async with asyncio.timeout(2):
-        while len(runner.pool._threads) < 3:
+        while runner.pool.started() < 3:
             await asyncio.sleep(0.01)
     await asyncio.sleep(0.1)
-    assert len(runner.pool._threads) == 3  # never past max_in_flight
+    assert runner.pool.started() == 3  # never past max_in_flight
     release.set()
     await wait_for_count(outcomes, 5)
     assert outcomes == [FINISH] * 5
@@ -521,7 +521,7 @@ async def test_sync_pool_keeps_few_threads_for_fast_handlers() -> None:
         await wait_for_count(outcomes, 50 * round_)
     assert outcomes == [FINISH] * 1000
     assert runner.pool is not None
-    assert len(runner.pool._threads) <= 3
+    assert runner.pool.started() <= 3
     runner.pool.shutdown()
 
 
