@@ -20,12 +20,12 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from nsqworker.errors import ConfigurationError, NSQDError
-from nsqworker.nsq.backoff import reconnect_delay
 from nsqworker.nsq.connection import Connection, ConnectionConfig
 from nsqworker.nsq.handshake import connect_adapting
 from nsqworker.nsq.lanes import NEVER, LaneMeter
 from nsqworker.nsq.links import ConnectionStats, Link, Session, error_reason
 from nsqworker.nsq.lookupd import LookupdPoller
+from nsqworker.reconnect import reconnect_delay
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Final
 
 from nsqworker.errors import ConnectionClosed, NoConnection
-from nsqworker.nsq.backoff import reconnect_delay
 from nsqworker.nsq.connection import Connection, ConnectionConfig
 from nsqworker.nsq.handshake import connect_adapting
+from nsqworker.reconnect import reconnect_delay
 
 __all__ = ["STABLE_AFTER", "Node", "NodePool"]
 

@@ -36,6 +36,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from nsqworker.message import Message, Undecodable
+from nsqworker.reconnect import reconnect_delay
 from nsqworker.streams import wire
 from nsqworker.streams.client import StreamConnections, check_stream
 from nsqworker.streams.errors import reason
@@ -203,7 +204,7 @@ class StreamSubscription(Intake):
         the stored offsets (what was in hand then may be handled again, never skipped)."""
         while not self._stopping:
             await self._lost.wait()
-            delay = self.settings.reconnect_delay
+            failures = 0
             while not self._stopping:
                 self._drop_links()
                 try:
@@ -212,12 +213,15 @@ class StreamSubscription(Intake):
                     self._spawn(self._tell_standby())
                     break
                 except Exception as exc:
+                    failures += 1
+                    delay = reconnect_delay(
+                        failures, self.settings.reconnect_delay, self.settings.max_reconnect_delay
+                    )
                     log.warning(
                         "%s: resubscribing failed (%s); again in %.1fs",
                         self.name, reason(exc), delay,
                     )  # fmt: skip
                     await asyncio.sleep(delay)
-                    delay = min(delay * 2, self.settings.max_reconnect_delay)
             self._lost.clear()
 
     async def _on_update(self, session: object, index: int, active: bool) -> tuple[int, int]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nsqworker.nsq.backoff import reconnect_delay
 from nsqworker.policy import requeue_delay
+from nsqworker.reconnect import reconnect_delay
 
 
 def test_requeue_delay_grows_exponentially_and_is_capped() -> None:

@@ -25,6 +25,8 @@ TRANSPORT_MAY_IMPORT = (
     "nsqworker.message",
     "nsqworker.names",
     "nsqworker.producing",
+    # the kit every transport shares
+    "nsqworker.reconnect",
 )
 """What a transport may import besides its own package."""
 TRANSPORTS = ("nsqworker.nsq", "nsqworker.memory", "nsqworker.nats", "nsqworker.streams")

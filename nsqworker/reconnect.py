@@ -1,7 +1,11 @@
-"""Reconnect delays, pure: exponential with jitter.
+"""Reconnect delays every transport shares, pure: exponential with jitter.
 
+Part of the transports' kit (a module the layout test lets every transport import):
+NSQ's connections and producer pool, NATS' and RabbitMQ Streams' resubscriptions wait
+these delays, so a fleet of workers does not reconnect in step after a broker restart.
 Nothing here sleeps or reads a clock; callers pass a random source, so the rule can be
-tested exactly. (Retry delays and consumer backoff are task policy: nsqworker.policy.)
+tested exactly. (Retry delays and consumer backoff are task policy: nsqworker.policy
+and nsqworker.backoff.)
 """
 
 from __future__ import annotations
