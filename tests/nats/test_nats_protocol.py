@@ -64,7 +64,7 @@ def test_headers_status_line_fields_and_a_large_block() -> None:
     block = b"NATS/1.0\r\ntraceparent: 00-1-2-01\r\nBig: " + big.encode() + b"\r\n\r\n"
     parsed = protocol.parse_headers(block)
     assert parsed.status is None and parsed.fields == {"traceparent": "00-1-2-01", "Big": big}
-    with pytest.raises(RemoteProtocolError, match="NATS/1.0"):
+    with pytest.raises(RemoteProtocolError, match=r"NATS/1\.0"):
         protocol.parse_headers(b"HTTP/1.1 200 OK\r\n\r\n")
     with pytest.raises(RemoteProtocolError, match="colon"):
         protocol.parse_headers(b"NATS/1.0\r\nno colon here\r\n\r\n")
