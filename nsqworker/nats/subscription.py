@@ -82,6 +82,8 @@ class NatsSubscription:
         self.settings = settings
         self.connection = connection
         self.window = max_in_flight
+        self._half = max(1, max_in_flight // 2)
+        self._stream = ""
         self.stream: str | None = None
         self.consumer: str | None = None
         self.in_flight = 0
@@ -144,6 +146,7 @@ class NatsSubscription:
         )
         self._next = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}".encode()
         self._ack_prefix = f"$JS.ACK.{self.stream}.{self.consumer}.".encode()
+        self._stream = self.stream
         if self._wire is None or not self._wire.open:
             await self._open_wire()
         self.requested = 0  # requests of a consumer deleted since died with it
@@ -279,7 +282,7 @@ class NatsSubscription:
     def set_flow(self, flow: Flow, window: int) -> None:
         """The receiver's flow: at most ``window`` (1 when probing, 0 paused) asked for
         or in hand."""
-        self._flow, self.window = flow, window
+        self._flow, self.window, self._half = flow, window, max(1, window // 2)
         self._pull()
 
     def _allowed(self) -> int:
@@ -312,17 +315,35 @@ class NatsSubscription:
     ) -> None:
         self._heard = now = _monotonic()
         prefix = self._ack_prefix
-        if reply.startswith(prefix):
+        if headers is None and sid == SID and reply.startswith(prefix):
             # <delivered>.<stream seq>.<consumer seq>.<timestamp>.<pending>, all numbers:
             # anything else was not sent by the server for us
             tail = reply[len(prefix) :].split(b".")
             if len(tail) == 5:
-                delivered, seq, _, stamp, pending = tail
+                delivered, seq, cseq, stamp, pending = tail
                 if (
                     delivered.isdigit() and seq.isdigit() and stamp.isdigit()
-                    and pending.isdigit() and tail[2].isdigit() and sid == SID
+                    and pending.isdigit() and cseq.isdigit()
                 ):  # fmt: skip
-                    self._take(seq, payload, int(stamp), int(delivered), reply, headers, now)
+                    # _take without headers, inline: the hot path of every message
+                    if self.requested:
+                        self.requested -= 1
+                    self.received += 1
+                    message = Message(
+                        seq, payload, int(stamp), int(delivered), self.topic, self.channel,
+                        self._address, self._receiver, reply, now, None,
+                    )  # fmt: skip
+                    message.origin = (self._stream, int(seq))
+                    self.in_flight += 1
+                    if self._deliver(message):  # type: ignore[misc]
+                        self._send(b"PUB %s 4\r\n+ACK\r\n" % reply)
+                        self.in_flight -= 1
+                        # _pull() only when it may ask: half the window free, or none asked
+                        if (
+                            not self.requested
+                            or self.window - self.in_flight - self.requested >= self._half
+                        ):
+                            self._pull()
                     return
         self._on_other(reply, headers, payload, sid)
 
@@ -343,7 +364,7 @@ class NatsSubscription:
             seq, body, stamp, delivered, self.topic, self.channel, self._address, self._receiver,
             reply, now, headers,
         )  # fmt: skip
-        message.origin = (self.stream or "", int(seq))
+        message.origin = (self._stream, int(seq))
         self.in_flight += 1
         if self._deliver(message):  # type: ignore[misc]
             self._send(b"PUB %s 4\r\n+ACK\r\n" % reply)
@@ -351,10 +372,17 @@ class NatsSubscription:
             self._pull()
 
     def _on_other(self, reply: bytes, raw: bytes | None, payload: bytes, sid: int) -> None:
-        """What is not a message of this consumer: the other form of ack subject (with a
-        domain and an account), a status ending a pull request, or something forged."""
+        """What is not a plain message of this consumer: one with headers, the other form
+        of ack subject (with a domain and an account), a status ending a pull request, or
+        something forged."""
         if sid != SID:
             return  # a subscription this wire no longer has
+        if reply.startswith(self._ack_prefix) and reply.count(b".") == 8:
+            tokens = reply.split(b".")
+            if all(t.isdigit() for t in tokens[4:9]):
+                self._take(tokens[5], payload, int(tokens[7]), int(tokens[4]), reply, raw,
+                           _monotonic())  # fmt: skip
+                return
         if reply.startswith(b"$JS.ACK."):
             tokens = reply.split(b".")
             if len(tokens) >= 12:  # $JS.ACK.<domain>.<account>.<stream>.<consumer>...

@@ -206,3 +206,50 @@ async def test_a_dead_server_is_no_connection(nats_server: NatsServerProcess) ->
             on_msg=lambda *m: None, on_lost=lambda e: None,
         )  # fmt: skip
     await asyncio.sleep(0)
+
+
+async def test_headers_of_a_jetstream_message_reach_the_handler(
+    nats_server: NatsServerProcess,
+) -> None:
+    """A message with headers takes the subscription's other path (HMSG): its fields
+    reach ``Message.headers``, a large one whole, and it is acked once."""
+    import uuid
+
+    import nats
+
+    from nsqworker.consumer import Consumer
+    from nsqworker.message import FINISH, Message, Outcome
+
+    topic = f"codec.{uuid.uuid4().hex[:8]}"
+    seen: list[Message] = []
+
+    def record(msg: Message) -> Outcome:
+        seen.append(msg)
+        return FINISH
+
+    settings = Settings(transport="nats", nats_servers=[nats_server.url], health_port=0)
+    consumer = Consumer(topic, "c", record, settings)
+    await consumer.start()
+    client = await nats.connect(nats_server.url)
+    try:
+        js = client.jetstream()
+        big = "b" * 20_000
+        await js.publish(topic, b"with", headers={"traceparent": "00-ab-cd-01", "Big": big})
+        await js.publish(topic, b"without")
+        await wait_until(lambda: len(seen) == 2, 10, message=lambda: f"{seen}")
+        assert seen[0].body == b"with" and seen[0].headers == {
+            "traceparent": "00-ab-cd-01", "Big": big
+        }  # fmt: skip
+        assert seen[1].body == b"without" and not seen[1].headers
+        assert seen[0].attempts == 1 and seen[0].id == "1"
+        stream = topic.replace(".", "_")
+        await wait_until(lambda: consumer.subscription.stats().in_flight == 0, 10, message="acked")
+        for _ in range(100):
+            info = await js.consumer_info(stream, "c")
+            if info.ack_floor.stream_seq == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert info.ack_floor.stream_seq == 2 and info.num_redelivered == 0
+    finally:
+        await client.close()
+        await consumer.stop(1)
