@@ -221,6 +221,7 @@ class Decoder:
         pos = 0
         count = 0
         find = data.find
+        limit = self.max_message
         try:
             while pos < end:
                 eol = find(b"\r\n", pos)
@@ -230,26 +231,29 @@ class Decoder:
                     break
                 if data[pos] == 77:  # "M": MSG, the usual case
                     args = data[pos:eol].split()
-                    if len(args) == 4 and args[0] == b"MSG":
-                        subject, sid, reply, size = args[1], args[2], b"", args[3]
-                    elif len(args) == 5 and args[0] == b"MSG":
-                        subject, sid, reply, size = args[1], args[2], args[3], args[4]
+                    nargs = len(args)
+                    if nargs == 5 and args[0] == b"MSG":  # a reply: JetStream's
+                        _, subject, sid, reply, size = args
+                    elif nargs == 4 and args[0] == b"MSG":
+                        _, subject, sid, size = args
+                        reply = b""
                     else:
                         raise self._broken(f"malformed MSG line {data[pos:eol][:120]!r}")
-                    if size.isdigit() and len(size) < 10 and sid.isdigit() and len(sid) < 19:
-                        stop = eol + 2 + int(size)
-                        if stop - eol - 2 > self.max_message:
-                            stop = self._stop(eol, size)
-                    else:
-                        stop = self._stop(eol, size)  # raises, naming what is wrong
-                        self._sid(sid)
+                    try:  # int() is the check: cheaper than isdigit() on the hot path
+                        n, number = int(size), int(sid)
+                    except ValueError:
+                        n = number = -1
+                    if n < 0 or number < 0 or n > limit:
+                        self._stop(eol, size)
+                        self._sid(sid)  # one of the two raises, naming what is wrong
+                    stop = eol + 2 + n
                     if stop + 2 > end:
                         break
-                    if data[stop : stop + 2] != CRLF:
+                    if not data.startswith(CRLF, stop):
                         raise self._broken("a MSG payload not followed by CRLF")
                     pos = stop + 2
                     count += 1
-                    on_msg(subject, int(sid), reply, None, data[eol + 2 : stop])
+                    on_msg(subject, number, reply, None, data[eol + 2 : stop])
                     continue
                 line = data[pos:eol]
                 op = line.split(None, 1)[0].upper() if line.strip() else b""
@@ -299,11 +303,11 @@ class Decoder:
             raise self._broken(f"message size {size[:20]!r} is not a number")
         n = int(size)
         if n > self.max_message:
-            raise self._broken(f"a message of {n} bytes, over the limit of {self.max_message}")
+            raise self._broken(f"message size {n} over the limit of {self.max_message}")
         return eol + 2 + n
 
     def _sid(self, sid: bytes) -> int:
-        if not sid.isdigit() or len(sid) > 19:
+        if not sid.isdigit() or len(sid) > 19 or int(sid) < 0:
             raise self._broken(f"subscription id {sid[:20]!r} is not a number")
         return int(sid)
 
