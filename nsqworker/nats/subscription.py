@@ -336,7 +336,7 @@ class NatsSubscription:
                     message.origin = (self._stream, int(seq))
                     self.in_flight += 1
                     if self._deliver(message):  # type: ignore[misc]
-                        self._send(b"PUB %s 4\r\n+ACK\r\n" % reply)
+                        self._send(b"PUB " + reply + b" 4\r\n+ACK\r\n")
                         self.in_flight -= 1
                         # _pull() only when it may ask: half the window free, or none asked
                         if (
