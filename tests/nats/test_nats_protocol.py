@@ -253,3 +253,43 @@ async def test_headers_of_a_jetstream_message_reach_the_handler(
     finally:
         await client.close()
         await consumer.stop(1)
+
+
+async def test_a_task_consumes_over_tls(tmp_path: Any) -> None:
+    """tls:// servers: nats-py and the task's own connection (TLS after INFO) both
+    verify the server against tls_ca_file."""
+    import uuid
+
+    import trustme
+
+    from nsqworker.consumer import Consumer
+    from nsqworker.message import FINISH, Message, Outcome
+    from nsqworker.nats import NatsProducer
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    args = ["--tls", "--tlscert", str(tmp_path / "cert.pem"), "--tlskey", str(tmp_path / "key.pem")]
+    with NatsServerProcess(extra_args=args) as server:
+        url = f"tls://127.0.0.1:{server.port}"
+        settings = Settings(
+            transport="nats", nats_servers=[url], tls_ca_file=tmp_path / "ca.pem", health_port=0
+        )
+        topic = f"tls.{uuid.uuid4().hex[:8]}"
+        seen: list[bytes] = []
+
+        def record(msg: Message) -> Outcome:
+            seen.append(msg.body)
+            return FINISH
+
+        consumer = Consumer(topic, "c", record, settings)
+        await consumer.start()
+        try:
+            async with NatsProducer(settings=settings) as producer:
+                await producer.publish_many(topic, [b"a", b"b", b"c"])
+            await wait_until(lambda: seen == [b"a", b"b", b"c"], 10, message=lambda: f"{seen}")
+            assert consumer.subscription.stats().connected == 1
+        finally:
+            await consumer.stop(1)
