@@ -52,7 +52,8 @@ class Config:
     telemetry_extra_runs: int = 2
     outofbox_extra_runs: int = 2
     # nats (bench/nats.py)
-    nats_count: int = 20_000
+    nats_count: int = 100_000
+    nats_publish_count: int = 20_000
     nats_latency_seconds: float = 10.0
     # streams (bench/streams.py)
     streams_count: int = 100_000
@@ -78,6 +79,7 @@ class Config:
             telemetry_extra_runs=0,
             outofbox_extra_runs=0,
             nats_count=2000,
+            nats_publish_count=1000,
             nats_latency_seconds=2.0,
             streams_count=5000,
         )

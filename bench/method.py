@@ -143,10 +143,16 @@ the moment the server counts every message acknowledged (the consumer's ack floo
 looked at every 5 ms). Contenders, interleaved in each run: `nsqworker run --transport
 nats --nats URL` with default settings (the task sets no `max_in_flight`: 100 in
 flight), FastStream's NATS JetStream pull subscriber (`PullSub(batch_size=100)`, a
-durable consumer, acking after the handler), and a bare nats-py loop (`pull_subscribe`,
-`fetch(100)`, `await msg.ack()` per message, no framework). Then the latency of `nsqworker
-run --transport nats`: {nats_rate:,} msg/s for {nats_latency_s:g} s, each body carrying
-its publish time, the handler recording publish -> handler; the first tenth is warm-up.
+durable consumer, acking after the handler), a bare nats-py loop (`pull_subscribe`,
+`fetch(100)`, `await msg.ack()` per message, no framework), and the limit, NATS's own
+client: natscli v0.5.0's `nats bench js consume` (nats.go, a durable consumer, explicit
+acks, 500 buffered; its own clock, first to last message received, which is kinder than
+ours). Publishing, {nats_publish_count:,} messages of 100 bytes per case, each in its
+own process: our `NatsProducer` one at a time, 1,000 at once and `publish_many` of 100,
+beside natscli's `nats bench js pub sync` (one at a time) and `pub async --batch 1000`.
+Then the latency of `nsqworker run --transport nats`: {nats_rate:,} msg/s for
+{nats_latency_s:g} s, each body carrying its publish time, the handler recording
+publish -> handler; the first tenth is warm-up.
 
 **RabbitMQ Streams (bench/streams.py).** One RabbitMQ 4.0.5 (the root filesystem of
 `scripts/install-tools rabbitmq`, run with chroot), started for the section. Consume: each
@@ -202,6 +208,7 @@ def method(cfg: Config, loop: str, mem_queue: int) -> str:
         telemetry_runs=cfg.runs + cfg.telemetry_extra_runs,
         outofbox_runs=cfg.runs + cfg.outofbox_extra_runs,
         nats_count=cfg.nats_count,
+        nats_publish_count=cfg.nats_publish_count,
         nats_rate=1000,
         nats_latency_s=cfg.nats_latency_seconds,
         streams_count=cfg.streams_count,

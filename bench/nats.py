@@ -1,6 +1,7 @@
-"""NATS JetStream: ``nsqworker run --transport nats`` against FastStream and bare nats-py.
+"""NATS JetStream: ``nsqworker run --transport nats`` against natscli (the limit),
+FastStream and bare nats-py.
 
-    python -m bench.nats [--count 20000] [--runs 3] [--json]
+    python -m bench.nats [--count 100000] [--runs 3] [--json]
 
 One nats-server (from .tools/bin, started here). Each contender runs in its own process
 and drains a backlog of ``count`` messages (100 bytes) pre-published to a stream of its
@@ -13,11 +14,17 @@ floor; looked at every 5 ms). The contenders, interleaved within each run:
 * FastStream's NATS JetStream pull subscriber (``PullSub(batch_size=100)``, a durable
   consumer, its default acking after the handler);
 * a bare nats-py loop, no framework: ``pull_subscribe`` then ``fetch(100)`` and
-  ``await msg.ack()`` per message.
+  ``await msg.ack()`` per message;
+* the limit: natscli v0.5.0's ``nats bench js consume`` (nats.go, explicit acks, 500
+  buffered; its own clock, first to last message received; :mod:`bench.nats_limits`).
+
+Then the publish shapes of our NatsProducer beside natscli's publishers
+(:mod:`bench.nats_limits`), ``nats_publish_count`` messages each (``python -m bench``).
 
 Then the latency of ``nsqworker run``: 1,000 msg/s for ``--latency-seconds``, each body
 carrying its publish time; the handler records publish -> handler. Goals: nsqworker >= 2x
-FastStream and >= 80% of the bare loop in msgs/s; p99 <= 5 ms at 1k msg/s.
+FastStream, >= 80% of the bare loop and >= 80% of natscli in msgs/s; p99 <= 5 ms at
+1k msg/s.
 """
 
 from __future__ import annotations
@@ -34,9 +41,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import nats_limits
 from bench.env import ROOT, child_env
 
-GOALS = {"vs_faststream": 2.0, "vs_bare": 0.8, "p99_ms": 5.0}
+GOALS = {"vs_faststream": 2.0, "vs_bare": 0.8, "vs_natscli": 0.8, "p99_ms": 5.0}
 BODY = b"x" * 100
 
 NSQWORKER_TASKS = """
@@ -170,6 +178,8 @@ def drain(kind: str, url: str, count: int, run: int) -> float:
     """Msgs/s of one contender draining a fresh backlog of ``count``."""
     subject = f"bench.{kind}.r{run}"
     stream = asyncio.run(_publish(url, subject, count))
+    if kind == "natscli":
+        return nats_limits.natscli_consume(url, stream, count)
     durable = {"nsqworker": "bench", "faststream": "fs", "bare": "bare"}[kind]
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
@@ -240,8 +250,10 @@ def run(broker: Any, cfg: Any, results: Any, say: Any) -> None:
     from nsqworker.testing.nats import NatsServerProcess
 
     rows = {kind: results.row(f"nats/{kind}", "nats", NAMES[kind], "msgs/s") for kind in NAMES}
-    results.compare("nats/nsqworker", "", "nats/bare")
-    results.compare("nats/faststream", "", "nats/bare")
+    results.compare("nats/nsqworker", "", "nats/natscli")
+    results.compare("nats/faststream", "", "nats/natscli")
+    results.compare("nats/bare", "", "nats/natscli")
+    pubs = _publish_rows(results)
     label = "nsqworker run, publish -> handler {} at 1k msg/s"
     p50 = results.row("nats/p50", "nats", label.format("p50"), "ms", higher_is_better=False)
     p99 = results.row("nats/p99", "nats", label.format("p99"), "ms", higher_is_better=False)
@@ -253,14 +265,43 @@ def run(broker: Any, cfg: Any, results: Any, say: Any) -> None:
                     series.add(drain(kind, server.url, cfg.nats_count, i))
                 except Exception as exc:  # one contender failing must not lose the others
                     series.errors.append(f"{type(exc).__name__}: {exc}")
+            for key, (series, measure) in pubs.items():
+                say(f"nats run {i + 1}/{cfg.runs}: publish {key}")
+                try:
+                    series.add(measure(server.url, f"pub_{key}_r{i}", cfg.nats_publish_count))
+                except Exception as exc:
+                    series.errors.append(f"{type(exc).__name__}: {exc}")
         say("nats: latency at 1k msg/s")
         lat = latency(server.url, cfg.nats_latency_seconds)
         p50.add(lat["p50_ms"])
         p99.add(lat["p99_ms"])
 
 
+def _publish_rows(results: Any) -> dict[str, tuple[Any, Any]]:
+    """Our publish shapes and natscli's publishers, each a row and what measures it."""
+    rows: dict[str, tuple[Any, Any]] = {}
+    for kind, label in nats_limits.NATSCLI_PUBLISH.items():
+        series = results.row(f"nats/pub-{kind}-natscli", "nats", label, "msgs/s")
+
+        def limit(url: str, stream: str, count: int, kind: str = kind) -> float:
+            return nats_limits.natscli_publish(url, kind, stream, count)
+
+        rows[f"{kind}-natscli"] = (series, limit)
+    for mode, (label, against) in nats_limits.PUBLISH_MODES.items():
+        key = f"nats/pub-{mode}-ours"
+        series = results.row(key, "nats", label, "msgs/s")
+        results.compare(key, "", f"nats/pub-{against}-natscli")
+
+        def ours(url: str, stream: str, count: int, mode: str = mode) -> float:
+            return nats_limits.ours_publish(url, mode, f"{stream}.in", count)
+
+        rows[f"{mode}-ours"] = (series, ours)
+    return rows
+
+
 NAMES = {
     "nsqworker": "nsqworker run --transport nats, default settings",
+    "natscli": "natscli `nats bench js consume` (explicit acks, batch 500)",
     "faststream": "FastStream NATS PullSub(batch_size=100)",
     "bare": "bare nats-py fetch(100) loop",
 }
@@ -269,14 +310,14 @@ NAMES = {
 def main() -> None:
     """Run the comparison and print a table (or JSON)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=20_000)
+    parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     from nsqworker.testing.nats import NatsServerProcess
 
-    rates: dict[str, list[float]] = {"nsqworker": [], "faststream": [], "bare": []}
+    rates: dict[str, list[float]] = {kind: [] for kind in NAMES}
     with NatsServerProcess() as server:
         for run in range(args.runs):
             for kind in rates:
@@ -289,6 +330,7 @@ def main() -> None:
         "runs": rates,
         "vs_faststream": best["nsqworker"] / best["faststream"],
         "vs_bare": best["nsqworker"] / best["bare"],
+        "vs_natscli": best["nsqworker"] / best["natscli"],
         "latency": lat,
         "goals": GOALS,
     }
@@ -301,6 +343,7 @@ def main() -> None:
     print(
         f"nsqworker / FastStream {result['vs_faststream']:.2f}x (goal >= 2); "
         f"nsqworker / bare {result['vs_bare']:.0%} (goal >= 80%); "
+        f"nsqworker / natscli {result['vs_natscli']:.0%} (goal >= 80%); "
         f"publish -> handler at 1k msg/s: p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms"
         " (goal <= 5)"
     )

@@ -22,7 +22,7 @@ SECTION_TITLES = {
     "telemetry": "Telemetry cost (bench/bench_telemetry.py)",
     "handlers": "Handler features: typed bodies, hooks, time limits (bench/bench_handlers.py)",
     "seam": "The transport seam: before and after, one run (bench/seam.py)",
-    "nats": "NATS JetStream: `nsqworker run --transport nats` vs FastStream and nats-py (bench/nats.py)",
+    "nats": "NATS JetStream: `nsqworker run --transport nats` vs natscli (the limit), FastStream and nats-py (bench/nats.py)",
     "streams": "RabbitMQ Streams: `nsqworker run --transport rabbitmq-stream` and StreamProducer vs the Java stream-client (bench/streams.py)",
 }
 CPU_SECTIONS = ("consume", "publish")

@@ -277,6 +277,12 @@ TARGETS: list[tuple[str, str, str, Check]] = [
         _at_least_ratio("nats/nsqworker", "nats/bare", 0.8),
     ),
     (
+        "NATS: `nsqworker run --transport nats` >= 80% of natscli `nats bench js consume`",
+        ">= 80% of natscli",
+        "nats/nsqworker",
+        _at_least_ratio("nats/nsqworker", "nats/natscli", 0.8),
+    ),
+    (
         "NATS: p99 publish -> handler <= 5 ms at 1k msg/s",
         "p99 <= 5 ms",
         "nats/p99",

@@ -8,21 +8,28 @@ free (or when nothing is requested at all); each asks the server for idle heartb
 a request that went silent (its server died) is forgotten and asked again.
 
 Settling is the JetStream ack protocol on each message's reply subject: ``+ACK``,
-``-NAK {"delay": ns}``, ``+TERM`` and ``+WPI`` (in progress: the keep-alive). Acks and
-pull requests are written in batches, one task per loop turn, not one per message.
+``-NAK {"delay": ns}``, ``+TERM`` and ``+WPI`` (in progress: the keep-alive).
+
+The inbox, its messages, the acks and the pull requests travel on a connection of the
+subscription's own (:mod:`nsqworker.nats.wire`, the codec of
+:mod:`nsqworker.nats.protocol`), to the server the process's nats-py connection is on;
+nats-py keeps JetStream management (streams, consumers, their checks). Acks and pull
+requests are written once per loop turn, not one per message. A lost wire is opened
+again (acks settled meanwhile are written first; requests to the old inbox die with it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nsqworker.errors import ConfigurationError
+from nsqworker.errors import ConfigurationError, RemoteProtocolError
 from nsqworker.message import Message
+from nsqworker.nats import protocol
 from nsqworker.nats.jetstream import (
     ack_wait,
     check_channel,
@@ -31,12 +38,10 @@ from nsqworker.nats.jetstream import (
     ensure_consumer,
     ensure_stream,
 )
+from nsqworker.nats.wire import Wire, open_wire
 from nsqworker.transport import Flow, Receiver, SubscriptionStats, Timer
 
 if TYPE_CHECKING:
-    from nats.aio.msg import Msg
-    from nats.aio.subscription import Subscription as NatsSub
-
     from nsqworker.nats.client import NatsConnection
     from nsqworker.settings import Settings
 
@@ -49,6 +54,8 @@ EXPIRES = 30.0
 HEARTBEAT = 5.0
 """Seconds between the server's idle heartbeats on a waiting pull request."""
 ACK, NAK, TERM, WPI = b"+ACK", b"-NAK", b"+TERM", b"+WPI"
+SID = 1
+"""The inbox's subscription id on the subscription's own wire."""
 _STATUSES = frozenset({"404", "408", "409", "503"})
 """Statuses the server ends a pull request with (no messages, expired, limits reached or
 consumer deleted, no responders); any other is dropped. "Deleted" and "no responders"
@@ -75,6 +82,8 @@ class NatsSubscription:
         self.settings = settings
         self.connection = connection
         self.window = max_in_flight
+        self._half = max(1, max_in_flight // 2)
+        self._stream = ""
         self.stream: str | None = None
         self.consumer: str | None = None
         self.in_flight = 0
@@ -84,17 +93,20 @@ class NatsSubscription:
         self._receiver: Receiver | None = None
         self._deliver: Callable[[Message], bool] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._sub: NatsSub | None = None
+        self._wire: Wire | None = None
+        self._subbed = False
         self._inbox = ""
-        self._next = ""
+        self._next = b""
+        self._ack_prefix = b""
         self._bound = False
         self._stopping = False
-        self._out: list[tuple[str, bytes, str]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._backlog: list[bytes] = []
+        self._rewiring = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._heard = _monotonic()
         self._forget_listener: Callable[[], None] | None = None
         self._ack_wait = ack_wait(settings)
+        self._address = ""
         self._checking = False
         self._dropped_logged = -60.0
 
@@ -125,30 +137,80 @@ class NatsSubscription:
         self._spawn(self._watch())
 
     async def _bind(self) -> None:
-        client = await self.connection.get()
+        await self.connection.get()
         js = await self.connection.jetstream()
         self.stream = await ensure_stream(js, self.topic, self.settings)
         self.consumer = await consumer_name(js, self.stream, self.topic, self.channel)
         self._ack_wait = await ensure_consumer(
             js, self.stream, self.topic, self.consumer, self.settings
         )
-        self._next = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"
-        await self._subscribe(client)
+        self._next = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}".encode()
+        self._ack_prefix = f"$JS.ACK.{self.stream}.{self.consumer}.".encode()
+        self._stream = self.stream
+        if self._wire is None or not self._wire.open:
+            await self._open_wire()
+        self.requested = 0  # requests of a consumer deleted since died with it
         self._bound = True
         log.info("%s: bound to consumer %s of stream %s", self.name, self.consumer, self.stream)
         self._pull()
 
-    async def _subscribe(self, client: Any) -> None:
-        old, self._sub = self._sub, None
-        self.requested = 0  # requests to the old inbox die with it (no interest)
+    async def _open_wire(self) -> None:
+        """A wire of our own to the server nats-py is on, with a fresh inbox on it."""
+        old, self._wire, self._subbed = self._wire, None, False
         if old is not None:
-            try:
-                await old.unsubscribe()
-            except Exception:
-                log.debug("unsubscribe failed", exc_info=True)
-        self._inbox = client.new_inbox()
-        self._sub = await client.subscribe(self._inbox, cb=self._on_msg)
+            old.close()
+        self.requested = 0  # requests to the old inbox die with it (no interest)
+        client = self.connection.client
+        url = client.connected_url if client is not None else None
+        scheme = url.scheme if url is not None else "nats"
+        wire = await open_wire(
+            self.settings, self.connection.address, scheme=scheme, name=self.connection.name,
+            on_msg=self._on_msg, on_lost=self._wire_lost,
+        )  # fmt: skip
+        self._inbox = f"_INBOX.{secrets.token_hex(11)}"
+        wire.send(protocol.sub(self._inbox.encode(), SID))
+        backlog, self._backlog = self._backlog, []
+        for data in backlog:  # settled while no wire was open: ack subjects outlive it
+            wire.send(data)
+        self._wire, self._subbed, self._address = wire, True, wire.address
         self._heard = _monotonic()
+
+    def _wire_lost(self, exc: BaseException | None) -> None:
+        self.connection.errors["disconnected"] = self.connection.errors.get("disconnected", 0) + 1
+        self._subbed = False
+        self.requested = 0
+        if not self._stopping:
+            log.warning(
+                "%s: connection to NATS lost (%s); reconnecting", self.name, exc or "closed"
+            )
+            self._rewire()
+
+    def _rewire(self) -> None:
+        if not self._rewiring and not self._stopping:
+            self._rewiring = True
+            self._spawn(self._rewire_until_done())
+
+    async def _rewire_until_done(self) -> None:
+        delay = self.settings.reconnect_delay
+        try:
+            while not self._stopping and (self._wire is None or not self._wire.open):
+                if self.connection.connected:
+                    try:
+                        await self._open_wire()
+                        log.info("%s: reconnected to %s", self.name, self._wire_address)
+                        break
+                    except Exception as exc:
+                        log.warning("%s: NATS not ready (%s); retrying", self.name, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.max_reconnect_delay)
+        finally:
+            self._rewiring = False
+        self._pull()
+
+    @property
+    def _wire_address(self) -> str:
+        wire = self._wire
+        return wire.address if wire is not None else self.connection.address
 
     async def _bind_until_done(self) -> None:
         delay = self.settings.reconnect_delay
@@ -167,10 +229,11 @@ class NatsSubscription:
         back with a NAK for another worker; messages in hand stay settleable."""
         self._stopping = True
         self._flow = Flow.PAUSED
-        sub, self._sub = self._sub, None
-        if sub is not None:
+        wire, subbed, self._subbed = self._wire, self._subbed, False
+        if wire is not None and subbed and wire.open:
+            wire.send(protocol.unsub(SID))
             try:
-                await asyncio.wait_for(sub.drain(), timeout=5.0)  # type: ignore[no-untyped-call]
+                await wire.round_trip(5.0)
             except Exception:  # a lost connection: its requests died with it
                 log.debug("draining the pull inbox failed", exc_info=True)
 
@@ -181,22 +244,24 @@ class NatsSubscription:
             self._forget_listener()
         for task in list(self._tasks):
             task.cancel()
-        if self._flusher is not None:
-            await asyncio.gather(self._flusher, return_exceptions=True)
-        if self._sub is not None:
-            try:
-                await self._sub.unsubscribe()
-            except Exception:
-                log.debug("unsubscribe at close failed", exc_info=True)
-            self._sub = None
+        wire, self._wire, self._subbed = self._wire, None, False
+        if wire is not None:
+            if wire.open:
+                try:  # the last acks are written and read by the server
+                    await wire.round_trip(2.0)
+                except Exception:
+                    log.debug("flushing the last acks failed", exc_info=True)
+            wire.close()
+        if self._backlog:
+            log.warning("%s: %d acks not sent: connection closed", self.name, len(self._backlog))
+            self._backlog = []
         self._bound = False
 
     @property
     def subscribed(self) -> bool:
         """True while bound to the consumer and connected."""
-        return (
-            self._bound and self.connection.connected and (self._sub is not None or self._stopping)
-        )
+        wire = self._wire
+        return self._bound and wire is not None and wire.open and (self._subbed or self._stopping)
 
     @property
     def ready(self) -> bool:
@@ -217,7 +282,7 @@ class NatsSubscription:
     def set_flow(self, flow: Flow, window: int) -> None:
         """The receiver's flow: at most ``window`` (1 when probing, 0 paused) asked for
         or in hand."""
-        self._flow, self.window = flow, window
+        self._flow, self.window, self._half = flow, window, max(1, window // 2)
         self._pull()
 
     def _allowed(self) -> int:
@@ -232,65 +297,131 @@ class NatsSubscription:
         room = allowed - self.in_flight - self.requested
         if room <= 0 or (self.requested and room < max(1, allowed // 2)):
             return
+        wire = self._wire
+        if wire is None or not self._subbed or not wire.open:
+            return  # asked again when the wire is back
         self.requested += room
-        request = {
-            "batch": room,
-            "expires": int(EXPIRES * 1e9),
-            "idle_heartbeat": int(HEARTBEAT * 1e9),
-        }
-        self._send(self._next, json.dumps(request).encode(), self._inbox)
+        request = b'{"batch":%d,"expires":%d,"idle_heartbeat":%d}' % (
+            room,
+            int(EXPIRES * 1e9),
+            int(HEARTBEAT * 1e9),
+        )
+        wire.send(protocol.pub(self._next, request, self._inbox.encode()))
 
     # --- messages (hot path) ---------------------------------------------------
 
-    async def _on_msg(self, msg: Msg) -> None:
+    def _on_msg(
+        self, subject: bytes, sid: int, reply: bytes, headers: bytes | None, payload: bytes
+    ) -> None:
         self._heard = now = _monotonic()
-        reply = msg.reply
-        if reply.startswith("$JS.ACK."):
-            tokens = reply.split(".")
+        prefix = self._ack_prefix
+        if headers is None and sid == SID and reply.startswith(prefix):
+            # <delivered>.<stream seq>.<consumer seq>.<timestamp>.<pending>, all numbers:
+            # anything else was not sent by the server for us
+            tail = reply[len(prefix) :].split(b".")
+            if len(tail) == 5:
+                delivered, seq, cseq, stamp, pending = tail
+                if (
+                    delivered.isdigit() and seq.isdigit() and stamp.isdigit()
+                    and pending.isdigit() and cseq.isdigit()
+                ):  # fmt: skip
+                    # _take without headers, inline: the hot path of every message
+                    if self.requested:
+                        self.requested -= 1
+                    self.received += 1
+                    message = Message(
+                        seq, payload, int(stamp), int(delivered), self.topic, self.channel,
+                        self._address, self._receiver, reply, now, None,
+                    )  # fmt: skip
+                    message.origin = (self._stream, int(seq))
+                    self.in_flight += 1
+                    if self._deliver(message):  # type: ignore[misc]
+                        self._send(b"PUB " + reply + b" 4\r\n+ACK\r\n")
+                        self.in_flight -= 1
+                        # _pull() only when it may ask: half the window free, or none asked
+                        if (
+                            not self.requested
+                            or self.window - self.in_flight - self.requested >= self._half
+                        ):
+                            self._pull()
+                    return
+        self._on_other(reply, headers, payload, sid)
+
+    def _take(
+        self, seq: bytes, body: bytes, stamp: int, delivered: int, reply: bytes,
+        raw: bytes | None, now: float,
+    ) -> None:  # fmt: skip
+        headers = None
+        if raw is not None:
+            try:
+                headers = protocol.parse_headers(raw).fields
+            except RemoteProtocolError as exc:  # the server's own: handled, never lost
+                log.warning("%s: message %s has unreadable headers: %s", self.name, seq, exc)
+        if self.requested:
+            self.requested -= 1
+        self.received += 1
+        message = Message(
+            seq, body, stamp, delivered, self.topic, self.channel, self._address, self._receiver,
+            reply, now, headers,
+        )  # fmt: skip
+        message.origin = (self._stream, int(seq))
+        self.in_flight += 1
+        if self._deliver(message):  # type: ignore[misc]
+            self._send(b"PUB %s 4\r\n+ACK\r\n" % reply)
+            self.in_flight -= 1
+            self._pull()
+
+    def _on_other(self, reply: bytes, raw: bytes | None, payload: bytes, sid: int) -> None:
+        """What is not a plain message of this consumer: one with headers, the other form
+        of ack subject (with a domain and an account), a status ending a pull request, or
+        something forged."""
+        if sid != SID:
+            return  # a subscription this wire no longer has
+        if reply.startswith(self._ack_prefix) and reply.count(b".") == 8:
+            tokens = reply.split(b".")
+            if all(t.isdigit() for t in tokens[4:9]):
+                self._take(tokens[5], payload, int(tokens[7]), int(tokens[4]), reply, raw,
+                           _monotonic())  # fmt: skip
+                return
+        if reply.startswith(b"$JS.ACK."):
+            tokens = reply.split(b".")
             if len(tokens) >= 12:  # $JS.ACK.<domain>.<account>.<stream>.<consumer>...
                 del tokens[2:4]
-            # only our consumer's, and <delivered>.<stream seq>.<consumer seq>.<timestamp>
-            # .<pending> all numbers: anything else was not sent by the server for us
             if (
                 len(tokens) < 9
-                or tokens[2] != self.stream
-                or tokens[3] != self.consumer
+                or tokens[2].decode("utf-8", "replace") != self.stream
+                or tokens[3].decode("utf-8", "replace") != self.consumer
                 or not all(t.isdigit() for t in tokens[4:9])
             ):
-                self._drop(msg, "an ack subject not of this consumer")
+                self._drop(reply, "an ack subject not of this consumer")
                 return
-            self.requested = max(self.requested - 1, 0)
-            self.received += 1
-            message = Message(
-                tokens[5].encode(), msg.data, int(tokens[7]), int(tokens[4]), self.topic,
-                self.channel, self.connection.address, self._receiver, reply, now,
-                msg.headers,
-            )  # fmt: skip
-            message.origin = (tokens[2], int(tokens[5]))
-            self.in_flight += 1
-            if self._deliver(message):  # type: ignore[misc]
-                self._send(reply, ACK)
-                self.in_flight -= 1
-                self._pull()
+            self._take(tokens[5], payload, int(tokens[7]), int(tokens[4]), reply, raw,
+                       _monotonic())  # fmt: skip
             return
         if reply:
-            self._drop(msg, "a reply subject that is no JetStream ack")
+            self._drop(reply, "a reply subject that is no JetStream ack")
             return
-        headers = msg.headers or {}
-        status = headers.get("Status")
+        if raw is None:
+            return  # a stray message without headers: the request is alive
+        try:
+            headers = protocol.parse_headers(raw)
+        except RemoteProtocolError:
+            self._drop(reply, "unreadable headers")
+            return
+        # nats-py's status, as its handlers saw it: the status line's, else a Status field
+        status = headers.status or headers.fields.get("Status")
+        description = headers.description or headers.fields.get("Description", "")
         if status is None or status == "100":
             return  # an idle heartbeat (or a stray message): the request is alive
-        if msg.data or status not in _STATUSES:
-            self._drop(msg, f"an unexpected status {status!r}")
+        if payload or status not in _STATUSES:
+            self._drop(reply, f"an unexpected status {status!r}")
             return
-        if status == "503" or (
-            status == "409" and "deleted" in headers.get("Description", "").lower()
-        ):
+        if status == "503" or (status == "409" and "deleted" in description.lower()):
             if not self._checking:  # the consumer may be gone: ask the server, not the message
                 self._checking = True
                 self._spawn(self._check_consumer())
             return
-        left = headers.get("Nats-Pending-Messages")
+        left = headers.fields.get("Nats-Pending-Messages")
         if left is not None and left.isdigit():
             self.requested = max(self.requested - int(left), 0)
         elif status != "404":
@@ -318,7 +449,7 @@ class NatsSubscription:
         self.requested = 0
         self._pull()
 
-    def _drop(self, msg: Msg, what: str) -> None:
+    def _drop(self, reply: bytes, what: str) -> None:
         """A message on the pull inbox that the server did not send for this consumer
         (someone who knows the inbox's name published it): never handled, never acked."""
         self.connection.errors["forged"] = self.connection.errors.get("forged", 0) + 1
@@ -328,31 +459,32 @@ class NatsSubscription:
             log.warning(
                 "%s: dropped a message on the pull inbox with %s (reply %r); not from"
                 " consumer %s of stream %s (counted in errors['forged'], logged once a"
-                " minute)", self.name, what, msg.reply[:120], self.consumer, self.stream,
+                " minute)", self.name, what, reply[:120].decode("utf-8", "replace"),
+                self.consumer, self.stream,
             )  # fmt: skip
 
     def ack(self, msg: Message) -> None:
         """``+ACK``."""
-        self._send(msg.receipt, ACK)
+        self._send(b"PUB %s 4\r\n+ACK\r\n" % msg.receipt)
         self.in_flight -= 1
         self._pull()
 
     def retry(self, msg: Message, delay: float) -> None:
         """``-NAK`` with the delay: the server redelivers it after ``delay`` seconds."""
         payload = NAK if delay <= 0 else b'-NAK {"delay":%d}' % int(delay * 1e9)
-        self._send(msg.receipt, payload)
+        self._send(protocol.pub(msg.receipt, payload))
         self.in_flight -= 1
         self._pull()
 
     def reject(self, msg: Message) -> None:
         """``+TERM``: the server never delivers it again (its dead letter is written)."""
-        self._send(msg.receipt, TERM)
+        self._send(protocol.pub(msg.receipt, TERM))
         self.in_flight -= 1
         self._pull()
 
     def keep_alive(self, msg: Message) -> None:
         """``+WPI`` (work in progress): restarts the message's ``ack_wait``."""
-        self._send(msg.receipt, WPI)
+        self._send(protocol.pub(msg.receipt, WPI))
 
     def keep_alive_interval(self, msg: Message) -> float | None:
         """Half of the consumer's ``ack_wait``."""
@@ -364,55 +496,43 @@ class NatsSubscription:
 
     # --- writing ---------------------------------------------------------------
 
-    def _send(self, subject: str, payload: bytes, reply: str = "") -> None:
-        self._out.append((subject, payload, reply))
-        if self._flusher is None:
-            loop = self._loop or asyncio.get_running_loop()
-            self._flusher = loop.create_task(self._flush())
-
-    async def _flush(self) -> None:
-        client = self.connection.client
-        try:
-            while self._out:
-                batch, self._out = self._out, []
-                if client is None or client.is_closed:
-                    self.connection.errors["closed"] = self.connection.errors.get("closed", 0) + 1
-                    log.warning(
-                        "%s: %d acks/requests not sent: connection closed", self.name, len(batch)
-                    )
-                    continue
-                for subject, payload, reply in batch:
-                    await client.publish(subject, payload, reply=reply)
-        except Exception as exc:
-            log.warning("%s: writing to NATS failed: %s", self.name, exc)
-        finally:
-            self._flusher = None
-            if self._out:  # written after a failure: try again on a fresh task
-                loop = self._loop or asyncio.get_running_loop()
-                self._flusher = loop.create_task(self._flush())
+    def _send(self, data: bytes) -> None:
+        """An ack on the wire, or kept until a wire is open again."""
+        wire = self._wire
+        if wire is not None and wire.open:
+            wire.send(data)
+        else:
+            self._backlog.append(data)
 
     # --- keeping the pull alive ------------------------------------------------
 
     def _reconnected(self) -> None:
-        if self._bound and not self._stopping:
-            self._spawn(self._resubscribe())
-
-    async def _resubscribe(self) -> None:
-        client = self.connection.client
-        if client is not None:
-            await self._subscribe(client)
-            self._pull()
+        """nats-py is back: so may be the server our wire lost."""
+        if self._bound and not self._stopping and (self._wire is None or not self._wire.open):
+            self._rewire()
 
     async def _watch(self) -> None:
-        """Forget requests whose heartbeats stopped (their server went away)."""
+        """Forget requests whose heartbeats stopped (their server went away); a wire
+        silent that long again is taken for dead (a half-open TCP connection)."""
+        silent_rounds = 0
         while not self._stopping:
             await asyncio.sleep(HEARTBEAT)
             silent = _monotonic() - self._heard > 2 * HEARTBEAT + 1
-            if self._bound and self.requested and silent and self.connection.connected:
-                log.info("%s: pull request went silent; asking again", self.name)
-                self.requested = 0
-                self._heard = _monotonic()
-                self._pull()
+            if not (self._bound and self.requested and silent):
+                silent_rounds = 0
+                continue
+            silent_rounds += 1
+            wire = self._wire
+            if silent_rounds > 1 and wire is not None and wire.open:
+                log.info("%s: NATS connection went silent; reconnecting", self.name)
+                wire.close()
+                self._wire_lost(None)
+                silent_rounds = 0
+                continue
+            log.info("%s: pull request went silent; asking again", self.name)
+            self.requested = 0
+            self._heard = _monotonic()
+            self._pull()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -424,13 +544,13 @@ class NatsSubscription:
     def stats(self) -> SubscriptionStats:
         """In hand, asked for, and the connection's errors."""
         return SubscriptionStats(
-            connected=int(self.connection.connected),
+            connected=int(self._wire is not None and self._wire.open),
             window=self.in_flight + self.requested,
             in_flight=self.in_flight,
             errors=dict(self.connection.errors),
             connections=[
                 {
-                    "address": self.connection.address,
+                    "address": self._wire_address,
                     "stream": self.stream,
                     "consumer": self.consumer,
                     "requested": self.requested,
