@@ -39,6 +39,7 @@ from nsqworker.nats.jetstream import (
     ensure_stream,
 )
 from nsqworker.nats.wire import Wire, open_wire
+from nsqworker.reconnect import reconnect_delay
 from nsqworker.transport import Flow, Receiver, SubscriptionStats, Timer
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ class NatsSubscription:
             self._spawn(self._rewire_until_done())
 
     async def _rewire_until_done(self) -> None:
-        delay = self.settings.reconnect_delay
+        base, cap, failures = self.settings.reconnect_delay, self.settings.max_reconnect_delay, 0
         try:
             while not self._stopping and (self._wire is None or not self._wire.open):
                 if self.connection.connected:
@@ -201,8 +202,8 @@ class NatsSubscription:
                         break
                     except Exception as exc:
                         log.warning("%s: NATS not ready (%s); retrying", self.name, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.max_reconnect_delay)
+                failures += 1
+                await asyncio.sleep(reconnect_delay(failures, base, cap))
         finally:
             self._rewiring = False
         self._pull()
@@ -213,13 +214,15 @@ class NatsSubscription:
         return wire.address if wire is not None else self.connection.address
 
     async def _bind_until_done(self) -> None:
-        delay = self.settings.reconnect_delay
+        base, cap, failures = self.settings.reconnect_delay, self.settings.max_reconnect_delay, 0
+        delay = base
         while not self._bound and not self._stopping:
             await asyncio.sleep(delay)
             try:
                 await self._bind()
             except Exception as exc:
-                delay = min(delay * 2, self.settings.max_reconnect_delay)
+                failures += 1
+                delay = reconnect_delay(failures + 1, base, cap)
                 log.warning("%s: NATS not ready (%s); retrying in %.1fs", self.name, exc, delay)
 
     async def stop(self) -> None:

@@ -151,8 +151,10 @@ class Wire(asyncio.Protocol):
 
     # --- login -------------------------------------------------------------------
 
-    async def _login(self, settings: Settings, name: str, host: str, tls: ssl.SSLContext | None,
+    async def login(self, settings: Settings, name: str, host: str, tls: ssl.SSLContext | None,
                       timeout: float) -> None:  # fmt: skip
+        """Wait for INFO, upgrade to TLS where asked, send CONNECT with the settings'
+        credentials and wait for the server's answer (what the dialer drives)."""
         assert self._info_waiter is not None
         await asyncio.wait_for(self._info_waiter, timeout)
         self._info_waiter = None
@@ -200,7 +202,7 @@ async def open_wire(
         tls = ssl.create_default_context()
     try:
         await asyncio.wait_for(loop.create_connection(lambda: wire, host, int(port)), timeout)
-        await wire._login(settings, name, host, tls, timeout)
+        await wire.login(settings, name, host, tls, timeout)
     except ConfigurationError:
         wire.close()
         raise
