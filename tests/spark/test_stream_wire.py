@@ -1,0 +1,48 @@
+"""The rabbitmq-stream source's reading without Spark, against a real RabbitMQ: the
+stream's offsets, a range read as Arrow batches across chunks, holes and partitions."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from nsqworker.errors import ConfigurationError
+from nsqworker.settings import Settings
+from nsqworker.spark.streaming.options import SourceOptions
+from nsqworker.spark.streaming.rabbitmq import StreamRange, read_range, split_range
+from nsqworker.spark.streaming.stream_wire import StreamError, StreamReadConnection
+from tests.spark.test_stream_rabbitmq import bodies, publish
+
+pytestmark = [pytest.mark.integration]
+
+
+def test_offsets_and_a_range_read_as_arrow(rabbitmq: str) -> None:
+    settings = Settings(rabbitmq_stream_uri=rabbitmq)
+    stream = f"wire_{uuid.uuid4().hex[:8]}"
+    asyncio.run(publish(rabbitmq, stream, bodies(0, 1_234), create=True))
+    with StreamReadConnection(settings) as connection:
+        assert connection.offsets(stream) == (0, 1_234)
+        with pytest.raises(StreamError, match="does not exist"):
+            connection.offsets(stream + "_missing")
+    parts = split_range(stream, 100, 1_234, 3)
+    assert [(p.start, p.end) for p in parts] == [(100, 478), (478, 856), (856, 1_234)]
+    rows = [row for p in parts for b in read_range(settings, p) for row in b.to_pylist()]
+    assert [r["offset"] for r in rows] == list(range(100, 1_234))
+    assert [r["body"] for r in rows] == bodies(100, 1_234)
+    assert rows[0]["topic"] == stream and rows[0]["key"] is None and rows[0]["headers"] == []
+    one = list(read_range(settings, StreamRange(stream, 500, 501)))
+    assert [r["body"] for b in one for r in b.to_pylist()] == [b"click-00500"]
+
+
+def test_options_are_checked_and_credentials_refused() -> None:
+    parse = SourceOptions.parse
+    assert parse({"stream": "s"}, "f", ("stream",)) == SourceOptions("s", "earliest", 0, 2)
+    assert parse({"STREAM": "s", "startingoffsets": "42"}, "f", ("stream",)).starting == 42
+    with pytest.raises(ConfigurationError, match="set the option 'stream'"):
+        parse({}, "f", ("stream",))
+    with pytest.raises(ConfigurationError, match="maxRecordsPerBatch must be a whole number"):
+        parse({"stream": "s", "maxRecordsPerBatch": "lots"}, "f", ("stream",))
+    with pytest.raises(ConfigurationError, match=r"'password'.*environment"):
+        parse({"stream": "s", "password": "hunter2"}, "f", ("stream",))
