@@ -36,12 +36,12 @@ def driver_env(extra: Mapping[str, str]) -> dict[str, str]:
 class Driver:
     """``apps/stream_query.py`` for one format, output and checkpoint."""
 
-    def __init__(self, tmp: Path, fmt: str, options: Mapping[str, Any], env: Mapping[str, str],
-                 remote: str | None = None) -> None:  # fmt: skip
+    def __init__(self, tmp: Path, sources: list[tuple[str, Mapping[str, Any]]],
+                 env: Mapping[str, str], remote: str | None = None) -> None:  # fmt: skip
         cases.need_java()
         self.output, self.checkpoint = tmp / "out", tmp / "checkpoint"
         self.log = tmp / "driver.log"
-        self.args = [sys.executable, str(APP), fmt, json.dumps(options), str(self.output),
+        self.args = [sys.executable, str(APP), json.dumps(sources), str(self.output),
                      str(self.checkpoint)] + (["connect", remote] if remote else [])  # fmt: skip
         self.env = driver_env(env)
         self.process: subprocess.Popen[bytes] | None = None
@@ -140,3 +140,52 @@ def wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"no {what} within {timeout:g}s")
         time.sleep(0.1)
+
+
+def bodies(start: int, stop: int) -> list[bytes]:
+    return [b"click-%05d" % i for i in range(start, stop)]
+
+
+async def publish_rabbitmq(
+    uri: str, stream: str, bodies: list[bytes], create: bool = False
+) -> None:
+    from rstream import AMQPMessage, Producer
+
+    from nsqworker.settings import Settings
+    from nsqworker.streams.client import Endpoint
+
+    e = Endpoint.from_settings(Settings(rabbitmq_stream_uri=uri))
+    async with Producer(host=e.host, port=e.port, vhost=e.vhost, username=e.username,
+                        password=e.password) as producer:  # fmt: skip
+        if create:
+            await producer.create_stream(stream)
+        for at in range(0, len(bodies), 500):
+            await producer.send_batch(stream, [AMQPMessage(body=b) for b in bodies[at : at + 500]])
+
+
+async def publish_nats(url: str, stream: str, bodies: list[bytes], create: bool = False) -> None:
+    import asyncio
+
+    import nats
+
+    client = await nats.connect(url)
+    try:
+        js = client.jetstream()
+        if create:
+            await js.add_stream(name=stream, subjects=[f"{stream}.*"])
+        for at in range(0, len(bodies), 1000):
+            futures = [await js.publish_async(f"{stream}.click", b) for b in bodies[at : at + 1000]]
+            await asyncio.gather(*futures)
+    finally:
+        await client.close()
+
+
+def check_exactly_once(rows: list[dict[str, Any]], topic: str, count: int) -> None:
+    """``count`` rows of ``topic``, bodies ``click-00000``..., each offset once, in
+    publish order by offset."""
+    rows = [r for r in rows if r["topic"] == topic]
+    assert len(rows) == count, f"{topic}: {len(rows)} rows, not {count}"
+    by_offset = sorted(rows, key=lambda r: r["offset"])
+    assert len({r["offset"] for r in rows}) == count, f"{topic}: an offset twice"
+    assert [r["body"] for r in by_offset] == bodies(0, count)
+    assert all(r["attempts"] == 1 and r["timestamp"] is not None for r in rows)

@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 
 from nsqworker.errors import ConfigurationError
 from nsqworker.settings import Settings
+from nsqworker.spark.streaming.jetstream import (
+    SequenceRange,
+    StreamMissing,
+    read_sequences,
+    stream_state,
+)
 from nsqworker.spark.streaming.options import SourceOptions
 from nsqworker.spark.streaming.rabbitmq import StreamRange, read_range, split_range
 from nsqworker.spark.streaming.stream_wire import StreamError, StreamReadConnection
-from tests.spark.test_stream_rabbitmq import bodies, publish
+from tests.spark.streaming_cases import bodies, publish_nats, publish_rabbitmq
 
 pytestmark = [pytest.mark.integration]
 
@@ -21,7 +28,7 @@ pytestmark = [pytest.mark.integration]
 def test_offsets_and_a_range_read_as_arrow(rabbitmq: str) -> None:
     settings = Settings(rabbitmq_stream_uri=rabbitmq)
     stream = f"wire_{uuid.uuid4().hex[:8]}"
-    asyncio.run(publish(rabbitmq, stream, bodies(0, 1_234), create=True))
+    asyncio.run(publish_rabbitmq(rabbitmq, stream, bodies(0, 1_234), create=True))
     with StreamReadConnection(settings) as connection:
         assert connection.offsets(stream) == (0, 1_234)
         with pytest.raises(StreamError, match="does not exist"):
@@ -46,3 +53,21 @@ def test_options_are_checked_and_credentials_refused() -> None:
         parse({"stream": "s", "maxRecordsPerBatch": "lots"}, "f", ("stream",))
     with pytest.raises(ConfigurationError, match=r"'password'.*environment"):
         parse({"stream": "s", "password": "hunter2"}, "f", ("stream",))
+
+
+def test_jetstream_sequences_read_as_arrow(nats_server: Any) -> None:
+    settings = Settings(nats_servers=[nats_server.url])
+    stream = f"wire{uuid.uuid4().hex[:8]}"
+    asyncio.run(publish_nats(nats_server.url, stream, bodies(0, 1_500), create=True))
+    assert asyncio.run(stream_state(settings, stream)) == (1, 1_501, (f"{stream}.*",))
+    with pytest.raises(StreamMissing, match="does not exist"):
+        asyncio.run(stream_state(settings, stream + "missing"))
+    parts = [SequenceRange(stream, (f"{stream}.*",), a, b) for a, b in ((1, 700), (700, 1_501))]
+    rows = [row for p in parts for b in read_sequences(settings, p) for row in b.to_pylist()]
+    assert [r["offset"] for r in rows] == list(range(1, 1_501))
+    assert [r["body"] for r in rows] == bodies(0, 1_500)
+    assert rows[0]["key"] == f"{stream}.click" and rows[0]["id"] == "1"
+    one = SequenceRange(stream, (f"{stream}.*",), 5, 6)
+    assert [r["body"] for b in read_sequences(settings, one) for r in b.to_pylist()] == [
+        bodies(4, 5)[0]
+    ]

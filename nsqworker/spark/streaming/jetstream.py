@@ -71,9 +71,10 @@ class NatsSource(DataSource):
         return NatsStreamReader(options, load_settings())
 
 
-async def _connect(settings: Settings) -> Any:
+async def _connect(settings: Settings) -> NatsConnection:
     connection = NatsConnection(settings, name="nsqworker-spark")
-    return await connection.get()
+    await connection.get()
+    return connection
 
 
 async def stream_state(settings: Settings, stream: str) -> tuple[int, int, tuple[str, ...]]:
@@ -81,10 +82,11 @@ async def stream_state(settings: Settings, stream: str) -> tuple[int, int, tuple
     and the subjects the stream stores."""
     from nats.js.errors import NotFoundError
 
-    client = await _connect(settings)
+    connection = await _connect(settings)
     try:
         try:
-            info = await client.jetstream().stream_info(stream)
+            assert connection.js is not None
+            info = await connection.js.stream_info(stream)
         except NotFoundError:
             raise StreamMissing(f"NATS JetStream stream {stream!r} does not exist") from None
         state = info.state
@@ -92,7 +94,7 @@ async def stream_state(settings: Settings, stream: str) -> tuple[int, int, tuple
         first = max(int(state.first_seq), 1) if state.messages else end
         return first, end, tuple(info.config.subjects or ())
     finally:
-        await client.close()
+        await connection.close()
 
 
 class NatsStreamReader(DataSourceStreamReader):
@@ -165,7 +167,7 @@ def read_sequences(settings: Settings, part: SequenceRange) -> Iterator[pa.Recor
 class _RangeReader:
     def __init__(self, settings: Settings, part: SequenceRange) -> None:
         self.settings, self.part = settings, part
-        self.client: Any = None
+        self.connection: NatsConnection | None = None
         self.subscription: Any = None
         self.done = False
         self.first = True
@@ -173,7 +175,8 @@ class _RangeReader:
     async def open(self) -> None:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-        self.client = await _connect(self.settings)
+        self.connection = await _connect(self.settings)
+        assert self.connection.js is not None
         config = ConsumerConfig(
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.part.start,
             ack_policy=AckPolicy.NONE, inactive_threshold=60.0, mem_storage=True,
@@ -182,7 +185,7 @@ class _RangeReader:
         subject = self.part.subjects[0] if len(self.part.subjects) == 1 else ">"
         if len(self.part.subjects) == 1:
             config.filter_subjects = None
-        self.subscription = await self.client.jetstream().pull_subscribe(
+        self.subscription = await self.connection.js.pull_subscribe(
             subject, stream=self.part.stream, config=config
         )
 
@@ -229,5 +232,5 @@ class _RangeReader:
                 await self.subscription.unsubscribe()
             except Exception:
                 pass
-        if self.client is not None:
-            await self.client.close()
+        if self.connection is not None:
+            await self.connection.close()

@@ -1,7 +1,8 @@
-"""A streaming query from a broker source into Parquet with a checkpoint; runs until
-it is killed (the streaming tests kill -9 it mid-batch and start it again).
+"""A streaming query from broker sources (their union) into Parquet with a checkpoint;
+runs until it is killed (the streaming tests kill -9 it mid-batch and start it again).
 
-Usage: stream_query.py FORMAT OPTIONS_JSON OUTPUT CHECKPOINT [connect REMOTE]
+Usage: stream_query.py SOURCES_JSON OUTPUT CHECKPOINT [connect REMOTE]
+where SOURCES_JSON is a list of [format, options].
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from nsqworker.spark.streaming import register
 
 
 def main() -> None:
-    fmt, options, output, checkpoint = sys.argv[1:5]
-    if len(sys.argv) > 6 and sys.argv[5] == "connect":
-        spark = SparkSession.builder.remote(sys.argv[6]).getOrCreate()
+    sources, output, checkpoint = sys.argv[1:4]
+    if len(sys.argv) > 5 and sys.argv[4] == "connect":
+        spark = SparkSession.builder.remote(sys.argv[5]).getOrCreate()
     else:
         spark = (
             SparkSession.builder.master("local[2]")
@@ -26,11 +27,12 @@ def main() -> None:
             .getOrCreate()
         )
     register(spark)
+    frames = [spark.readStream.format(f).options(**o).load() for f, o in json.loads(sources)]
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
     query = (
-        spark.readStream.format(fmt)
-        .options(**json.loads(options))
-        .load()
-        .writeStream.format("parquet")
+        union.writeStream.format("parquet")
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime="200 milliseconds")
         .start(output)
