@@ -71,3 +71,35 @@ def test_jetstream_sequences_read_as_arrow(nats_server: Any) -> None:
     assert [r["body"] for b in read_sequences(settings, one) for r in b.to_pylist()] == [
         bodies(4, 5)[0]
     ]
+
+
+def test_nsq_messages_are_held_until_finished(nsqd: Any) -> None:
+    """The driver's NSQ consumer holds at most maxInFlight messages, FINs only what it is
+    told to, and a closed consumer gives the rest back to nsqd."""
+    from nsqworker.spark.streaming.nsq_held import HeldConsumer
+    from tests.spark.streaming_cases import wait
+
+    topic = f"held{uuid.uuid4().hex[:8]}"
+    nsqd.create_channel(topic, "spark")
+    nsqd.mpublish(topic, bodies(0, 100))
+    settings = Settings(nsqd_tcp_addresses=[nsqd.tcp_address])
+    consumer = HeldConsumer(settings, [nsqd.tcp_address], topic, "spark", hold=40)
+    try:
+        wait(lambda: consumer.received == 40, 10, "40 held")
+        assert fins(nsqd, topic) == 0
+        assert [m.body for m in consumer.messages(0, 40)] == bodies(0, 40)
+        assert consumer.finish(25) == 25
+        wait(lambda: consumer.received == 65, 10, "25 more once 25 were FINed")
+        assert fins(nsqd, topic) == 25
+    finally:
+        consumer.close()
+    wait(
+        lambda: nsqd.depth(topic, "spark") == 75,
+        10,
+        f"the held 40 back in nsqd: {nsqd.channel_stats(topic, 'spark')}",
+    )
+
+
+def fins(nsqd: Any, topic: str) -> int:
+    clients = (nsqd.channel_stats(topic, "spark") or {}).get("clients") or []
+    return sum(c.get("finish_count", 0) for c in clients)

@@ -9,6 +9,7 @@ format                  offsets                      guarantee with a checkpoint
 ======================= ============================ =================================
 ``rabbitmq-stream``     the stream's offsets         exactly once
 ``nats``                JetStream stream sequences   exactly once
+``nsq``                 messages this driver holds   at least once (FIN after the commit)
 ======================= ============================ =================================
 
 Every source yields the same columns (:mod:`nsqworker.spark.streaming.columns`) and
@@ -25,7 +26,7 @@ from nsqworker.spark.streaming.columns import SCHEMA_DDL
 
 __all__ = ["FORMATS", "SCHEMA_DDL", "register"]
 
-FORMATS = ("rabbitmq-stream", "nats")
+FORMATS = ("rabbitmq-stream", "nats", "nsq")
 """The formats :func:`register` adds."""
 
 
@@ -33,7 +34,8 @@ def register(spark: Any) -> None:
     """Register every broker format with ``spark`` (a SparkSession, local or Spark
     Connect): ``spark.readStream.format(name)`` then finds them."""
     from nsqworker.spark.streaming.jetstream import NatsSource
+    from nsqworker.spark.streaming.nsq_source import NsqSource
     from nsqworker.spark.streaming.rabbitmq import RabbitStreamSource
 
-    for source in (RabbitStreamSource, NatsSource):
+    for source in (RabbitStreamSource, NatsSource, NsqSource):
         spark.dataSource.register(source)

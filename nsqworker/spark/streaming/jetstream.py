@@ -25,6 +25,7 @@ from nsqworker.logging import get_logger
 from nsqworker.nats.client import NatsConnection
 from nsqworker.spark.streaming.columns import SCHEMA_DDL, Rows
 from nsqworker.spark.streaming.options import SourceOptions, load_settings
+from nsqworker.spark.streaming.sinks import BrokerStreamWriter
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -69,6 +70,10 @@ class NatsSource(DataSource):
     def streamReader(self, schema: Any) -> NatsStreamReader:
         options = SourceOptions.parse(self.options, FORMAT, ("stream",))
         return NatsStreamReader(options, load_settings())
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> BrokerStreamWriter:
+        """The sink (:mod:`nsqworker.spark.streaming.sinks`)."""
+        return BrokerStreamWriter(FORMAT, self.options, load_settings())
 
 
 async def _connect(settings: Settings) -> NatsConnection:

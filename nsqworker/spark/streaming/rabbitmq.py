@@ -22,6 +22,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from nsqworker.logging import get_logger
 from nsqworker.spark.streaming.columns import SCHEMA_DDL, Rows
 from nsqworker.spark.streaming.options import SourceOptions, load_settings
+from nsqworker.spark.streaming.sinks import BrokerStreamWriter
 from nsqworker.spark.streaming.stream_wire import StreamReadConnection
 from nsqworker.streams import amqp
 from nsqworker.streams.client import check_stream
@@ -79,6 +80,10 @@ class RabbitStreamSource(DataSource):
         options = SourceOptions.parse(self.options, FORMAT, ("stream", "topic"))
         check_stream(options.topic, "stream")
         return RabbitStreamReader(options, load_settings())
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> BrokerStreamWriter:
+        """The sink (:mod:`nsqworker.spark.streaming.sinks`)."""
+        return BrokerStreamWriter(FORMAT, self.options, load_settings())
 
 
 class RabbitStreamReader(DataSourceStreamReader):

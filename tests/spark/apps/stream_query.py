@@ -8,7 +8,9 @@ where SOURCES_JSON is a list of [format, options].
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import time
 
 from pyspark.sql import SparkSession
 
@@ -38,7 +40,15 @@ def main() -> None:
         .start(output)
     )
     print("query started", flush=True)
-    query.awaitTermination()
+    # SIGTERM stops the query (over Spark Connect it runs in the server, past this client)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while query.isActive:
+            time.sleep(0.2)
+        query.awaitTermination()  # raises the error that ended the query
+    finally:
+        query.stop()
+        print("query stopped", flush=True)
 
 
 if __name__ == "__main__":
