@@ -95,8 +95,10 @@ run: venv tools-nsq
 	.venv/bin/python scripts/run-local $(RUN_ARGS)
 
 # The Spark example end to end: nsqd, a worker with the local runner, three batches;
-# then the same with a Spark session in the worker, the job times side by side.
+# then the same with a Spark session in the worker, the job times side by side; then the
+# streaming job (JetStream into Parquet), its rows and rate.
 run-spark: venv tools-nsq
+	@scripts/install-tools nats spark
 	.venv/bin/python -m examples.spark_pipeline.run
 
 clean:

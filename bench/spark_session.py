@@ -173,7 +173,9 @@ async def main_async(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         )  # fmt: skip
         results["local"] = await run_backend(nsqd, settings, *sizes)
     if connect_jar() is None:
-        results["connect"] = "skipped: no Spark Connect jar (scripts/install-tools spark)"
+        results["connect"] = (
+            "skipped: no Spark Connect jar in pyspark's jars/ (pyspark 4.1 ships it)"
+        )
         return results
     server = await asyncio.to_thread(ConnectServer.start, work / "connect-server.log")
     try:

@@ -7,12 +7,16 @@ messages and prints them with the reports read back from Parquet. Then the same
 three days again with the session form (``examples.spark_pipeline.session_tasks``:
 one long-lived SparkSession in the worker), checks that it wrote the same reports,
 and prints each day's job time with spark-submit and with the session side by side.
+Last, the streaming job (``jobs/stream_clicks.py``): the same clicks published to a
+NATS JetStream stream, read by a Structured Streaming query into a Parquet table and
+sessionized per 30-minute window, exactly once; it prints the rows and their rate.
 Everything lands in .run/spark_pipeline/ (worker.log and worker-session.log have the
-workers' and Spark's output).
+workers' and Spark's output, stream.log the streaming job's).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -27,6 +31,7 @@ import pyarrow.parquet as pq
 
 from examples.spark_pipeline.generate import generate, write
 from nsqworker.testing import NsqdProcess, NsqlookupdProcess, find_binary
+from nsqworker.testing.nats import NatsServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / ".run" / "spark_pipeline"
@@ -146,6 +151,49 @@ def same_reports(day: str) -> bool:
     return True
 
 
+def run_stream(inputs: dict[date, Path]) -> bool:
+    """The clicks into a JetStream stream, then the streaming job over them, once."""
+    clicks = [line.encode() for p in inputs.values() for line in p.read_text().splitlines()]
+    with NatsServerProcess(binary=str(ROOT / ".tools" / "bin" / "nats-server")) as server:
+        asyncio.run(_publish_clicks(server.url, clicks))
+        say(f"streaming: {len(clicks)} clicks in the JetStream stream 'clicks' on {server.url}")
+        env = dict(os.environ, NSQWORKER_NATS_SERVERS=server.url, SPARK_LOCAL_IP="127.0.0.1",
+                   PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))  # fmt: skip
+        argv = [sys.executable, str(ROOT / "examples/spark_pipeline/jobs/stream_clicks.py"),
+                "--format", "nats", "--stream", "clicks", "--output", str(RUN / "stream"),
+                "--checkpoint", str(RUN / "stream-checkpoint"), "--available-now"]  # fmt: skip
+        started = time.monotonic()
+        with (RUN / "stream.log").open("wb") as log:
+            done = subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log,
+                                  timeout=TIMEOUT, check=False)  # fmt: skip
+        elapsed = time.monotonic() - started
+    for line in done.stdout.decode().splitlines():
+        print("   " + line)
+    if done.returncode != 0:
+        say(f"the streaming job failed ({done.returncode}); see .run/spark_pipeline/stream.log")
+        return False
+    rows = pq.read_table(RUN / "stream" / "clicks").num_rows
+    sessions = pq.read_table(RUN / "stream" / "sessions").num_rows
+    say(f"streaming: {rows} clicks and {sessions} closed sessions in Parquet, "
+        f"{elapsed:.1f}s with the driver's start")  # fmt: skip
+    return rows == len(clicks)
+
+
+async def _publish_clicks(url: str, clicks: list[bytes]) -> None:
+    import nats
+
+    client = await nats.connect(url)
+    try:
+        js = client.jetstream()
+        await js.add_stream(name="clicks", subjects=["clicks"])
+        for at in range(0, len(clicks), 500):
+            acks = [await js.publish_async("clicks", c) for c in clicks[at : at + 500]]
+            await asyncio.gather(*acks)
+    finally:
+        await client.close()
+
+
 def main() -> int:
     shutil.rmtree(RUN, ignore_errors=True)
     RUN.mkdir(parents=True)
@@ -172,7 +220,8 @@ def main() -> int:
             print(f"   {day}   {a['seconds']:>10}s   {b['seconds']:>6}s   {same_reports(day)}")
         print("   (the session's first day includes starting its driver's JIT; its job")
         print("    times are inside one worker process, spark-submit's include a JVM each)\n")
-        return 0 if all(same_reports(str(r["day"])) for r in submitted) else 1
+        streamed = run_stream(inputs)
+        return 0 if streamed and all(same_reports(str(r["day"])) for r in submitted) else 1
     finally:
         nsqd.stop()
         lookupd.stop()

@@ -1,10 +1,10 @@
 """A local Spark Connect server, for tests, benchmarks and development.
 
 It is pyspark's own ``spark-submit`` running ``SparkConnectServer`` from the
-``spark-connect_2.12`` jar of pyspark's version (``scripts/install-tools spark`` puts
-it in ``.tools/spark``), on the Java :func:`~nsqworker.spark.local.find_java` finds,
-bound to 127.0.0.1 on a free port, in its own process group. It takes 10-20 s to
-listen.
+``spark-connect_2.13`` jar that pyspark 4.1 ships in its ``jars/`` (so the server is
+always the client's version), on the Java :func:`~nsqworker.spark.local.require_java`
+finds, bound to 127.0.0.1 on a free port, in its own process group. It takes 10-20 s
+to listen.
 """
 
 from __future__ import annotations
@@ -18,20 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nsqworker.errors import ConfigurationError
-from nsqworker.spark.local import find_java, spark_home
+from nsqworker.spark.local import require_java, spark_home
 
-__all__ = ["CONNECT_VERSION", "ConnectServer", "connect_jar"]
+__all__ = ["ConnectServer", "connect_jar"]
 
-#: The Spark Connect server version; it must be the installed pyspark's.
-CONNECT_VERSION = "3.5.7"
-_ROOT = Path(__file__).resolve().parents[2]
 _SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
-def connect_jar(root: Path = _ROOT) -> Path | None:
-    """The server jar under ``root/.tools/spark``, or None when it is not installed."""
-    jar = root / ".tools" / "spark" / f"spark-connect_2.12-{CONNECT_VERSION}.jar"
-    return jar if jar.is_file() else None
+def connect_jar() -> Path | None:
+    """The Spark Connect server jar in pyspark's ``jars/``, or None when this pyspark
+    has none (a pyspark older than 4.1, or pyspark-client alone)."""
+    try:
+        jars = spark_home() / "jars"
+    except ConfigurationError:
+        return None
+    found = sorted(jars.glob("spark-connect_2.13-*.jar"))
+    return found[-1] if found else None
 
 
 def _free_port() -> int:
@@ -61,15 +63,16 @@ class ConnectServer:
         ``log_path``. Raises ConfigurationError without Java or the jar."""
         jar = connect_jar()
         if jar is None:
-            raise ConfigurationError("no Spark Connect server jar: run scripts/install-tools spark")
-        java = find_java(os.environ)
-        if java is None:
-            raise ConfigurationError("no Java runtime for the Spark Connect server")
+            raise ConfigurationError(
+                "no Spark Connect server jar in pyspark's jars/: install the spark extra "
+                "(pyspark 4.1 ships it)"
+            )
+        java = require_java(os.environ)
         home = spark_home()
         port = _free_port()
         env = dict(os.environ, JAVA_HOME=java.home, SPARK_HOME=str(home))
         command = [
-            str(home / "bin" / "spark-submit"), "--class", _SERVER_CLASS, "--jars", str(jar),
+            str(home / "bin" / "spark-submit"), "--class", _SERVER_CLASS,
             "--master", master, "--conf", f"spark.connect.grpc.binding.port={port}",
             "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
             "--conf", "spark.driver.bindAddress=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",

@@ -350,7 +350,7 @@ def _installed_spark_version() -> str:
 
         return str(pyspark.__version__)
     except ImportError:
-        return "3.5.7"
+        return "4.1.4"
 
 
 Waiter = asyncio.Future[tuple[JobState, str]]

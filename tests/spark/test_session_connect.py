@@ -27,8 +27,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
     cases.need_java()
     if connect_jar() is None:
         if cases.in_ci():
-            pytest.fail("no Spark Connect server jar under CI=true: scripts/install-tools spark")
-        pytest.skip("no Spark Connect server jar (scripts/install-tools spark)")
+            pytest.fail("no Spark Connect server jar in pyspark's jars/ under CI=true")
+        pytest.skip("no Spark Connect server jar in pyspark's jars/")
     log = tmp_path_factory.mktemp("spark-connect") / "server.log"
     server = ConnectServer.start(log)
     yield server
