@@ -45,9 +45,10 @@ BUILT_ON_NSQ = (
     "nsqworker.testing",  # starts real nsqd for users' tests
 )
 """Modules that are NSQ features by design, not part of the task layer."""
-OPERATOR_TOOLS = ("nsqworker.admin",)
-"""The operator's tools, above the task layer: they read each broker directly (an NSQ
-channel of their own, JetStream messages by sequence, a stream from an offset)."""
+OPERATOR_TOOLS = ("nsqworker.admin", "nsqworker.spark.streaming")
+"""The operator's tools and the Spark streaming sources and sinks, above the task layer:
+they read each broker directly (an NSQ channel of their own, JetStream messages by
+sequence, a stream from an offset)."""
 TASK_POLICY_WORDS = frozenset({
     "max_attempts", "give_up", "dead_letter", "Backoff", "BackoffPhase", "requeue_delay", "Policy",
     "drain_timeout", "backoff_multiplier", "requeue_multiplier", "task_timeout", "DEFERRED",
