@@ -33,12 +33,14 @@ __all__ = [
     "decode_stream_stats",
     "encode_close",
     "encode_credit",
+    "encode_frame",
     "encode_open",
     "encode_peer_properties",
     "encode_query_offset",
     "encode_sasl_authenticate",
     "encode_sasl_handshake",
     "encode_stream_stats",
+    "encode_string",
     "encode_subscribe",
     "encode_tune",
     "encode_unsubscribe",
@@ -101,82 +103,82 @@ class Response:
 # -- encoding ------------------------------------------------------------------------------
 
 
-def _string(value: str) -> bytes:
+def encode_string(value: str) -> bytes:
     data = value.encode()
     if len(data) > 0x7FFF:
         raise ValueError(f"string of {len(data)} bytes is too long for the stream protocol")
     return struct.pack(">h", len(data)) + data
 
 
-def _frame(key: int, body: bytes, version: int = 1) -> bytes:
+def encode_frame(key: int, body: bytes, version: int = 1) -> bytes:
     return struct.pack(">IHH", len(body) + 4, key, version) + body
 
 
 def encode_peer_properties(correlation_id: int, properties: dict[str, str]) -> bytes:
     """PeerProperties (17): the client's name and product."""
     body = struct.pack(">Ii", correlation_id, len(properties))
-    body += b"".join(_string(k) + _string(v) for k, v in properties.items())
-    return _frame(PEER_PROPERTIES, body)
+    body += b"".join(encode_string(k) + encode_string(v) for k, v in properties.items())
+    return encode_frame(PEER_PROPERTIES, body)
 
 
 def encode_sasl_handshake(correlation_id: int) -> bytes:
     """SaslHandshake (18): which mechanisms the server offers."""
-    return _frame(SASL_HANDSHAKE, struct.pack(">I", correlation_id))
+    return encode_frame(SASL_HANDSHAKE, struct.pack(">I", correlation_id))
 
 
 def encode_sasl_authenticate(correlation_id: int, username: str, password: str) -> bytes:
     """SaslAuthenticate (19) with PLAIN: ``\\0user\\0password``."""
     opaque = b"\0" + username.encode() + b"\0" + password.encode()
-    body = struct.pack(">I", correlation_id) + _string("PLAIN")
-    return _frame(SASL_AUTHENTICATE, body + struct.pack(">i", len(opaque)) + opaque)
+    body = struct.pack(">I", correlation_id) + encode_string("PLAIN")
+    return encode_frame(SASL_AUTHENTICATE, body + struct.pack(">i", len(opaque)) + opaque)
 
 
 def encode_tune(frame_max: int, heartbeat: int) -> bytes:
     """Tune (20), the client's answer to the server's."""
-    return _frame(TUNE, struct.pack(">II", frame_max, heartbeat))
+    return encode_frame(TUNE, struct.pack(">II", frame_max, heartbeat))
 
 
 def encode_open(correlation_id: int, vhost: str) -> bytes:
     """Open (21) the virtual host."""
-    return _frame(OPEN, struct.pack(">I", correlation_id) + _string(vhost))
+    return encode_frame(OPEN, struct.pack(">I", correlation_id) + encode_string(vhost))
 
 
 def encode_close(correlation_id: int, code: int = OK, reason: str = "done") -> bytes:
     """Close (22) the connection."""
-    return _frame(CLOSE, struct.pack(">IH", correlation_id, code) + _string(reason))
+    return encode_frame(CLOSE, struct.pack(">IH", correlation_id, code) + encode_string(reason))
 
 
 def encode_query_offset(correlation_id: int, reference: str, stream: str) -> bytes:
     """QueryOffset (11): the offset stored under ``reference`` (a consumer's name)."""
-    return _frame(QUERY_OFFSET, struct.pack(">I", correlation_id) + _string(reference)
-                  + _string(stream))  # fmt: skip
+    return encode_frame(QUERY_OFFSET, struct.pack(">I", correlation_id) + encode_string(reference)
+                  + encode_string(stream))  # fmt: skip
 
 
 def encode_stream_stats(correlation_id: int, stream: str) -> bytes:
     """StreamStats (28) of ``stream``."""
-    return _frame(STREAM_STATS, struct.pack(">I", correlation_id) + _string(stream))
+    return encode_frame(STREAM_STATS, struct.pack(">I", correlation_id) + encode_string(stream))
 
 
 def encode_subscribe(correlation_id: int, subscription_id: int, stream: str,
                      offset_type: int, offset: int, credit: int) -> bytes:  # fmt: skip
     """Subscribe (7) from ``offset_type`` (:data:`OFFSET_TYPE_LAST`: the last chunk;
     :data:`OFFSET_TYPE_OFFSET`: the chunk of ``offset``) with ``credit`` chunks."""
-    body = struct.pack(">IB", correlation_id, subscription_id) + _string(stream)
+    body = struct.pack(">IB", correlation_id, subscription_id) + encode_string(stream)
     body += struct.pack(">H", offset_type)
     if offset_type == OFFSET_TYPE_OFFSET:  # first, last and next carry no offset
         body += struct.pack(">Q", offset)
     body += struct.pack(">Hi", credit, 0)
-    return _frame(SUBSCRIBE, body)
+    return encode_frame(SUBSCRIBE, body)
 
 
 def encode_credit(subscription_id: int, credit: int) -> bytes:
     """Credit (9): ``credit`` more chunks for the subscription."""
-    return _frame(CREDIT, struct.pack(">BH", subscription_id, credit))
+    return encode_frame(CREDIT, struct.pack(">BH", subscription_id, credit))
 
 
 def encode_unsubscribe(correlation_id: int, subscription_id: int) -> bytes:
     """Unsubscribe (12)."""
-    return _frame(UNSUBSCRIBE, struct.pack(">IB", correlation_id, subscription_id))
+    return encode_frame(UNSUBSCRIBE, struct.pack(">IB", correlation_id, subscription_id))
 
 
 # -- decoding ------------------------------------------------------------------------------

@@ -22,7 +22,58 @@ from typing import Final, NamedTuple
 
 from nsqworker.errors import NSQWorkerError, RemoteProtocolError
 from nsqworker.streams.amqp import Decoded
-from nsqworker.streams.stats import _frame, _string
+
+# The keys and codes shared with stats.py, re-exported for the reading side.
+from nsqworker.streams.stats import (
+    CLOSE as CLOSE,
+)
+from nsqworker.streams.stats import (
+    CREDIT as CREDIT,
+)
+from nsqworker.streams.stats import (
+    DELIVER as DELIVER,
+)
+from nsqworker.streams.stats import (
+    HEARTBEAT as HEARTBEAT,
+)
+from nsqworker.streams.stats import (
+    NO_OFFSET as NO_OFFSET,
+)
+from nsqworker.streams.stats import (
+    OK as OK,
+)
+from nsqworker.streams.stats import (
+    OPEN as OPEN,
+)
+from nsqworker.streams.stats import (
+    PEER_PROPERTIES as PEER_PROPERTIES,
+)
+from nsqworker.streams.stats import (
+    QUERY_OFFSET as QUERY_OFFSET,
+)
+from nsqworker.streams.stats import (
+    RESPONSE_BIT,
+)
+from nsqworker.streams.stats import (
+    SASL_AUTHENTICATE as SASL_AUTHENTICATE,
+)
+from nsqworker.streams.stats import (
+    SASL_HANDSHAKE as SASL_HANDSHAKE,
+)
+from nsqworker.streams.stats import (
+    STREAM_DOES_NOT_EXIST as STREAM_DOES_NOT_EXIST,
+)
+from nsqworker.streams.stats import (
+    SUBSCRIBE as SUBSCRIBE,
+)
+from nsqworker.streams.stats import (
+    TUNE as TUNE,
+)
+from nsqworker.streams.stats import (
+    UNSUBSCRIBE as UNSUBSCRIBE,
+)
+from nsqworker.streams.stats import encode_frame as _frame
+from nsqworker.streams.stats import encode_string as _string
 
 __all__ = [
     "MAX_FRAME",
@@ -32,29 +83,13 @@ __all__ = [
     "parse_chunk",
 ]
 
-# Keys (the high bit marks a response).
-PEER_PROPERTIES: Final = 17
-SASL_HANDSHAKE: Final = 18
-SASL_AUTHENTICATE: Final = 19
-TUNE: Final = 20
-OPEN: Final = 21
-CLOSE: Final = 22
-HEARTBEAT: Final = 23
+# Keys and codes beyond those shared with stats.py.
+RESPONSE: Final = RESPONSE_BIT  # the high bit of a key marks a response
 METADATA: Final = 15
 METADATA_UPDATE: Final = 16
-SUBSCRIBE: Final = 7
-DELIVER: Final = 8
-CREDIT: Final = 9
 STORE_OFFSET: Final = 10
-QUERY_OFFSET: Final = 11
-UNSUBSCRIBE: Final = 12
 CONSUMER_UPDATE: Final = 26
-RESPONSE: Final = 0x8000
-
-OK: Final = 1
-NO_OFFSET: Final = 19
 STREAM_NOT_AVAILABLE: Final = 6
-STREAM_DOES_NOT_EXIST: Final = 2
 
 FIRST: Final = 1
 NEXT: Final = 3
