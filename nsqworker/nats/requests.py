@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from nsqworker.errors import ConfigurationError
 from nsqworker.message import Message
 from nsqworker.nats.jetstream import check_channel, check_subject
-from nsqworker.transport import Flow, Receiver, SubscriptionStats, Timer
+from nsqworker.subscription_kit import NoDeliveryDeadline, SubscriptionKit
+from nsqworker.transport import Flow, Receiver, SubscriptionStats
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -45,7 +46,7 @@ class NatsRequest(Message):
         self.respond = respond
 
 
-class NatsRequestSubscription:
+class NatsRequestSubscription(SubscriptionKit, NoDeliveryDeadline):
     """Requests to ``topic`` (a subject), one of the queue group ``channel`` each."""
 
     def __init__(
@@ -129,20 +130,6 @@ class NatsRequestSubscription:
         """True while in the queue group and connected."""
         return self._sub is not None and self.connection.connected
 
-    @property
-    def ready(self) -> bool:
-        """Connected and serving."""
-        return self.subscribed and not self._stopping
-
-    def clock(self) -> float:
-        """Monotonic seconds: the clock of ``received_at``."""
-        return _monotonic()
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
-        """``callback`` after ``delay`` seconds, on the loop."""
-        loop = self._loop or asyncio.get_running_loop()
-        return loop.call_later(delay, callback)
-
     def set_flow(self, flow: Flow, window: int) -> None:
         """Noted only: core NATS has no flow control; requests over the window wait in
         the dispatcher, and a caller that waits too long times out."""
@@ -183,22 +170,6 @@ class NatsRequestSubscription:
     def reject(self, msg: Message) -> None:
         """Nothing to send (its dead letter, if any, is written by the task layer)."""
         self.in_flight -= 1
-
-    def keep_alive(self, msg: Message) -> None:
-        """Nothing: a request has no deadline on the server."""
-
-    def keep_alive_interval(self, msg: Message) -> float | None:
-        """None: nothing to keep alive."""
-        return None
-
-    def max_hold(self, msg: Message) -> float | None:
-        """None: no limit on the server's side (the caller's timeout is the limit)."""
-        return None
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # --- stats -----------------------------------------------------------------
 

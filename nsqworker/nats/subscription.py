@@ -40,7 +40,8 @@ from nsqworker.nats.jetstream import (
 )
 from nsqworker.nats.wire import Wire, open_wire
 from nsqworker.reconnect import reconnect_delay
-from nsqworker.transport import Flow, Receiver, SubscriptionStats, Timer
+from nsqworker.subscription_kit import SubscriptionKit
+from nsqworker.transport import Flow, Receiver, SubscriptionStats
 
 if TYPE_CHECKING:
     from nsqworker.nats.client import NatsConnection
@@ -64,7 +65,7 @@ are checked with the server before the consumer is created again."""
 _monotonic = time.monotonic
 
 
-class NatsSubscription:
+class NatsSubscription(SubscriptionKit):
     """``topic`` (a subject) read by the durable consumer ``channel``; see the module."""
 
     def __init__(
@@ -265,20 +266,6 @@ class NatsSubscription:
         """True while bound to the consumer and connected."""
         wire = self._wire
         return self._bound and wire is not None and wire.open and (self._subbed or self._stopping)
-
-    @property
-    def ready(self) -> bool:
-        """Connected and bound to the channel's consumer."""
-        return self.subscribed and not self._stopping
-
-    def clock(self) -> float:
-        """Monotonic seconds: the clock of ``received_at``."""
-        return _monotonic()
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
-        """``callback`` after ``delay`` seconds, on the loop."""
-        loop = self._loop or asyncio.get_running_loop()
-        return loop.call_later(delay, callback)
 
     # --- flow ------------------------------------------------------------------
 
@@ -536,11 +523,6 @@ class NatsSubscription:
             self.requested = 0
             self._heard = _monotonic()
             self._pull()
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # --- stats -----------------------------------------------------------------
 

@@ -48,7 +48,8 @@ from nsqworker.streams.retries import (
     retry_stream,
     retry_streams,
 )
-from nsqworker.transport import Flow, Receiver, SubscriptionStats, Timer
+from nsqworker.subscription_kit import NoDeliveryDeadline, SubscriptionKit
+from nsqworker.transport import Flow, Receiver, SubscriptionStats
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -72,7 +73,7 @@ chunk is started): what a full window holds back beyond itself."""
 _monotonic = time.monotonic
 
 
-class StreamSubscription(Intake):
+class StreamSubscription(Intake, SubscriptionKit, NoDeliveryDeadline):
     """``topic`` read by the consumer ``channel``; see the module docstring."""
 
     def __init__(
@@ -339,19 +340,6 @@ class StreamSubscription(Intake):
         """True while every reader is subscribed."""
         return self._subscribed and self._session is not None
 
-    @property
-    def ready(self) -> bool:
-        """Subscribed (as the active consumer or a standby one) and not stopping."""
-        return self.subscribed and not self._stopping
-
-    def clock(self) -> float:
-        """Monotonic seconds: the clock of ``received_at``."""
-        return _monotonic()
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
-        """``callback`` after ``delay`` seconds, on the loop."""
-        return (self._loop or asyncio.get_running_loop()).call_later(delay, callback)
-
     # --- flow ------------------------------------------------------------------
 
     def set_flow(self, flow: Flow, window: int) -> None:
@@ -414,17 +402,6 @@ class StreamSubscription(Intake):
         finally:
             self._retrying -= 1
 
-    def keep_alive(self, msg: Message) -> None:
-        """Nothing to extend: a stream has no delivery deadline."""
-
-    def keep_alive_interval(self, msg: Message) -> float | None:
-        """None: no keep-alive needed."""
-        return None
-
-    def max_hold(self, msg: Message) -> float | None:
-        """None: a message may be held as long as it runs."""
-        return None
-
     # --- offsets -----------------------------------------------------------------
 
     async def _store(self, reader: Reader) -> None:
@@ -449,11 +426,6 @@ class StreamSubscription(Intake):
             await asyncio.sleep(STORE_EVERY)
             for reader in self.readers:
                 await self._store(reader)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # --- stats -----------------------------------------------------------------
 

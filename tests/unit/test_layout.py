@@ -27,6 +27,7 @@ TRANSPORT_MAY_IMPORT = (
     "nsqworker.producing",
     # the kit every transport shares
     "nsqworker.reconnect",
+    "nsqworker.subscription_kit",
 )
 """What a transport may import besides its own package."""
 TRANSPORTS = ("nsqworker.nsq", "nsqworker.memory", "nsqworker.nats", "nsqworker.streams")
