@@ -74,7 +74,7 @@ class Intake:
     _holds: Holds
 
     def _spawn(self, coro: Any) -> None:
-        raise NotImplementedError
+        raise NotImplementedError  # the owner's (SubscriptionKit's), ahead in its bases
 
     async def _wait_for_room(self, started: bool = False) -> None:
         while self.in_flight >= (self._mid_limit if started else self._limit):

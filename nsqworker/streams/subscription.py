@@ -73,7 +73,7 @@ chunk is started): what a full window holds back beyond itself."""
 _monotonic = time.monotonic
 
 
-class StreamSubscription(Intake, SubscriptionKit, NoDeliveryDeadline):
+class StreamSubscription(SubscriptionKit, NoDeliveryDeadline, Intake):
     """``topic`` read by the consumer ``channel``; see the module docstring."""
 
     def __init__(
