@@ -193,7 +193,9 @@ async def test_the_summary_shows_a_known_handler_time(
         await wait_until(lambda: len(seen) == 20, 20)
     [summary] = [line for line in lines() if line["event"] == "summary"]  # the last window
     assert summary["finished"] == 20
-    assert 100 <= summary["p50_ms"] < 150, summary  # a sleep of 100 ms takes at least that
+    # About 100 ms: uvloop's timers count whole milliseconds and may end a sleep a
+    # fraction of one early, and p50 is interpolated in a bucket a few percent wide
+    assert 95 <= summary["p50_ms"] < 150, summary
     assert summary["p50_ms"] <= summary["p99_ms"] < 200, summary
 
 
