@@ -57,6 +57,8 @@ PROGRESS_EVERY = 60.0  # seconds between progress lines
 # about 2 s: with 1% failing it keeps up with some 50 a second, not 100
 # (docs/rabbitmq-streams.md, "Consumer backoff on one active consumer").
 DEFAULT_RATE = {"nsq": "100", "nats": "100", "rabbitmq-stream": "30"}
+# Said after "on the 2-core development machine" in the doc, e.g. what else ran.
+SOAK_NOTE = os.environ.get("SOAK_NOTE", "")
 REBOOT = 20.0  # seconds after a worker kill left out of the memory windows
 MEMORY_CHECK_MINUTES = 5.0  # shorter runs are too short to tell a leak from a warm-up
 # A backlog that no connection may receive for longer than the longest backoff pause
@@ -106,6 +108,8 @@ class Sample:
     supervisor_rss: int
     supervisor_fds: int
     children: int
+    load: float = 0.0
+    """The machine's 1-minute load average: how quiet the run was."""
 
 
 @dataclass
@@ -124,6 +128,11 @@ class Run:
     """The longest stretch the broker showed a backlog no connection could receive."""
     samples: list[Sample] = field(default_factory=list)
     events: list[tuple[float, str]] = field(default_factory=list)
+
+
+def _load_text(samples: list[Sample]) -> str:
+    loads = [s.load for s in samples]
+    return f"{sum(loads) / len(loads):.2f} / {max(loads):.2f}" if loads else "n/a"
 
 
 def rss_and_fds(pid: int) -> tuple[int, int]:
@@ -327,6 +336,7 @@ class Soak:
                 sup[0],
                 sup[1],
                 len(children),
+                os.getloadavg()[0],
             )
         )
 
@@ -399,6 +409,7 @@ class Soak:
             "publish batches refused (broker restarting)": run.publish_failures,
             "backoff stalls reported": self.stalls,
             "longest backlog with every connection at RDY 0 (s)": round(run.stalled_for, 1),
+            "machine load average, 1 min (mean / max; 2 cores)": _load_text(run.samples),
         }
         if long_enough:
             figures |= {
@@ -430,7 +441,7 @@ class Soak:
             begin,
             f"Run of {when}, `SOAK_MINUTES={self.run.minutes:g} TRANSPORT={self.run.transport}`, "
             f"{self.run.rate} messages/s, {self.brokers.setup}, "
-            f"{WORKERS} worker processes, on the 2-core development machine.",
+            f"{WORKERS} worker processes, on the 2-core development machine{SOAK_NOTE}.",
             "",
             "| figure | value |",
             "|---|---|",
