@@ -10,7 +10,7 @@ same data) every few minutes, and now and then a worker process is killed with S
 At the end the script checks that every published message was handled at least once,
 that nothing was dead-lettered (max_attempts=10), that consumption never stalled (no
 backoff stall reported by the workers; on NSQ, no stretch longer than the longest
-backoff with a backlog and every connection at RDY 0), and, for runs of 5 minutes or
+backoff with a backlog, every connection at RDY 0 and nothing handled), and, for runs of 5 minutes or
 more, that resident memory and open file descriptors stayed flat: the mean of the last
 window within 10% of the first window after warm-up (windows of 10 minutes, or a third of
 the run when it is shorter). Unless SOAK_DOC=0 it writes the figures into
@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reliability.md"
 WARMUP = 60.0  # seconds before the first memory window
 SAMPLE_EVERY = 5.0
+STALL_LOOK_EVERY = 1.0
 PROGRESS_EVERY = 60.0  # seconds between progress lines
 # Messages a second by default. A RabbitMQ stream channel has one active consumer (the
 # other process stands by), and under default consumer backoff each failure pauses it
@@ -59,6 +60,7 @@ PROGRESS_EVERY = 60.0  # seconds between progress lines
 DEFAULT_RATE = {"nsq": "100", "nats": "100", "rabbitmq-stream": "30"}
 # Said after "on the 2-core development machine" in the doc, e.g. what else ran.
 SOAK_NOTE = os.environ.get("SOAK_NOTE", "")
+STALL_NOTE = 15.0  # seconds of a stall before a progress line says so
 REBOOT = 20.0  # seconds after a worker kill left out of the memory windows
 MEMORY_CHECK_MINUTES = 5.0  # shorter runs are too short to tell a leak from a warm-up
 # A backlog that no connection may receive for longer than the longest backoff pause
@@ -125,9 +127,17 @@ class Run:
     broker_restarts: int = 0
     worker_kills: int = 0
     stalled_for: float = 0.0
+    stalled_at: float = 0.0
+    """When (seconds into the run) that longest stretch began."""
     """The longest stretch the broker showed a backlog no connection could receive."""
     samples: list[Sample] = field(default_factory=list)
     events: list[tuple[float, str]] = field(default_factory=list)
+
+
+def _stall_text(run: Run) -> str:
+    if not run.stalled_for:
+        return "0"
+    return f"{run.stalled_for:.1f} (from {run.stalled_at:.0f} s into the run)"
 
 
 def _load_text(samples: list[Sample]) -> str:
@@ -166,7 +176,8 @@ class Soak:
         self.lock = threading.Lock()
         self.down: set[int] = set()  # nsqd being restarted: publish elsewhere
         self.start = time.monotonic()
-        self.stalled_since = 0.0
+        self.stalled_since: float | None = None
+        self.last_handled = -1
         self.stalls = 0
 
     def now(self) -> float:
@@ -200,11 +211,12 @@ class Soak:
             self.stalls = stalls_reported(self.health)
             self.stop_worker()
         status = self.report(complete)
-        if status:  # keep the workers' log past the run's temporary directory
+        if status or os.environ.get("SOAK_KEEP_LOG"):  # past the temporary directory
             kept = Path(tempfile.gettempdir()) / f"nsqworker-soak-{self.run.transport}-worker.log"
             with contextlib.suppress(OSError):
                 kept.write_bytes((self.workdir / "worker.log").read_bytes())
-                print(f"a check failed; the workers' log is in {kept}", file=sys.stderr)
+                why = "a check failed" if status else "SOAK_KEEP_LOG"
+                print(f"{why}; the workers' log is in {kept}", file=sys.stderr)
         return status
 
     def start_worker(self) -> subprocess.Popen[bytes]:
@@ -280,9 +292,13 @@ class Soak:
         restart_every = max(20.0, min(180.0, duration / 9))  # 3 min in a 30 min run
         kill_every = max(45.0, min(300.0, duration / 4))
         next_restart, next_kill, next_sample = restart_every, kill_every, 0.0
+        next_look = 0.0
         next_progress = PROGRESS_EVERY
         which = 0
         while self.now() < duration:
+            if self.now() >= next_look:
+                self.look_for_a_stall()
+                next_look += STALL_LOOK_EVERY
             if self.now() >= next_sample:
                 self.sample()
                 next_sample += SAMPLE_EVERY
@@ -319,12 +335,36 @@ class Soak:
             self.run.worker_kills += 1
             self.note(f"worker process {victim} killed with SIGKILL")
 
-    def sample(self) -> None:
-        if self.brokers.stalled():
-            self.stalled_since = self.stalled_since or self.now()
-            self.run.stalled_for = max(self.run.stalled_for, self.now() - self.stalled_since)
+    def look_for_a_stall(self) -> None:
+        """Every second: a stall is a backlog at the broker, every connection at RDY 0 and
+        nothing handled since the last look. Under 1% failures each worker pauses about
+        2 s after every failure and is at RDY 0 most of the time while it keeps up, so RDY
+        0 alone, looked at now and then, would find long "stalls" that handled hundreds of
+        messages."""
+        handled = self.handled_bytes()
+        progress, self.last_handled = handled != self.last_handled, handled
+        if self.brokers.stalled() and not progress:
+            if self.stalled_since is None:
+                self.stalled_since = self.now() - STALL_LOOK_EVERY
+            stalled_for = self.now() - self.stalled_since
+            if stalled_for >= STALL_NOTE > self.run.stalled_for:
+                self.note(
+                    f"nothing handled since {self.stalled_since:.0f} s, a backlog and every "
+                    f"connection at RDY 0: {getattr(self.brokers, 'detail', '')}"
+                )
+            if stalled_for > self.run.stalled_for:
+                self.run.stalled_for = stalled_for
+                self.run.stalled_at = self.stalled_since
         else:
-            self.stalled_since = 0.0
+            self.stalled_since = None
+
+    def handled_bytes(self) -> int:
+        try:
+            return self.handled_file.stat().st_size
+        except OSError:
+            return 0
+
+    def sample(self) -> None:
         children = self.worker_pids()
         measured = [rss_and_fds(pid) for pid in children]
         sup = rss_and_fds(self.supervisor.pid)
@@ -408,7 +448,9 @@ class Soak:
             "worker processes killed (SIGKILL)": run.worker_kills,
             "publish batches refused (broker restarting)": run.publish_failures,
             "backoff stalls reported": self.stalls,
-            "longest backlog with every connection at RDY 0 (s)": round(run.stalled_for, 1),
+            "longest stretch with a backlog, every connection at RDY 0, nothing handled (s)": _stall_text(
+                run
+            ),
             "machine load average, 1 min (mean / max; 2 cores)": _load_text(run.samples),
         }
         if long_enough:

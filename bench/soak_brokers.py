@@ -86,12 +86,16 @@ class NsqBrokers:
     def stalled(self) -> bool:
         depth = 0
         channels = []
-        for nsqd in self.nsqds:
+        detail = []
+        for i, nsqd in enumerate(self.nsqds):
             with contextlib.suppress(Exception):
                 for topic in nsqd.stats(TOPIC, CHANNEL)["topics"]:
                     for channel in topic.get("channels") or ():
                         depth += int(channel.get("depth") or 0)
                         channels.append(channel)
+                        rdy = [int(c.get("ready_count") or 0) for c in channel.get("clients") or ()]
+                        detail.append(f"nsqd {i + 1}: depth {channel.get('depth')}, RDY {rdy}")
+        self.detail = "; ".join(detail)
         clients = [c for ch in channels for c in ch.get("clients") or ()]
         idle = all(int(c.get("ready_count") or 0) == 0 for c in clients)
         in_flight = sum(int(ch.get("in_flight_count") or 0) for ch in channels)

@@ -4,7 +4,8 @@ The short form runs ``python -m bench.soak`` (what ``make soak`` runs) for 60 s 
 real broker, the three at once: ``nsqworker run`` with default settings, 2 worker processes, 5% of handler
 calls raising ``Retry``, a broker restart every 20 s and a worker process killed with
 SIGKILL; every message must be handled, no backoff stall reported, and (on NSQ) no
-backlog left with every connection at RDY 0 for longer than the longest backoff. The
+stretch longer than the longest backoff with a backlog, every connection at RDY 0 and
+nothing handled. The
 long form runs on the memory transport, whose virtual clock jumps over every pause: 30
 minutes of traffic in seconds, with a worker drained and replaced twice. The 5- and
 30-minute forms on real brokers stay in ``make soak`` (docs/reliability.md).
