@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from nsqworker.dispatch import Callback, Dispatcher, GiveUpHook, Policy
+from nsqworker.dispatch import Callback, Dispatcher, Policy, RejectHook
 from nsqworker.transport import Subscription, Transport, create_transport
 
 if TYPE_CHECKING:
@@ -44,7 +44,8 @@ class Consumer(Dispatcher):
     """A dispatcher over a new subscription of the settings' transport: consume
     ``topic`` on ``channel`` with ``callback`` (no task, no telemetry; tests, tools).
 
-    Options left None take the ``settings`` defaults.
+    Options left None take the ``settings`` defaults. ``on_reject(msg, reason)`` runs
+    before each reject (``on_give_up`` is its deprecated old name).
     """
 
     def __init__(
@@ -57,8 +58,9 @@ class Consumer(Dispatcher):
         max_in_flight: int | None = None,
         max_attempts: int | None = None,
         requeue_delay: float | None = None,
-        on_give_up: GiveUpHook | None = None,
+        on_reject: RejectHook | None = None,
         name: str | None = None,
+        on_give_up: RejectHook | None = None,
     ) -> None:
         policy = Policy.from_settings(
             settings,
@@ -75,7 +77,7 @@ class Consumer(Dispatcher):
             callback,
             policy,
             capabilities=self.transport.capabilities,
-            on_give_up=on_give_up,
+            on_reject=on_reject if on_reject is not None else on_give_up,
             name=name,
         )
 

@@ -5,9 +5,10 @@ A :class:`Dispatcher` receives deliveries from its transport's
 
 * handlers running at once never exceed ``max_in_flight`` (a second fence behind the
   transport's flow control; the excess waits in order);
-* a delivery past ``max_attempts`` (unhandled) or a failed last attempt goes to give-up;
-* outcomes become ``ack``, ``retry`` after the policy's delay, or give-up then
-  ``reject``; a give-up hook that fails turns into a retry, never a loss;
+* a delivery past ``max_attempts`` (unhandled) or a failed last attempt is rejected;
+* outcomes become the subscription's ``finish``, ``retry`` after the policy's delay, or
+  ``reject`` after the reject hook (the dead-letter chain); a reject hook that fails
+  turns into a retry, never a loss;
 * consumer backoff: failures pause the subscription's flow, then probe it;
 * keep-alive of long handlers, within the transport's longest hold;
 * drain: pause, hand back what has not started, let running handlers finish within the
@@ -15,7 +16,7 @@ A :class:`Dispatcher` receives deliveries from its transport's
 
 Hot path: a delivery goes from the transport's read callback straight into the
 callback. A coroutine callback is started eagerly in its own contextvars Context; if it
-finishes without suspending, its ack is written in the same read burst and no Task is
+finishes without suspending, its finish is written in the same read burst and no Task is
 ever made. Only coroutines that suspend become Tasks, and only those (plus callbacks
 that answer later, like the sync thread pool) are tracked for keep-alive and drain.
 """
@@ -34,7 +35,7 @@ from typing import Any, Final
 
 from nsqworker.backoff import Alarm, Backoff, Phase
 from nsqworker.eager import finish_in_task
-from nsqworker.message import FINISH, Finish, GiveUp, Message, Outcome, Requeue, Undecodable
+from nsqworker.message import FINISH, Finish, Message, Outcome, Reject, Retry, Undecodable
 from nsqworker.policy import Policy, requeue_delay
 from nsqworker.slow import SlowWatch
 from nsqworker.stats import DispatchStats
@@ -46,14 +47,15 @@ __all__ = [
     "Callback",
     "DispatchStats",
     "Dispatcher",
-    "GiveUpHook",
     "Policy",
+    "RejectHook",
 ]
 
 log = logging.getLogger("nsqworker.dispatch")
 
 Callback = Callable[[Message], "Outcome | Awaitable[Outcome | None] | None"]
-GiveUpHook = Callable[[Message, str], "Awaitable[None] | None"]
+RejectHook = Callable[[Message, str], "Awaitable[None] | None"]
+"""``hook(msg, reason)`` before a reject (the dead-letter chain); raising turns it into a retry."""
 
 KEEP_ALIVE_SWEEP = 0.25
 """Seconds between looks for running messages that need a keep-alive."""
@@ -69,10 +71,10 @@ class _Deferred:
 #: Returned by a callback that will call :meth:`Dispatcher.complete` later (on the loop).
 DEFERRED: Final = _Deferred()
 MAX_ATTEMPTS_REASON = "max attempts exceeded"
-_FAILED = Requeue(None, backoff=True)
-_DRAIN_REQUEUE = Requeue(0.0, backoff=False)
+_FAILED = Retry(None)
+_DRAIN_RETRY = Retry(0.0, backoff=False)
 _CoroutineType = types.CoroutineType
-_OUTCOMES = (Finish, Requeue, GiveUp)
+_OUTCOMES = (Finish, Retry, Reject)
 _PENDING: Final = object()  # the callback's outcome arrives later
 _copy_context = contextvars.copy_context
 
@@ -82,11 +84,11 @@ class Dispatcher:
 
     ``callback(msg)`` returns an :data:`~nsqworker.message.Outcome`, None when it
     answered the message itself, an awaitable of either, or :data:`DEFERRED` when it
-    will call :meth:`complete`. ``on_give_up(msg, reason)`` runs for messages past
-    ``max_attempts`` and for ``GiveUp`` outcomes, before the reject; if it raises, the
-    message is retried instead, never lost. ``capabilities``: the transport's (the
-    longest retry delay, whether keep-alives exist); ``slow``: the task's slow-handler
-    watch, told on each keep-alive sweep (None: no watch).
+    will call :meth:`complete`. ``on_reject(msg, reason)`` runs for messages past
+    ``max_attempts`` and for ``Reject`` outcomes, before the subscription's reject; if
+    it raises, the message is retried instead, never lost. ``capabilities``: the
+    transport's (the longest retry delay, whether keep-alives exist); ``slow``: the
+    task's slow-handler watch, told on each keep-alive sweep (None: no watch).
     """
 
     def __init__(
@@ -96,7 +98,7 @@ class Dispatcher:
         policy: Policy,
         *,
         capabilities: Capabilities,
-        on_give_up: GiveUpHook | None = None,
+        on_reject: RejectHook | None = None,
         name: str | None = None,
         slow: SlowWatch | None = None,
     ) -> None:
@@ -108,11 +110,11 @@ class Dispatcher:
         self.max_in_flight = policy.max_in_flight
         self.max_attempts = policy.max_attempts
         self._callback = callback
-        self._on_give_up = on_give_up
+        self._on_reject = on_reject
         self._max_retry_delay = capabilities.max_retry_delay
         self._keep_alive = capabilities.keep_alive
         self._slow = slow
-        self._ack = subscription.ack
+        self._finish = subscription.finish
         self._clock = subscription.clock
         self._backoff = Backoff(policy.backoff_multiplier, policy.max_backoff_duration)
         self._alarm = Alarm(subscription.call_later, self._clock, self._on_timer)
@@ -121,8 +123,8 @@ class Dispatcher:
         self._backlog: deque[Message] = deque()
         self._in_flight = 0
         self._running = 0
-        self.finished = self.requeued = self.given_up = 0
-        # True while an ack needs no bookkeeping beyond counters (see _set_flow).
+        self.finished = self.retried = self.rejected = 0
+        # True while a finish needs no bookkeeping beyond counters (see _set_flow).
         self._plain = True
         self._stopping = False
         self._started = False
@@ -167,7 +169,7 @@ class Dispatcher:
         await self.subscription.stop()
         # 2. Messages waiting for a handler slot have not started: give them back now.
         while self._backlog:
-            self._settle_now(self._backlog.popleft(), _DRAIN_REQUEUE)
+            self._settle_now(self._backlog.popleft(), _DRAIN_RETRY)
         # 3. Let running handlers finish; the sweeper keeps them alive.
         if self._in_flight > 0 and timeout > 0:
             self._drained.clear()
@@ -178,14 +180,14 @@ class Dispatcher:
         if self._sweeper is not None:
             self._sweeper.cancel()
         # 4. Retry what did not finish; cancel what can be cancelled and let the
-        # cancellations (and give-up hooks turned into retries) settle before closing.
+        # cancellations (and reject hooks turned into retries) settle before closing.
         for msg in list(self._deferred):  # in a thread: cannot be cancelled, only answered
             if not msg.answered:
-                self._settle_now(msg, _DRAIN_REQUEUE)
+                self._settle_now(msg, _DRAIN_RETRY)
         unfinished = list(self._tasks.items())
         for msg, future in unfinished:
             if not msg.answered:
-                self._settle_now(msg, _DRAIN_REQUEUE)
+                self._settle_now(msg, _DRAIN_RETRY)
             future.cancel()
         if unfinished:
             await asyncio.wait([f for _, f in unfinished], timeout=1.0)
@@ -200,8 +202,8 @@ class Dispatcher:
 
     @property
     def received(self) -> int:
-        """Deliveries so far: each is settled (finished, requeued, given up) or in flight."""
-        return self.finished + self.requeued + self.given_up + self._in_flight
+        """Deliveries so far: each is settled (finished, retried, rejected) or in flight."""
+        return self.finished + self.retried + self.rejected + self._in_flight
 
     @property
     def subscribed(self) -> bool:
@@ -318,7 +320,7 @@ class Dispatcher:
 
     def deliver(self, msg: Message) -> bool:
         """A delivery from the subscription (on the loop, in its read path). True: the
-        handler finished it inline and the transport acks it now (the common case, with
+        handler finished it inline and the transport finishes it now (the common case, with
         nothing else to decide: no call back into the transport on the hot path)."""
         self._in_flight += 1
         if (
@@ -356,14 +358,14 @@ class Dispatcher:
     def _admit(self, msg: Message) -> None:
         """The rare arrivals: undecodable, while stopping, past max_attempts, or over
         the fence."""
-        if isinstance(msg, Undecodable):  # never a handler's; given up even while stopping
+        if isinstance(msg, Undecodable):  # never a handler's; rejected even while stopping
             msg.answered = True
-            self._give_up(msg, msg.reason)
+            self._reject(msg, msg.reason)
         elif self._stopping:
-            self._settle_now(msg, _DRAIN_REQUEUE)
+            self._settle_now(msg, _DRAIN_RETRY)
         elif msg.attempts > self.max_attempts:
             msg.answered = True
-            self._give_up(msg, MAX_ATTEMPTS_REASON)
+            self._reject(msg, MAX_ATTEMPTS_REASON)
         elif self._running >= self.max_in_flight:
             self._backlog.append(msg)
         else:
@@ -429,7 +431,7 @@ class Dispatcher:
         if self._slow is not None:
             self._slow.ended(msg)
         if future.cancelled():
-            result: Any = _DRAIN_REQUEUE
+            result: Any = _DRAIN_RETRY
         elif (exc := future.exception()) is not None:
             log.error("%s: callback failed for message %s", self.name, msg.id, exc_info=exc)
             result = _FAILED
@@ -442,7 +444,7 @@ class Dispatcher:
         if not msg.answered:
             if result is None:
                 log.warning(
-                    "%s: callback returned None without answering message %s; requeueing",
+                    "%s: callback returned None without answering message %s; retrying",
                     self.name,
                     msg.id,
                 )
@@ -474,7 +476,7 @@ class Dispatcher:
     def _apply(self, msg: Message, outcome: Outcome) -> None:
         kind = outcome.__class__
         if kind is Finish:  # the common case, with _release inlined
-            self._ack(msg)
+            self._finish(msg)
             self.finished += 1
             if not self._plain:
                 if self._backoff.phase is Phase.PROBING:
@@ -483,26 +485,25 @@ class Dispatcher:
             else:
                 self._in_flight -= 1
             return
-        if kind is Requeue:
-            assert isinstance(outcome, Requeue)
+        if isinstance(outcome, Retry):  # a subclass of Retry a handler raised, too
             if outcome.backoff and msg.attempts >= self.max_attempts:  # the last one failed:
-                self._backoff_signal(msg, success=False)  # dead letter now, no retry delay
-                self._give_up(msg, MAX_ATTEMPTS_REASON)
+                self._backoff_signal(msg, success=False)  # reject now, no retry delay
+                self._reject(msg, MAX_ATTEMPTS_REASON)
                 return
             delay = outcome.delay
             if delay is None:
-                delay = self.requeue_delay(msg.attempts)
+                delay = self.retry_delay(msg.attempts)
             self.subscription.retry(msg, min(max(delay, 0.0), self._max_retry_delay))
-            self.requeued += 1
+            self.retried += 1
             if outcome.backoff:
                 self._backoff_signal(msg, success=False)
         else:
-            assert isinstance(outcome, GiveUp)
-            self._give_up(msg, outcome.reason)
+            assert isinstance(outcome, Reject)
+            self._reject(msg, outcome.reason or "rejected")
             return
         self._release()
 
-    def requeue_delay(self, attempts: int) -> float:
+    def retry_delay(self, attempts: int) -> float:
         """Seconds of a retry the handler left to the policy, after ``attempts`` deliveries."""
         p = self.policy
         return requeue_delay(attempts, p.requeue_delay, p.requeue_multiplier, p.max_requeue_delay)
@@ -524,41 +525,41 @@ class Dispatcher:
         if self._stopping and self._in_flight == 0:
             self._drained.set()
 
-    def _give_up(self, msg: Message, reason: str) -> None:
-        hook = self._on_give_up
+    def _reject(self, msg: Message, reason: str) -> None:
+        hook = self._on_reject
         try:
             result = hook(msg, reason) if hook is not None else None
         except Exception:
-            log.exception("%s: give-up hook failed for %s; requeueing", self.name, msg.id)
-            self._after_give_up(msg, failed=True)
+            log.exception("%s: reject hook failed for %s; retrying", self.name, msg.id)
+            self._after_reject(msg, failed=True)
             return
         if result is None:
             if hook is None:
-                log.warning("%s: giving up on message %s: %s", self.name, msg.id, reason)
-            self._after_give_up(msg, failed=False)
+                log.warning("%s: rejected message %s: %s", self.name, msg.id, reason)
+            self._after_reject(msg, failed=False)
             return
         future = asyncio.ensure_future(result)
         self._tasks[msg] = future
-        future.add_done_callback(partial(self._give_up_done, msg))
+        future.add_done_callback(partial(self._reject_done, msg))
 
-    def _give_up_done(self, msg: Message, future: asyncio.Future[Any]) -> None:
+    def _reject_done(self, msg: Message, future: asyncio.Future[Any]) -> None:
         del self._tasks[msg]
         failed = future.cancelled() or future.exception() is not None
         if failed and not future.cancelled():
             log.error(
-                "%s: give-up hook failed for %s; requeueing",
+                "%s: reject hook failed for %s; retrying",
                 self.name,
                 msg.id,
                 exc_info=future.exception(),
             )
-        self._after_give_up(msg, failed)
+        self._after_reject(msg, failed)
 
-    def _after_give_up(self, msg: Message, failed: bool) -> None:
+    def _after_reject(self, msg: Message, failed: bool) -> None:
         if failed:
-            self._apply(msg, Requeue(None if not self._stopping else 0.0, backoff=False))
+            self._apply(msg, Retry(None if not self._stopping else 0.0, backoff=False))
             return
         self.subscription.reject(msg)
-        self.given_up += 1
+        self.rejected += 1
         self._release()
 
     # --- stats -----------------------------------------------------------------
@@ -571,8 +572,8 @@ class Dispatcher:
             running=self._running,
             received=self.received,
             finished=self.finished,
-            requeued=self.requeued,
-            given_up=self.given_up,
+            requeued=self.retried,
+            given_up=self.rejected,
             backoff_level=self._backoff.level,
             backoff_phase=self._backoff.phase.value,
             backoff_stalls=self._backoff.stalls,

@@ -19,7 +19,7 @@ Register them on a :class:`~nsqworker.Registry` (every task of it) or per task::
 
 The chain, in order, for each message: the framework's span starts; ``before`` hooks
 (registry's, then the task's); the handler; ``on_error`` hooks if it raised; the
-outcome is decided (ack, retry, dead letter); ``after`` hooks; the span ends with the
+outcome is decided (finish, retry, reject); ``after`` hooks; the span ends with the
 outcome. A dead letter runs its own chain: the ``dead_letter_topic`` publish, the task's
 ``on_dead_letter``, then ``on_dead_letter`` hooks of the registry and the task (if one
 raises, the message is retried, never lost).

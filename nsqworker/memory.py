@@ -11,7 +11,7 @@ letters, hooks and telemetry as on NSQ), then look at what happened::
     async with Worker(registry, Settings(transport="memory"), transport=broker):
         await broker.publish("clicks", b'{"id": 1}')
         await broker.run_until_idle()
-    assert [d.body for d in broker.acked("clicks", "archive")] == [b'{"id": 1}']
+    assert [d.body for d in broker.finished("clicks", "archive")] == [b'{"id": 1}']
 
 It behaves as a broker would: each channel of a topic gets every message (messages
 published before a channel exists wait in the topic, as on NSQ), deliveries count their
@@ -55,8 +55,8 @@ CAPABILITIES = Capabilities(
     delayed_publish=True,
     reply_address=False,
 )
-Outcome = Literal["ack", "retry", "reject"]
-"""How a subscription answered a delivery."""
+Settle = Literal["finish", "retry", "reject"]
+"""How a subscription answered a delivery: the task layer's three outcomes."""
 ADDRESS = "memory"
 """``Message.address`` of every delivery."""
 
@@ -97,7 +97,7 @@ class _Channel:
     in_flight: dict[bytes, _Entry] = field(default_factory=dict)
     subscriptions: list[MemorySubscription] = field(default_factory=list)
     turn: int = 0
-    acked: list[Delivered] = field(default_factory=list)
+    finished: list[Delivered] = field(default_factory=list)
     retried: list[Retried] = field(default_factory=list)
     rejected: list[Delivered] = field(default_factory=list)
     timed_out: int = 0
@@ -244,16 +244,20 @@ class MemoryTransport:
         state = self._topics.get(topic)
         return list(state.published) if state is not None else []
 
-    def acked(self, topic: str, channel: str) -> list[Delivered]:
+    def finished(self, topic: str, channel: str) -> list[Delivered]:
         """Deliveries the channel's handlers finished, in order."""
-        return list(self._channel(topic, channel).acked)
+        return list(self._channel(topic, channel).finished)
+
+    def acked(self, topic: str, channel: str) -> list[Delivered]:
+        """Deprecated: the old name of :meth:`finished`."""
+        return self.finished(topic, channel)
 
     def retried(self, topic: str, channel: str) -> list[Retried]:
         """Deliveries answered with a retry, with their delays, in order."""
         return list(self._channel(topic, channel).retried)
 
     def rejected(self, topic: str, channel: str) -> list[Delivered]:
-        """Deliveries given up on (dead-lettered), in order."""
+        """Deliveries rejected (their dead-letter chain ran), in order."""
         return list(self._channel(topic, channel).rejected)
 
     def pending(self, topic: str, channel: str) -> int:
@@ -332,8 +336,8 @@ class MemoryTransport:
         """A subscription's flow or window changed: the pump looks again."""
         self._wake()
 
-    def settle(self, msg: Message, outcome: Outcome, delay: float = 0.0) -> bool:
-        """Record the answer to ``msg``: ``"ack"``, ``"retry"`` (back to its channel
+    def settle(self, msg: Message, outcome: Settle, delay: float = 0.0) -> bool:
+        """Record the answer to ``msg``: ``"finish"``, ``"retry"`` (back to its channel
         after ``delay`` virtual seconds) or ``"reject"``. False, and nothing recorded,
         when ``msg`` is no longer the current delivery (it outlived ``ack_wait`` and was
         delivered again: a late answer)."""
@@ -345,8 +349,8 @@ class MemoryTransport:
             return False
         del ch.in_flight[entry.id]
         entry.holder = None
-        if outcome == "ack":
-            ch.acked.append(Delivered(entry.body, msg.id, msg.attempts))
+        if outcome == "finish":
+            ch.finished.append(Delivered(entry.body, msg.id, msg.attempts))
         elif outcome == "retry":
             ch.retried.append(Retried(entry.body, msg.id, msg.attempts, delay))
             self._delay(ch, entry, delay)
@@ -491,7 +495,7 @@ class MemorySubscription:
             ADDRESS, self._receiver, (entry, delivery), now,
         )  # fmt: skip
         if self._receiver.deliver(msg):
-            self.ack(msg)
+            self.finish(msg)
 
     async def stop(self) -> None:
         """No more deliveries."""
@@ -527,20 +531,20 @@ class MemorySubscription:
         """A timer on the virtual clock."""
         return self.broker.call_later(delay, callback)
 
-    def _settle(self, msg: Message, outcome: Outcome, delay: float = 0.0) -> None:
+    def _settle(self, msg: Message, outcome: Settle, delay: float = 0.0) -> None:
         self.running -= 1
         self.broker.settle(msg, outcome, delay)
 
-    def ack(self, msg: Message) -> None:
-        """Done: recorded in :meth:`MemoryTransport.acked`."""
-        self._settle(msg, "ack")
+    def finish(self, msg: Message) -> None:
+        """Done: recorded in :meth:`MemoryTransport.finished`."""
+        self._settle(msg, "finish")
 
     def retry(self, msg: Message, delay: float) -> None:
         """Back to the channel after ``delay`` virtual seconds."""
         self._settle(msg, "retry", delay)
 
     def reject(self, msg: Message) -> None:
-        """Given up: recorded in :meth:`MemoryTransport.rejected`."""
+        """Rejected: recorded in :meth:`MemoryTransport.rejected`."""
         self._settle(msg, "reject")
 
     def keep_alive(self, msg: Message) -> None:

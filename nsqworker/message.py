@@ -1,9 +1,14 @@
-"""A delivered message, and the outcomes a handler's work turns into.
+"""A delivered message, and the three outcomes a handler's work turns into.
 
 The same :class:`Message` class serves every transport: the transport builds it with its
 own ``receipt`` (what it needs to settle the delivery, e.g. NSQ's connection) and hands
-it to the task layer, which is the message's ``owner``: ``finish()``, ``requeue()`` and
+it to the task layer, which is the message's ``owner``: ``finish()``, ``retry()`` and
 ``touch()`` go through the owner, so the task layer's policy sees every settle.
+
+An outcome is one of three, named the same in code, logs and docs: **finish**
+(:data:`FINISH`), **retry** (:class:`Retry`) and **reject** (:class:`Reject`: stop
+retrying, the dead-letter chain, then the broker's final settle). ``Retry`` and
+``Reject`` are also the exceptions a handler raises: the exception is the outcome.
 """
 
 from __future__ import annotations
@@ -20,19 +25,27 @@ from nsqworker.safe_text import one_line
 
 __all__ = [
     "FINISH",
+    "MAX_RETRY_DELAY",
     "Finish",
-    "GiveUp",
     "Message",
     "MessageOwner",
     "Outcome",
-    "Requeue",
+    "Reject",
+    "Retry",
     "Undecodable",
     "to_bytes",
 ]
 
 
+MAX_RETRY_DELAY = 3600.0
+"""The longest retry delay a handler may ask for, in seconds (nsqd's default
+``--max-req-timeout``; each transport caps at its ``Capabilities.max_retry_delay``)."""
+
+
 class Finish:
-    """The message is done: the transport acknowledges it (FIN on NSQ, +ACK on NATS)."""
+    """The outcome "finish": the message is done and the transport settles it (FIN on
+    NSQ, ``+ACK`` on NATS, the offset may pass it on RabbitMQ Streams). One instance,
+    :data:`FINISH`."""
 
     __slots__ = ()
 
@@ -43,38 +56,59 @@ class Finish:
 FINISH = Finish()
 
 
-class Requeue:
-    """Deliver the message again later: the transport's retry (REQ on NSQ, NAK with a
-    delay on NATS, a retry stream on RabbitMQ Streams).
+class Retry(Exception):
+    """Raise in a handler to retry the message after ``delay`` seconds; it is also the
+    outcome "retry" itself (what ``msg.retry()`` sends, what the worker decides after a
+    failure).
 
-    ``delay`` in seconds, or None to let the consumer's requeue policy pick one from the
-    attempts. ``backoff`` tells whether this counts as a failure for consumer backoff.
+    ``delay=None`` lets the worker pick the exponential delay from the attempts. A retry
+    counts as a failure: it uses up an attempt and moves the consumer's backoff, unless
+    ``backoff=False`` (the worker's own hand-backs while it stops). The transport carries
+    it out its own way (REQ on NSQ, ``-NAK`` with a delay on NATS, a retry stream on
+    RabbitMQ Streams).
     """
 
-    __slots__ = ("backoff", "delay")
-
-    def __init__(self, delay: float | None = None, backoff: bool = True) -> None:
-        self.delay = delay
-        self.backoff = backoff
-
-    def __repr__(self) -> str:
-        return f"Requeue(delay={self.delay!r}, backoff={self.backoff!r})"
-
-
-class GiveUp:
-    """Stop retrying: run the give-up (dead-letter) chain, then the transport's reject
-    (FIN on NSQ, TERM on NATS)."""
-
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str) -> None:
+    def __init__(self, delay: float | None = None, reason: str = "", backoff: bool = True) -> None:
+        if delay is not None and (
+            isinstance(delay, bool)
+            or not isinstance(delay, int | float)
+            or not 0 <= delay <= MAX_RETRY_DELAY
+        ):
+            raise ValueError(
+                f"Retry(delay={delay!r}): give seconds from 0 to {MAX_RETRY_DELAY:g}, or None"
+            )
+        self.delay = None if delay is None else float(delay)
         self.reason = reason
+        self.backoff = backoff
+        text = "retry" if delay is None else f"retry in {delay:g}s"
+        super().__init__(f"{text}: {reason}" if reason else text)
 
     def __repr__(self) -> str:
-        return f"GiveUp({self.reason!r})"
+        return f"Retry(delay={self.delay!r}, reason={self.reason!r}, backoff={self.backoff!r})"
+
+    def __reduce__(self) -> tuple[type[Retry], tuple[float | None, str, bool]]:
+        return Retry, (self.delay, self.reason, self.backoff)
 
 
-Outcome = Finish | Requeue | GiveUp
+class Reject(Exception):
+    """Raise in a handler to stop retrying at once; it is also the outcome "reject"
+    itself: the dead-letter chain runs with ``reason`` (``dead_letter_topic``,
+    ``on_dead_letter``, dead-letter hooks), then the transport settles the message for
+    good (FIN on NSQ, ``+TERM`` on NATS, the offset may pass it on RabbitMQ Streams)."""
+
+    def __init__(self, reason: str = "") -> None:
+        self.reason = reason
+        super().__init__(reason or "rejected")
+
+    def __repr__(self) -> str:
+        return f"Reject({self.reason!r})"
+
+    def __reduce__(self) -> tuple[type[Reject], tuple[str]]:
+        return Reject, (self.reason,)
+
+
+Outcome = Finish | Retry | Reject
+"""What becomes of a delivery: finish, retry or reject (the only three words for it)."""
 
 
 class MessageOwner(Protocol):
@@ -98,7 +132,7 @@ class Message:
     epoch when the broker first accepted it, ``address`` the broker that delivered it
     (``host:port``; ``nsqd_address`` is the same), ``headers`` the message's headers
     where the broker has them (None on NSQ).
-    Handlers normally just return or raise; the methods ``finish``, ``requeue`` and
+    Handlers normally just return or raise; the methods ``finish``, ``retry`` and
     ``touch`` are for handlers that answer themselves. Answering twice raises
     :class:`~nsqworker.errors.AlreadyResponded` and sends nothing.
     """
@@ -167,12 +201,12 @@ class Message:
 
     @property
     def datetime(self) -> datetime:
-        """When nsqd first accepted the message, as an aware UTC datetime."""
+        """When the broker first accepted the message, as an aware UTC datetime."""
         return datetime.fromtimestamp(self.timestamp / 1e9, tz=UTC)
 
     @property
     def responded(self) -> bool:
-        """True once the message was finished or requeued."""
+        """True once the message was answered: finished, retried or rejected."""
         return self.answered
 
     @property
@@ -216,15 +250,24 @@ class Message:
         """Tell the broker the message is done (FIN on NSQ)."""
         self._settle(FINISH)
 
+    def retry(self, delay: float | None = None, backoff: bool = True) -> None:
+        """Deliver it again after ``delay`` seconds (0 to 3600), or after the policy's
+        exponential delay when None. ``backoff=False``: not a failure for the consumer's
+        backoff. The transport's own retry: REQ on NSQ, ``-NAK`` on NATS."""
+        self._settle(Retry(delay, backoff=backoff))
+
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
-        """Deliver it again (REQ on NSQ) after ``delay`` seconds or the policy's delay."""
-        self._settle(Requeue(delay, backoff))
+        """Deprecated: the old name of :meth:`retry`. As it always did, it takes any
+        delay: one out of 0 to 3600 seconds is brought within them."""
+        if delay is not None:
+            delay = min(max(float(delay), 0.0), MAX_RETRY_DELAY)
+        self._settle(Retry(delay, backoff=backoff))
 
     def touch(self) -> None:
         """Extend the broker's deadline for this message (TOUCH on NSQ). The worker
         does this itself for handlers that run long; call it only when answering yourself."""
         if self.answered:
-            raise AlreadyResponded(f"message {self.id} was already answered; cannot TOUCH")
+            raise AlreadyResponded(f"message {self.id} was already answered; cannot touch it")
         if self._owner is not None:
             self._owner.touch(self)
 

@@ -1,18 +1,23 @@
 """What a handler's work becomes: the exceptions it may raise and the outcome each maps to.
 
+Three outcomes, and only these words for them: **finish**, **retry**, **reject**
+(:mod:`nsqworker.message`: ``FINISH``, ``Retry``, ``Reject``; the exceptions a handler
+raises are the outcomes themselves).
+
 ======================================  =================================  ========
-handler does                            sent to the broker                 backoff
+handler does                            outcome (NSQ's command)            backoff
 ======================================  =================================  ========
-returns                                 ack (FIN on NSQ)                   success
+returns                                 finish (FIN)                       success
 raises ``Retry(delay)``                 retry after delay (REQ)            failure
 raises any other exception              retry, exponential delay from      failure
                                         attempts
-fails its last allowed attempt          dead-letter hooks at once, then    failure
-                                        reject
+fails its last allowed attempt          reject: dead-letter chain at       failure
+                                        once, then the final settle (FIN)
 runs past its ``timeout``               retry (``TaskTimeout``)            failure
-raises ``Reject(reason)``               dead-letter hooks, then reject     none
-returns a value, with ``publish_to``    publish it, then ack               success
-returns ``Publish(...)`` (or a list)    publish each, then ack             success
+raises ``Reject(reason)``               reject: dead-letter chain, then    none
+                                        the final settle (FIN)
+returns a value, with ``publish_to``    publish it, then finish            success
+returns ``Publish(...)`` (or a list)    publish each, then finish          success
 answered itself (``msg.finish()``...)   nothing more                       —
 cancelled while the worker stops        retry at once                      none
 ======================================  =================================  ========
@@ -22,13 +27,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nsqworker.errors import UndecodableBody
-from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.message import FINISH, MAX_RETRY_DELAY, Outcome, Reject, Retry
+
+if TYPE_CHECKING:
+    from nsqworker.message import Message
 
 __all__ = [
-    "MAX_REQUEUE_DELAY",
+    "MAX_RETRY_DELAY",
     "TIME_LIMIT",
     "Publish",
     "Reject",
@@ -39,40 +47,18 @@ __all__ = [
     "outcome_of_return",
 ]
 
-MAX_REQUEUE_DELAY = 3600.0  # nsqd's default --max-req-timeout
 TIME_LIMIT = "nsqworker: the handler ran past its time limit"
 """The message of the ``CancelledError`` an async handler gets at its time limit: code
 that must answer before it goes (an RPC endpoint's error reply) tells it from a stop by
-``exc.args == (TIME_LIMIT,)``; returning afterwards acks the message, re-raising
+``exc.args == (TIME_LIMIT,)``; returning afterwards finishes the message, re-raising
 retries it."""
+REJECTED_BY_HANDLER = "rejected by the handler"
+"""The dead-letter reason of a ``Reject()`` raised without one."""
+_FAILED = Retry(None)
+_STOPPING = Retry(0.0, backoff=False)
 
 
-# --- what a handler raises -----------------------------------------------------------
-
-
-class Retry(Exception):
-    """Raise in a handler to requeue the message after ``delay`` seconds.
-
-    ``delay=None`` lets the worker pick the exponential delay from the attempts. A
-    retry counts as a failure: it uses up an attempt and moves the consumer's backoff.
-    """
-
-    def __init__(self, delay: float | None = None, reason: str = "") -> None:
-        if delay is not None and (
-            isinstance(delay, bool)
-            or not isinstance(delay, int | float)
-            or not 0 <= delay <= MAX_REQUEUE_DELAY
-        ):
-            raise ValueError(
-                f"Retry(delay={delay!r}): give seconds from 0 to {MAX_REQUEUE_DELAY:g}, or None"
-            )
-        self.delay = None if delay is None else float(delay)
-        self.reason = reason
-        text = "retry" if delay is None else f"retry in {delay:g}s"
-        super().__init__(f"{text}: {reason}" if reason else text)
-
-    def __reduce__(self) -> tuple[type[Retry], tuple[float | None, str]]:
-        return Retry, (self.delay, self.reason)
+# --- what a handler raises besides Retry and Reject ------------------------------------
 
 
 class TaskTimeout(Exception):
@@ -87,27 +73,16 @@ class TaskTimeout(Exception):
         return TaskTimeout, (self.limit,)
 
 
-class Reject(Exception):
-    """Raise in a handler to give up at once: dead-letter hooks with ``reason``, then FIN."""
-
-    def __init__(self, reason: str = "") -> None:
-        self.reason = reason
-        super().__init__(reason or "rejected")
-
-    def __reduce__(self) -> tuple[type[Reject], tuple[str]]:
-        return Reject, (self.reason,)
-
-
 # --- what a handler returns ------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class Publish:
-    """Return from a handler (or a list of them) to publish messages before the ack.
+    """Return from a handler (or a list of them) to publish messages before it finishes.
 
     ``body`` is what ``Producer.publish`` takes (bytes, str, a pydantic model, a
     dataclass) or any JSON value; ``delay`` seconds defer it (on transports that can).
-    Published on the task's transport, in order, before the message is acknowledged; a
+    Published on the task's transport, in order, before the message is finished; a
     publish that fails fails the attempt (retried, then dead-lettered), so at worst a
     retried message publishes its result twice. See ``@task(publish_to=...)``.
     """
@@ -123,10 +98,10 @@ class Publish:
         if delay is not None and (
             isinstance(delay, bool)
             or not isinstance(delay, int | float)
-            or not 0 <= delay <= MAX_REQUEUE_DELAY
+            or not 0 <= delay <= MAX_RETRY_DELAY
         ):
             raise ValueError(
-                f"Publish(delay={delay!r}): give seconds from 0 to {MAX_REQUEUE_DELAY:g}, or None"
+                f"Publish(delay={delay!r}): give seconds from 0 to {MAX_RETRY_DELAY:g}, or None"
             )
 
 
@@ -134,37 +109,38 @@ class Publish:
 
 
 def outcome_of_return(msg: Message) -> Outcome | None:
-    """The outcome of a handler that returned: FIN, or None if it answered itself."""
+    """The outcome of a handler that returned: finish, or None if it answered itself."""
     return None if msg.responded else FINISH
 
 
 def outcome_of_error(msg: Message, exc: BaseException) -> Outcome | None:
     """The outcome of a handler that raised ``exc``; None if it had answered itself.
 
-    ``Retry`` -> REQ its delay (a failure); ``Reject`` -> give up (dead-letter hooks,
-    then FIN); ``asyncio.CancelledError`` (the worker stopping) -> REQ 0 without
-    backoff; anything else -> REQ with the exponential delay (a failure).
+    A ``Retry`` or a ``Reject`` is its own outcome (a ``Reject()`` without a reason
+    gets one); ``UndecodableBody`` -> reject; ``asyncio.CancelledError`` (the worker
+    stopping) -> retry at once without backoff; anything else -> retry with the
+    exponential delay (a failure).
     """
     if msg.responded:
         return None
     if isinstance(exc, Retry):
-        return Requeue(exc.delay, backoff=True)
+        return exc
     if isinstance(exc, Reject):
-        return GiveUp(exc.reason or "rejected by the handler")
+        return exc if exc.reason else Reject(REJECTED_BY_HANDLER)
     if isinstance(exc, UndecodableBody):  # msg.json() of a bad body: never a retry
-        return GiveUp(exc.reason)
+        return Reject(exc.reason)
     if isinstance(exc, asyncio.CancelledError):
-        return Requeue(0.0, backoff=False)
-    return Requeue(None, backoff=True)
+        return _STOPPING
+    return _FAILED
 
 
 def describe_outcome(outcome: Outcome | None) -> str:
     """A short phrase for logs, the same on every broker: ``finished``, ``retry in 5s``,
-    ``retry``, ``dead-letter`` or ``answered``."""
+    ``retry``, ``rejected`` or ``answered``."""
     if outcome is None:
         return "answered"
-    if isinstance(outcome, Requeue):
+    if isinstance(outcome, Retry):
         return "retry" if outcome.delay is None else f"retry in {outcome.delay:g}s"
-    if isinstance(outcome, GiveUp):
-        return "dead-letter"
+    if isinstance(outcome, Reject):
+        return "rejected"
     return "finished"

@@ -101,7 +101,7 @@ class TaskStats:
     """Where the task publishes its dead letters, if anywhere (the console lists it)."""
     last_error: dict[str, Any] | None = None
     """The latest handler failure: ``error`` (type and message, cut), ``id``, ``at``
-    (Unix seconds) and ``outcome`` (retry or dead letter); None before the first."""
+    (Unix seconds) and ``outcome`` (retry or reject); None before the first."""
 
 
 @dataclass

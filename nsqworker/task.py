@@ -11,7 +11,7 @@ A task binds a handler to one topic and channel (on any transport)::
 Everything is checked when the module is imported: names, bounds, the handler's signature,
 duplicates. The decorator returns the function itself (with ``.spec``), so tests can call it.
 
-What a handler's result means (ack, retry, dead letter) is in :mod:`nsqworker.outcomes`;
+What a handler's result means (finish, retry, reject) is in :mod:`nsqworker.outcomes`;
 a handler may take the message, its typed body (:mod:`nsqworker.bodies`) or both, and
 hooks may run around it (:mod:`nsqworker.hooks`).
 """
@@ -43,7 +43,7 @@ from nsqworker.hooks import (
 from nsqworker.message import Message
 from nsqworker.names import check_channel, check_topic
 from nsqworker.outcomes import (
-    MAX_REQUEUE_DELAY,
+    MAX_RETRY_DELAY,
     Publish,
     Reject,
     Retry,
@@ -128,7 +128,7 @@ class TaskSpec:
     body: BodySpec | None = None
     """The body's type when the handler declares one (typed bodies), else None."""
     publish_to: str | None = None
-    """Where the handler's return value is published before the ack (None: nowhere)."""
+    """Where the handler's return value is published before the finish (None: nowhere)."""
     schedule: Schedule | None = None
     """When the task fires on its own (``schedule=``), else None; docs/schedules.md."""
 
@@ -178,11 +178,9 @@ def _check_options(where: str, topic: str, options: dict[str, Any]) -> None:
         isinstance(delay, bool)
         or not isinstance(delay, int | float)
         or not math.isfinite(delay)
-        or not 0 <= delay <= MAX_REQUEUE_DELAY
+        or not 0 <= delay <= MAX_RETRY_DELAY
     ):
-        _fail(
-            where, f"requeue_delay must be seconds from 0 to {MAX_REQUEUE_DELAY:g}, got {delay!r}"
-        )
+        _fail(where, f"requeue_delay must be seconds from 0 to {MAX_RETRY_DELAY:g}, got {delay!r}")
     dlt = options["dead_letter_topic"]
     if dlt is not None:
         try:
@@ -302,7 +300,7 @@ class Registry:
         return hook
 
     def on_dead_letter(self, hook: DeadLetterHook) -> DeadLetterHook:
-        """Decorator: ``hook(msg, reason)`` runs for each message given up (after the
+        """Decorator: ``hook(msg, reason)`` runs for each message rejected (after the
         task's own dead-letter topic and hook); if it raises, the message is retried."""
         self.hooks += Hooks(on_dead_letter=(_hook_callable(hook, "on_dead_letter"),))
         return hook
@@ -359,9 +357,9 @@ class Registry:
                 (default ``Settings.max_attempts``).
             requeue_delay: seconds of the first retry after a failure, growing
                 exponentially with attempts (default ``Settings.requeue_delay``).
-            on_dead_letter: ``hook(msg, reason)`` called when the message is given up;
+            on_dead_letter: ``hook(msg, reason)`` called when the message is rejected;
                 a plain function runs in a thread, an ``async def`` on the loop.
-            dead_letter_topic: also publish given-up messages there, as JSON.
+            dead_letter_topic: also publish rejected messages there, as JSON.
             name: the task's name (default ``module.qualname``).
             envelope: whether bodies carry the trace-context envelope (default: the
                 ``tracing_envelope`` setting).

@@ -2,12 +2,12 @@
 
 A :class:`TaskRunner` is built with everything its task needs (spec, settings,
 transport, hooks) and builds its own subscription and
-:class:`~nsqworker.dispatch.Dispatcher`, whose callback and give-up hook it is; the
+:class:`~nsqworker.dispatch.Dispatcher`, whose callback and reject hook it is; the
 worker only starts and stops runners and asks them for stats. Async handlers run eagerly (the first step inline, a Task only if they
 suspend); sync handlers go to the task's thread pool (:mod:`nsqworker.pool`). Around the
 handler: the typed body is validated (:mod:`nsqworker.bodies`), the hooks run
 (:mod:`nsqworker.hooks`), the time limit is kept, the span is started and ended
-(:mod:`nsqworker.telemetry`), failures are logged, and a given-up message goes through the
+(:mod:`nsqworker.telemetry`), failures are logged, and a rejected message goes through the
 dead-letter chain (``dead_letter_topic``, ``on_dead_letter``, dead-letter hooks).
 """
 
@@ -32,7 +32,7 @@ from nsqworker.eager import resume
 from nsqworker.errors import ConfigurationError
 from nsqworker.hooks import Hooks, run_after, run_on_error, with_hooks
 from nsqworker.logging import TrafficSummary, get_logger, histogram_quantile
-from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.message import FINISH, Message, Outcome
 from nsqworker.outcomes import (
     TIME_LIMIT,
     Publish,
@@ -108,7 +108,7 @@ def last_error(msg: Message, exc: BaseException, outcome: Outcome | None) -> dic
     text = str(exc)
     if len(text) > MAX_ERROR_TEXT:
         text = text[:MAX_ERROR_TEXT] + "..."
-    kind = "retry" if isinstance(outcome, Requeue) else "dead letter" if outcome else "late"
+    kind = "retry" if isinstance(outcome, Retry) else "reject" if outcome else "late"
     return {
         "error": f"{type(exc).__name__}: {text}" if text else type(exc).__name__,
         "id": msg.id, "attempts": msg.attempts, "at": round(time.time(), 3), "outcome": kind,
@@ -121,7 +121,7 @@ def _no_recycle(reason: str) -> None:
 
 class TaskRunner:
     """One task of a worker: its subscription and dispatcher, the handler around them
-    (the dispatcher's callback and give-up hook), its counters and telemetry.
+    (the dispatcher's callback and reject hook), its counters and telemetry.
 
     ``hooks``: the registry's, run before the task's own. ``request_recycle(reason)``
     asks for this process to be replaced after a drain (a sync handler outlived its
@@ -204,7 +204,7 @@ class TaskRunner:
         )  # fmt: skip
         self.dispatcher = Dispatcher(
             subscription, wrap_callback(self.callback) if wrap_callback else self.callback,
-            policy, capabilities=caps, on_give_up=self.dead_letters.run, name=spec.name,
+            policy, capabilities=caps, on_reject=self.dead_letters.run, name=spec.name,
             slow=self.slow_watch,
         )  # fmt: skip
 
@@ -370,9 +370,9 @@ class TaskRunner:
             "a drain",
             id=msg.id, limit=self.timeout,
         )  # fmt: skip
-        if isinstance(outcome, Requeue):
-            msg.requeue(outcome.delay, backoff=outcome.backoff)
-        elif isinstance(outcome, GiveUp):  # timed out again: the dead-letter chain, now
+        if isinstance(outcome, Retry):
+            msg.retry(outcome.delay, backoff=outcome.backoff)
+        elif isinstance(outcome, Reject):  # timed out again: the dead-letter chain, now
             msg.answered = True
             self.dispatcher.settle(msg, outcome)
         self._request_recycle(f"a sync handler of {self.spec.name} outlived its time limit")
@@ -430,18 +430,19 @@ class TaskRunner:
             and isinstance(exc, TaskTimeout)
             and msg.attempts >= self.timeout_dead_letter
         ):
-            outcome = GiveUp(
+            outcome = Reject(
                 f"{exc} on attempt {msg.attempts} (timeout_dead_letter_attempts "
                 f"{self.timeout_dead_letter}: not retried)"
             )
         elif (
-            isinstance(outcome, Requeue)
+            isinstance(outcome, Retry)
             and outcome.backoff
             and msg.attempts >= self.dispatcher.max_attempts
-        ):  # the last allowed attempt failed: dead-lettered now
-            outcome = GiveUp(MAX_ATTEMPTS_REASON)
-        if isinstance(outcome, Requeue) and outcome.delay is None:  # picked here, to log it
-            outcome = Requeue(self.dispatcher.requeue_delay(msg.attempts), backoff=outcome.backoff)
+        ):  # the last allowed attempt failed: rejected now
+            outcome = Reject(MAX_ATTEMPTS_REASON)
+        if isinstance(outcome, Retry) and outcome.delay is None:  # picked here, to log it
+            delay = self.dispatcher.retry_delay(msg.attempts)
+            outcome = Retry(delay, outcome.reason, backoff=outcome.backoff)
         if not isinstance(exc, asyncio.CancelledError):
             self.last_error = last_error(msg, exc, outcome)
         if ctx is None:
@@ -459,11 +460,11 @@ class TaskRunner:
         fields = {"id": msg.id, "attempts": msg.attempts, "duration_ms": round(duration * 1e3, 3)}
         error = type(exc).__name__
         if isinstance(exc, asyncio.CancelledError):  # the worker is stopping
-            self.log.info("cancelled while stopping; requeued", **fields)
+            self.log.info("cancelled while stopping; retried", **fields)
         elif outcome is None:
             what = "handler raised after answering the message; nothing more sent"
             self.log.warning(what, error=error, exc_info=exc, **fields)
-        elif isinstance(outcome, Requeue):  # a Retry's reason says why: no traceback
+        elif isinstance(outcome, Retry):  # a Retry's reason says why: no traceback
             retry, delay = isinstance(exc, Retry), outcome.delay
             why = exc.reason or error if isinstance(exc, Retry) else error
             self.log.warning(
@@ -473,8 +474,8 @@ class TaskRunner:
                 exc_info=not retry and exc,
                 **fields,
             )
-        else:  # a give-up: its dead-letter line here, in the handler's span
-            assert isinstance(outcome, GiveUp)
+        else:  # a reject: its dead-letter line here, in the handler's span
+            assert isinstance(outcome, Reject)
             self.dead_letters.handler_gave_up(msg, one_line(outcome.reason), exc)
 
     def slow_after(self) -> float:
@@ -538,9 +539,9 @@ class TaskRunner:
         return self.dispatcher.subscribed
 
     def handled(self) -> int:
-        """Messages settled so far (finished, retried, given up)."""
+        """Messages settled so far (finished, retried, rejected)."""
         d = self.dispatcher
-        return d.finished + d.requeued + d.given_up
+        return d.finished + d.retried + d.rejected
 
     def log_summary(self) -> None:
         """The task's periodic info line, when it was busy."""

@@ -9,8 +9,10 @@ batches for others) and nothing of tasks. They meet here:
   :class:`Publisher` objects, and says what the broker can do in its
   :class:`Capabilities`, which the task layer reads instead of guessing.
 * A subscription hands each delivery to its :class:`Receiver` as a
-  :class:`~nsqworker.message.Message`, and settles it when told: ``ack``, ``retry``
-  after a delay, ``reject`` (given up: never deliver it again), ``keep_alive``.
+  :class:`~nsqworker.message.Message`, and settles it when told, in the task layer's
+  three words: ``finish``, ``retry`` after a delay, ``reject`` (stop retrying: never
+  deliver it again); and ``keep_alive``. Each transport maps them to its broker's own
+  commands (NSQ: FIN, REQ, FIN, TOUCH; NATS: ``+ACK``, ``-NAK``, ``+TERM``, ``+WPI``).
 * The receiver sets the subscription's :class:`Flow`: open with a window of at most
   ``window`` unanswered deliveries, a one-at-a-time probe, or paused.
 
@@ -136,8 +138,8 @@ class Receiver(MessageOwner, Protocol):
     def deliver(self, msg: Message) -> bool:
         """A new delivery; called on the event loop, in the transport's read path.
 
-        True: the handler already finished it and the transport acks it now, as if
-        :meth:`Subscription.ack` had been called (the hot path of a handler that
+        True: the handler already finished it and the transport finishes it now, as if
+        :meth:`Subscription.finish` had been called (the hot path of a handler that
         completes inline, kept free of a call back into the transport)."""
 
 
@@ -159,7 +161,7 @@ class Subscription(Protocol):
         already in our hands stay settleable until :meth:`close`."""
 
     async def close(self) -> None:
-        """Release connections; the receiver settled (or gave up on) everything first."""
+        """Release connections; the receiver settled (or rejected) everything first."""
 
     @property
     def ready(self) -> bool:
@@ -178,14 +180,14 @@ class Subscription(Protocol):
     def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
         """Run ``callback`` after ``delay`` seconds of :meth:`clock`."""
 
-    def ack(self, msg: Message) -> None:
-        """The message is done (FIN, ack, offset may advance)."""
+    def finish(self, msg: Message) -> None:
+        """The message is done (NSQ's FIN, NATS' ``+ACK``, the stream offset may pass it)."""
 
     def retry(self, msg: Message, delay: float) -> None:
-        """Deliver the message again after ``delay`` seconds (REQ, nak)."""
+        """Deliver the message again after ``delay`` seconds (NSQ's REQ, NATS' ``-NAK``)."""
 
     def reject(self, msg: Message) -> None:
-        """The message was given up (its dead letter is written): never again."""
+        """Stop retrying (its dead-letter chain has run): never deliver it again."""
 
     def keep_alive(self, msg: Message) -> None:
         """Extend the message's delivery deadline (TOUCH, in_progress); no-op without one."""

@@ -3,8 +3,8 @@
 ``Worker(registry, settings)`` builds the transport ``settings.transport`` names (NSQ by
 default) and, per task, a :class:`~nsqworker.task_runner.TaskRunner`, which builds its
 subscription and :class:`~nsqworker.dispatch.Dispatcher` (the task's policy) and runs the
-handler, turning the result into an outcome (see :mod:`nsqworker.task`); its give-up hook
-is the dead-letter path. The worker only starts and stops the runners and asks them for
+handler, turning the result into an outcome (finish, retry or reject: see
+:mod:`nsqworker.outcomes`); its reject hook is the dead-letter chain. The worker only starts and stops the runners and asks them for
 stats and in-flight rows. Async
 handlers are awaited on the loop, started eagerly, so one that never suspends finishes
 inline with no Task. Sync handlers never run on the loop: each sync task has a small
@@ -31,7 +31,7 @@ from nsqworker.dispatch import Callback
 from nsqworker.errors import ConfigurationError
 from nsqworker.hooks import Hooks
 from nsqworker.logging import configure_logging, get_logger
-from nsqworker.message import Message, Requeue
+from nsqworker.message import Message, Retry
 from nsqworker.settings import Settings
 from nsqworker.stats import (
     TaskStats,
@@ -44,7 +44,7 @@ from nsqworker.watchdog import LoopWatchdog
 
 __all__ = ["Worker", "dead_letter_envelope", "event_loop_factory", "run_worker"]
 
-_HAND_BACK = Requeue(0.0, backoff=False)  # a message past max_tasks_per_child: unstarted
+_HAND_BACK = Retry(0.0, backoff=False)  # a message past max_tasks_per_child: unstarted
 
 log = get_logger("nsqworker.worker")
 _copy_context = contextvars.copy_context
@@ -116,7 +116,8 @@ class Worker:
 
     @property
     def ready(self) -> bool:
-        """True while running with every task subscribed, or its topic on no nsqd yet."""
+        """True while running with every task subscribed (or, on NSQ, its topic on no
+        nsqd yet)."""
         runners = self._runners
         ok = self._started and self._stop_task is None and bool(runners)
         return ok and all(r.ready for r in runners)
@@ -177,7 +178,7 @@ class Worker:
         return rows[:limit]
 
     def handled(self) -> int:
-        """Messages this worker's tasks have settled so far (finished, retried, given up)."""
+        """Messages this worker's tasks have settled so far (finished, retried, rejected)."""
         return sum(r.handled() for r in self._runners)
 
     def _counted(self, callback: Callback) -> Callback:
@@ -211,7 +212,7 @@ class Worker:
 
     async def stop(self, drain_timeout: float | None = None) -> None:
         """Stop taking messages, let running handlers finish within ``drain_timeout``
-        (default ``settings.drain_timeout``), REQ the rest, close. Safe to call twice."""
+        (default ``settings.drain_timeout``), retry the rest, close. Safe to call twice."""
         if self._stop_task is None:
             timeout = self.settings.drain_timeout if drain_timeout is None else drain_timeout
             self._stop_task = asyncio.ensure_future(self._stop(timeout))
@@ -304,7 +305,7 @@ class Worker:
                 pass
 
     def force_stop(self) -> None:
-        """Stop now: REQ every running message and cancel handlers (the second Ctrl-C)."""
+        """Stop now: retry every running message and cancel handlers (the second Ctrl-C)."""
         self._forced = True
         self.request_stop()
         if self._loop is not None:
@@ -341,7 +342,7 @@ class Worker:
                 log.debug(f"{name}: draining")
             self.request_stop()
         elif sig == signal.SIGINT and not self._forced:
-            log.warning(f"{name} again: requeueing running messages and stopping now")
+            log.warning(f"{name} again: retrying running messages and stopping now")
             self.force_stop()
 
     def stats(self) -> WorkerStats:

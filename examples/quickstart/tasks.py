@@ -37,7 +37,7 @@ def age_ms(msg: Message) -> float:
 async def greet(msg: Message) -> None:
     """An async handler runs on the worker's event loop: await, never block, here."""
     log.info(f"hello from the async task: {text_of(msg)!r}", age_ms=age_ms(msg))
-    # Returning normally finishes the message (FIN); raising requeues it (REQ).
+    # Returning normally finishes the message (FIN); raising retries it (REQ).
 
 
 @task("quickstart_sync", channel="counter", max_in_flight=4)

@@ -62,7 +62,7 @@ async def flaky(msg: Message) -> None:
 async def alert(msg: Message, reason: str) -> None:
     """on_dead_letter: called once when a message is given up on, before it is FINed.
 
-    If this raises, the message is requeued rather than lost."""
+    If this raises, the message is retried rather than lost."""
     log.error(f"dead letter from {msg.topic}: {reason}", id=msg.id, attempts=msg.attempts)
 
 

@@ -157,7 +157,7 @@ class NatsRequestSubscription(SubscriptionKit, NoDeliveryDeadline):
         client = await self.connection.get()
         await client.publish(reply, body, headers=dict(headers) if headers else None)
 
-    def ack(self, msg: Message) -> None:
+    def finish(self, msg: Message) -> None:
         """Nothing to send: a core NATS request is not acknowledged."""
         self.in_flight -= 1
 

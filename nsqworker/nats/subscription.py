@@ -453,7 +453,7 @@ class NatsSubscription(SubscriptionKit):
                 self.consumer, self.stream,
             )  # fmt: skip
 
-    def ack(self, msg: Message) -> None:
+    def finish(self, msg: Message) -> None:
         """``+ACK``."""
         self._send(b"PUB %s 4\r\n+ACK\r\n" % msg.receipt)
         self.in_flight -= 1

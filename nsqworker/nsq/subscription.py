@@ -208,14 +208,14 @@ class NsqSubscription:
         if now >= session.check_at:
             self.connections.check_lane(session, now)
         if self._deliver(msg):  # type: ignore[misc]
-            # Finished inline: what ack() does, with session and slot in hand.
+            # Finished inline: what finish() does, with session and slot in hand.
             if session.open:
                 session.conn.fin(message_id)
             slot.in_flight -= 1
             if not self._plain:
                 self._released(session)
 
-    def ack(self, msg: Message) -> None:
+    def finish(self, msg: Message) -> None:
         """FIN."""
         session: Session = msg.receipt
         if session.open:
@@ -236,7 +236,7 @@ class NsqSubscription:
 
     def reject(self, msg: Message) -> None:
         """FIN: the dead letter is written, nsqd must not deliver it again."""
-        self.ack(msg)
+        self.finish(msg)
 
     def keep_alive(self, msg: Message) -> None:
         """TOUCH."""

@@ -369,7 +369,7 @@ class StreamSubscription(SubscriptionKit, NoDeliveryDeadline, Intake):
         self.in_flight -= 1
         self._room.set()
 
-    def ack(self, msg: Message) -> None:
+    def finish(self, msg: Message) -> None:
         """The offset may pass this message."""
         self._settled(*msg.receipt)
 

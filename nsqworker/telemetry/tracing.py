@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from nsqworker._version import __version__
-from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.message import FINISH, Message, Outcome, Reject, Retry
 from nsqworker.telemetry import envelope as _envelope
 from nsqworker.telemetry.envelope import ENVELOPE_MAGIC, unwrap_envelope, wrap_envelope
 from nsqworker.telemetry.metrics import SCOPE, hub
@@ -326,14 +326,14 @@ class TaskInstrumentation:
         prefix, outcome_key = self._prefix, self._outcome_key
         if outcome is FINISH:
             span.set_attribute(outcome_key, "fin")
-        elif isinstance(outcome, Requeue):
+        elif isinstance(outcome, Retry):
             event: dict[str, Any] = {f"{prefix}.requeue.backoff": outcome.backoff}
             if outcome.delay is not None:
                 event[f"{prefix}.requeue.delay"] = float(outcome.delay)
             span.set_attribute(outcome_key, "req")
             span.add_event("req", event)
             failed = failed or outcome.backoff
-        elif isinstance(outcome, GiveUp):
+        elif isinstance(outcome, Reject):
             span.set_attribute(outcome_key, "dead_letter")
             span.add_event("dead_letter", {f"{prefix}.dead_letter.reason": outcome.reason})
             failed = True

@@ -177,7 +177,7 @@ async def test_hooks_run_in_order_and_one_that_raises_changes_nothing(
         "before bad",
         "handle bad",
         "error bad Reject",
-        "after bad GiveUp",
+        "after bad Reject",
         "dead bad bad body",
     ]
     failures = [line for line in log_lines() if line["event"].startswith("hook failed")]

@@ -54,7 +54,7 @@ def test_status_lists_processes_tasks_and_last_error(
         lambda: status(run)["tasks"][0]["dead_lettered"] == 1, 20, message=lambda: run.output()
     )
     error = status(run)["tasks"][0]["last_error"]
-    assert error["error"] == "Reject: no such customer bad 42" and error["outcome"] == "dead letter"
+    assert error["error"] == "Reject: no such customer bad 42" and error["outcome"] == "reject"
     nsqd.publish("orders", b"flaky")
     wait_for(lambda: status(run)["tasks"][0]["requeued"] >= 1, 20, message=lambda: run.output())
     error = status(run)["tasks"][0]["last_error"]

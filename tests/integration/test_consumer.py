@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from nsqworker.consumer import Consumer
-from nsqworker.message import FINISH, Message, Outcome, Requeue
+from nsqworker.message import FINISH, Message, Outcome, Retry
 from nsqworker.settings import Settings
 from nsqworker.testing import NsqdFactory, NsqdProcess, NsqlookupdProcess, wait_until
 
@@ -178,7 +178,7 @@ async def test_backoff_pauses_then_probes_with_rdy_one(nsqd: NsqdProcess) -> Non
         if failures > 0:
             failures -= 1
             await asyncio.sleep(0.01)
-            return Requeue(0.0, backoff=True)
+            return Retry(0.0, backoff=True)
         # Slow enough that the RDY 1 probe stays visible in /stats for a while.
         await asyncio.sleep(0.25)
         return FINISH
@@ -213,7 +213,7 @@ async def test_requeue_delay_grows_exponentially_with_attempts(nsqd: NsqdProcess
 
     def handle(msg: Message) -> Outcome:
         deliveries.append((msg.attempts, time.monotonic()))
-        return Requeue(None)
+        return Retry(None)
 
     settings = fast_settings(
         nsqd_tcp_addresses=[nsqd.tcp_address], requeue_delay=0.2, requeue_multiplier=2.0
@@ -240,7 +240,7 @@ async def test_max_attempts_ends_in_give_up_hook_exactly_once(nsqd: NsqdProcess)
 
     def handle(msg: Message) -> Outcome:
         handled[msg.body.decode()] += 1
-        return Requeue(0.0)
+        return Retry(0.0)
 
     async def give_up(msg: Message, reason: str) -> None:
         body = msg.body.decode()
@@ -251,7 +251,7 @@ async def test_max_attempts_ends_in_give_up_hook_exactly_once(nsqd: NsqdProcess)
         given_up[body] += 1
 
     settings = fast_settings(nsqd_tcp_addresses=[nsqd.tcp_address], requeue_delay=0.0)
-    consumer = Consumer(TOPIC, CHANNEL, handle, settings, max_attempts=2, on_give_up=give_up)
+    consumer = Consumer(TOPIC, CHANNEL, handle, settings, max_attempts=2, on_reject=give_up)
     await consumer.start()
     await wait_until(lambda: len(given_up) == 5, 10.0, f"given up {given_up}")
     await asyncio.sleep(0.3)

@@ -1,4 +1,4 @@
-"""Requeue and reconnect delays (consumer backoff: test_backoff_machine.py)."""
+"""Retry and reconnect delays (consumer backoff: test_backoff_machine.py)."""
 
 from __future__ import annotations
 

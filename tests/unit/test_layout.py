@@ -51,9 +51,9 @@ OPERATOR_TOOLS = ("nsqworker.admin", "nsqworker.spark.streaming")
 they read each broker directly (an NSQ channel of their own, JetStream messages by
 sequence, a stream from an offset)."""
 TASK_POLICY_WORDS = frozenset({
-    "max_attempts", "give_up", "dead_letter", "Backoff", "BackoffPhase", "requeue_delay", "Policy",
+    "max_attempts", "on_reject", "dead_letter", "Backoff", "BackoffPhase", "requeue_delay", "Policy",
     "drain_timeout", "backoff_multiplier", "requeue_multiplier", "task_timeout", "DEFERRED",
-    "GiveUp", "Dispatcher", "Hooks", "dead_letter_topic", "on_dead_letter",
+    "RejectHook", "Dispatcher", "Hooks", "dead_letter_topic", "on_dead_letter",
 })  # fmt: skip
 """Names of task policy: none of them may appear in a transport's code."""
 MAX_LINES = 600

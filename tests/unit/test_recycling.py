@@ -33,7 +33,7 @@ async def test_a_process_starts_exactly_max_tasks_per_child_messages_then_stops(
     await asyncio.wait_for(worker.run(), 20)  # returns once the limit is reached and drained
     assert len(started) == 7 and len(set(started)) == 7
     assert worker.recycle == "started 7 messages (max_tasks_per_child 7)"
-    acked = broker.acked("recycle_a", "c") + broker.acked("recycle_b", "c")
+    acked = broker.finished("recycle_a", "c") + broker.finished("recycle_b", "c")
     assert len(acked) == 7
     handed_back = broker.retried("recycle_a", "c") + broker.retried("recycle_b", "c")
     assert all(r.delay == 0 for r in handed_back)  # given back at once, for the next process

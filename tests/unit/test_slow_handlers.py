@@ -73,7 +73,7 @@ async def test_a_task_with_fast_history_is_not_slow_where_one_without_is(
     slow = [line for line in log_lines() if line["event"] == SLOW]
     assert [line["task"] for line in slow] == [new.spec.name]
     assert slow[0]["threshold_s"] == 0.1  # the floor, rounded to a tenth
-    assert len(broker.acked("slow_known", "c")) == 21
+    assert len(broker.finished("slow_known", "c")) == 21
 
 
 async def test_a_message_waiting_for_a_slot_is_not_a_slow_handler(

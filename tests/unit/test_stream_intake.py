@@ -81,14 +81,14 @@ async def test_a_chunk_is_handed_out_whole_in_order_and_the_window_holds_the_res
     assert [m.body for m in receiver.seen] == [b"a", b"slow b", b"c", b"slow d"]
     mark = sub.readers[0].watermark
     assert mark.value == 10 and sub.in_flight == 2  # the window is full: the rest waits
-    sub.ack(receiver.seen[1])
+    sub.finish(receiver.seen[1])
     await wait_until(lambda: len(receiver.seen) == 5, 5, message="room for one more")
     assert isinstance(receiver.seen[4], Undecodable) and receiver.seen[4].body == b"\xff\xff"
     sub.reject(receiver.seen[4])
     await wait_until(lambda: len(receiver.seen) == 6, 5, message="the rest of the chunk")
     assert [m.id for m in receiver.seen] == [f"t:{o}" for o in range(10, 16)]
     assert receiver.seen[5].body == b"f" and mark.value == 12  # 13 is still pending
-    sub.ack(receiver.seen[3])
+    sub.finish(receiver.seen[3])
     assert mark.value == 15 and sub.in_flight == 0
     await sub.close()
 

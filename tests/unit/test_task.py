@@ -21,7 +21,7 @@ import structlog
 from nsqworker.dispatch import DEFERRED
 from nsqworker.errors import AlreadyResponded, ConfigurationError
 from nsqworker.memory import MemoryTransport
-from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.message import FINISH, Message, Outcome
 from nsqworker.nsq.transport import CAPABILITIES
 from nsqworker.policy import requeue_delay
 from nsqworker.settings import Settings
@@ -310,13 +310,13 @@ def test_outcome_of_return() -> None:
 @pytest.mark.parametrize(
     ("exc", "kind", "delay", "backoff"),
     [
-        (Retry(5), Requeue, 5.0, True),
-        (Retry(), Requeue, None, True),
-        (ValueError("boom"), Requeue, None, True),
-        (asyncio.CancelledError(), Requeue, 0.0, False),
+        (Retry(5), Retry, 5.0, True),
+        (Retry(), Retry, None, True),
+        (ValueError("boom"), Retry, None, True),
+        (asyncio.CancelledError(), Retry, 0.0, False),
     ],
 )
-def test_outcome_of_error_requeues(
+def test_outcome_of_error_retries(
     exc: BaseException, kind: type, delay: Any, backoff: bool
 ) -> None:
     msg, _ = make_message()
@@ -325,17 +325,49 @@ def test_outcome_of_error_requeues(
     assert (outcome.delay, outcome.backoff) == (delay, backoff)
 
 
-def test_outcome_of_reject_is_give_up() -> None:
+def test_outcome_of_reject_is_reject() -> None:
     msg, _ = make_message()
-    outcome = outcome_of_error(msg, Reject("malformed"))
-    assert isinstance(outcome, GiveUp) and outcome.reason == "malformed"
+    raised = Reject("malformed")
+    assert outcome_of_error(msg, raised) is raised  # the exception is the outcome
     outcome = outcome_of_error(msg, Reject())
-    assert isinstance(outcome, GiveUp) and outcome.reason == "rejected by the handler"
+    assert isinstance(outcome, Reject) and outcome.reason == "rejected by the handler"
+
+
+def test_a_raised_retry_is_its_own_outcome() -> None:
+    """One vocabulary: the exception a handler raises is the outcome the worker applies,
+    a subclass and ``backoff=False`` included."""
+
+    class Busy(Retry):
+        pass
+
+    msg, _ = make_message()
+    for raised in (Retry(5, "busy"), Busy(1), Retry(backoff=False)):
+        assert outcome_of_error(msg, raised) is raised
+
+
+def test_retry_outcome_checks_and_pickles() -> None:
+    with pytest.raises(ValueError, match="from 0 to 3600"):
+        Retry(3601)
+    with pytest.raises(ValueError, match="from 0 to 3600"):
+        Retry(-1)
+    again = pickle.loads(pickle.dumps(Retry(2.5, "busy", backoff=False)))
+    assert (again.delay, again.reason, again.backoff) == (2.5, "busy", False)
+    assert pickle.loads(pickle.dumps(Reject("bad"))).reason == "bad"
+
+
+def test_msg_retry_checks_its_delay_and_requeue_keeps_its_old_leniency() -> None:
+    msg, owner = make_message()
+    with pytest.raises(ValueError, match="from 0 to 3600"):
+        msg.retry(7200)
+    assert not msg.responded and owner.settled == []  # nothing sent for a bad call
+    msg.requeue(7200, backoff=False)  # the deprecated name: brought within 0..3600
+    (outcome,) = owner.settled
+    assert isinstance(outcome, Retry) and (outcome.delay, outcome.backoff) == (3600.0, False)
 
 
 def test_no_outcome_after_the_handler_answered() -> None:
     msg, owner = make_message()
-    msg.requeue(3)
+    msg.retry(3)
     assert outcome_of_error(msg, ValueError()) is None
     assert len(owner.settled) == 1
     with pytest.raises(AlreadyResponded):
@@ -345,9 +377,9 @@ def test_no_outcome_after_the_handler_answered() -> None:
 
 def test_describe_outcome() -> None:
     assert describe_outcome(FINISH) == "finished"
-    assert describe_outcome(Requeue(5.0)) == "retry in 5s"
-    assert describe_outcome(Requeue(None)) == "retry"
-    assert describe_outcome(GiveUp("x")) == "dead-letter"
+    assert describe_outcome(Retry(5.0)) == "retry in 5s"
+    assert describe_outcome(Retry(None)) == "retry"
+    assert describe_outcome(Reject("x")) == "rejected"
     assert describe_outcome(None) == "answered"
 
 
@@ -368,8 +400,8 @@ async def run_callback(runner: _TaskRunner, msg: Message) -> Outcome | None:
     s = runner.settings
     runner.dispatcher = SimpleNamespace(  # type: ignore[assignment]
         complete=lambda _msg, outcome: completed.set_result(outcome),
-        # The policy's delay, as Dispatcher.requeue_delay gives it (the worker logs it).
-        requeue_delay=lambda attempts: requeue_delay(
+        # The policy's delay, as Dispatcher.retry_delay gives it (the worker logs it).
+        retry_delay=lambda attempts: requeue_delay(
             attempts, s.requeue_delay, s.requeue_multiplier, s.max_requeue_delay
         ),
         max_attempts=runner.spec.max_attempts or s.max_attempts,
@@ -403,7 +435,7 @@ def async_raising(exc: BaseException) -> Any:
         (None, "finished"),
         (Retry(2), "retry in 2s"),
         (KeyError("k"), "retry"),
-        (Reject("bad"), "dead-letter"),
+        (Reject("bad"), "rejected"),
         (asyncio.CancelledError(), "retry in 0s"),
     ],
 )
@@ -415,10 +447,10 @@ async def test_callback_maps_each_outcome(
     msg, owner = make_message()
     outcome = await run_callback(runner, msg)
     if expected == "retry":  # the worker picks the policy's (jittered) delay, to log it
-        assert isinstance(outcome, Requeue) and outcome.delay is not None and outcome.delay > 0
+        assert isinstance(outcome, Retry) and outcome.delay is not None and outcome.delay > 0
     else:
         assert describe_outcome(outcome) == expected
-    if isinstance(outcome, Requeue):
+    if isinstance(outcome, Retry):
         assert outcome.backoff is not isinstance(exc, asyncio.CancelledError)
     assert owner.settled == []  # the consumer sends the outcome, not the callback
     assert sum(runner.counts) == 1  # one duration recorded
@@ -459,7 +491,7 @@ async def test_sync_handler_runs_off_the_loop_and_answers_its_owner() -> None:
     def handle(msg: Message) -> None:
         seen.append(threading.get_ident())
         msg.touch()
-        msg.requeue(1.0)
+        msg.retry(1.0)
 
     runner = runner_for(handle)
     msg, owner = make_message()
@@ -468,7 +500,7 @@ async def test_sync_handler_runs_off_the_loop_and_answers_its_owner() -> None:
     loop_thread = threading.get_ident()
     assert seen and seen[0] != loop_thread
     assert owner.threads == seen and owner.touched == 1
-    assert isinstance(owner.settled[0], Requeue) and owner.settled[0].delay == 1.0
+    assert isinstance(owner.settled[0], Retry) and owner.settled[0].delay == 1.0
     assert runner.pool is not None
     runner.pool.shutdown()
 
@@ -531,7 +563,7 @@ async def test_sync_handler_returning_a_coroutine_is_a_failure() -> None:
 
     runner = runner_for(wrong)
     outcome = await run_callback(runner, make_message()[0])
-    assert isinstance(outcome, Requeue) and outcome.backoff  # a failure: the policy's delay
+    assert isinstance(outcome, Retry) and outcome.backoff  # a failure: the policy's delay
     assert runner.pool is not None
     runner.pool.shutdown()
 

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.trace import SpanKind, StatusCode
 
-from nsqworker.message import FINISH, GiveUp, Message, Requeue
+from nsqworker.message import FINISH, Message
 from nsqworker.producing import PublishCall
 from nsqworker.task import Reject, Retry, TaskSpec
 from nsqworker.telemetry import tracing as telemetry
@@ -126,7 +126,7 @@ def test_retry_is_a_req_event_with_its_delay_and_an_error(
 ) -> None:
     inst = instrument(provider)
     token = inst.start(make_msg())
-    inst.end(token, Requeue(3.0), Retry(3.0, "database busy"), 0.2)
+    inst.end(token, Retry(3.0), Retry(3.0, "database busy"), 0.2)
 
     span = only_span(exporter)
     assert span.status.status_code is StatusCode.ERROR
@@ -147,7 +147,7 @@ def test_handler_exception_gives_its_class_qualname(
         pass
 
     inst = instrument(provider)
-    inst.end(inst.start(make_msg()), Requeue(None), Broken("no"), 0.1)
+    inst.end(inst.start(make_msg()), Retry(None), Broken("no"), 0.1)
     span = only_span(exporter)
     assert span.attributes["error.type"] == Broken.__qualname__  # type: ignore[index]
     req = next(e for e in span.events if e.name == "req")
@@ -158,7 +158,7 @@ def test_requeue_without_backoff_is_not_an_error(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
     inst = instrument(provider)
-    inst.end(inst.start(make_msg()), Requeue(0.0, backoff=False), None, 0.1)
+    inst.end(inst.start(make_msg()), Retry(0.0, backoff=False), None, 0.1)
     span = only_span(exporter)
     assert span.status.status_code is StatusCode.UNSET
     assert span.attributes["messaging.nsq.outcome"] == "req"  # type: ignore[index]
@@ -169,7 +169,7 @@ def test_dead_letter_event_carries_the_reason(
     provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
     inst = instrument(provider)
-    inst.end(inst.start(make_msg(attempts=5)), GiveUp("bad payload"), Reject("bad payload"), 0.1)
+    inst.end(inst.start(make_msg(attempts=5)), Reject("bad payload"), Reject("bad payload"), 0.1)
 
     span = only_span(exporter)
     assert span.status.status_code is StatusCode.ERROR
@@ -510,7 +510,7 @@ def test_duration_histogram_only_with_an_sdk_meter(
     meter_provider, reader = metric_reader
     inst = TaskInstrumentation(make_spec(), tracer_provider=provider, meter_provider=meter_provider)
     inst.end(inst.start(make_msg()), FINISH, None, 0.004)
-    inst.end(None, Requeue(None), ValueError("x"), 700.0)
+    inst.end(None, Retry(None), ValueError("x"), 700.0)
     (ok, failed) = sorted(
         points(reader)["messaging.process.duration"], key=lambda p: "error.type" in p.attributes
     )

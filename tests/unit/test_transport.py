@@ -85,11 +85,12 @@ async def test_memory_redelivers_an_unanswered_delivery_and_ignores_its_late_ans
         await broker.run_until_idle(until=lambda: bool(first))
         started = time.monotonic()
         broker.advance(6.0)  # past ack_wait: delivered again
-        await broker.run_until_idle(until=lambda: len(broker.acked("t", "c")) == 1)
+        await broker.run_until_idle(until=lambda: len(broker.finished("t", "c")) == 1)
         release.set()  # the first delivery's answer comes too late: ignored
         await asyncio.sleep(0.01)
     assert time.monotonic() - started < 2
-    assert [(d.body, d.attempts) for d in broker.acked("t", "c")] == [(b"x", 2)]
+    assert [(d.body, d.attempts) for d in broker.finished("t", "c")] == [(b"x", 2)]
+    assert broker.acked("t", "c") == broker.finished("t", "c")  # the old name still works
     assert broker.timed_out("t", "c") == 1 and broker.pending("t", "c") == 0
 
 
