@@ -35,7 +35,7 @@ from typing import Any, Final
 
 from nsqworker.backoff import Alarm, Backoff, Phase
 from nsqworker.eager import finish_in_task
-from nsqworker.message import FINISH, Finish, Message, Outcome, Reject, Retry, Undecodable
+from nsqworker.message import FINISH, Finish, Message, Outcome, Reject, Retry, Stage, Undecodable
 from nsqworker.policy import Policy, requeue_delay
 from nsqworker.slow import SlowWatch
 from nsqworker.stats import DispatchStats
@@ -77,6 +77,7 @@ _CoroutineType = types.CoroutineType
 _OUTCOMES = (Finish, Retry, Reject)
 _PENDING: Final = object()  # the callback's outcome arrives later
 _copy_context = contextvars.copy_context
+_NEW, _RUNNING, _ANSWERED, _SETTLED = Stage.NEW, Stage.RUNNING, Stage.ANSWERED, Stage.SETTLED
 
 
 class Dispatcher:
@@ -343,9 +344,9 @@ class Dispatcher:
                 result = self._follow(msg, result)
         if result is _PENDING:
             return False
-        if result is FINISH and self._plain and not msg.answered:
+        if result is FINISH and self._plain and msg.stage is _NEW:
             # _apply + _release for the common case, when nothing else needs to know.
-            msg.answered = True
+            msg.stage = _SETTLED  # NEW -> SETTLED: finished inline (Stage, MOVES)
             self.finished += 1
             self._in_flight -= 1
             self._running -= 1
@@ -359,14 +360,15 @@ class Dispatcher:
         """The rare arrivals: undecodable, while stopping, past max_attempts, or over
         the fence."""
         if isinstance(msg, Undecodable):  # never a handler's; rejected even while stopping
-            msg.answered = True
+            msg.move(_ANSWERED)
             self._reject(msg, msg.reason)
         elif self._stopping:
             self._settle_now(msg, _DRAIN_RETRY)
         elif msg.attempts > self.max_attempts:
-            msg.answered = True
+            msg.move(_ANSWERED)
             self._reject(msg, MAX_ATTEMPTS_REASON)
         elif self._running >= self.max_in_flight:
+            msg.move(Stage.WAITING)
             self._backlog.append(msg)
         else:
             self._run(msg)
@@ -379,6 +381,7 @@ class Dispatcher:
     def _start(self, msg: Message) -> Any:
         """Run the callback: its outcome if known at once, else _PENDING (a suspended
         coroutine or a future is tracked; a DEFERRED callback calls complete())."""
+        msg.move(_RUNNING)
         self._running += 1
         try:
             result: Any = self._callback(msg)
@@ -403,6 +406,8 @@ class Dispatcher:
                 )
                 return _PENDING
             if result is DEFERRED:
+                if msg.stage is _NEW:  # started on the hot path
+                    msg.stage = _RUNNING
                 self._deferred.add(msg)
                 return _PENDING
             if result is not None and not isinstance(result, _OUTCOMES):
@@ -421,6 +426,8 @@ class Dispatcher:
         self._ran(msg, outcome)
 
     def _track(self, msg: Message, future: asyncio.Future[Any]) -> None:
+        if msg.stage is _NEW:  # started on the hot path (else RUNNING, or answered)
+            msg.stage = _RUNNING
         self._tasks[msg] = future
         if self._slow is not None:  # a suspended handler's age counts from here
             self._slow.began(msg, self._clock())
@@ -449,7 +456,7 @@ class Dispatcher:
                     msg.id,
                 )
                 result = _FAILED
-            msg.answered = True
+            msg.move(_ANSWERED)
             self._apply(msg, result)
         if self._backlog:
             self._ran_backlog()
@@ -460,7 +467,7 @@ class Dispatcher:
             self._run(backlog.popleft())
 
     def _settle_now(self, msg: Message, outcome: Outcome) -> None:
-        msg.answered = True
+        msg.move(_ANSWERED)
         self._apply(msg, outcome)
 
     # --- settling ----------------------------------------------------------------
@@ -476,6 +483,7 @@ class Dispatcher:
     def _apply(self, msg: Message, outcome: Outcome) -> None:
         kind = outcome.__class__
         if kind is Finish:  # the common case, with _release inlined
+            msg.move(_SETTLED)
             self._finish(msg)
             self.finished += 1
             if not self._plain:
@@ -493,6 +501,7 @@ class Dispatcher:
             delay = outcome.delay
             if delay is None:
                 delay = self.retry_delay(msg.attempts)
+            msg.move(_SETTLED)
             self.subscription.retry(msg, min(max(delay, 0.0), self._max_retry_delay))
             self.retried += 1
             if outcome.backoff:
@@ -558,6 +567,7 @@ class Dispatcher:
         if failed:
             self._apply(msg, Retry(None if not self._stopping else 0.0, backoff=False))
             return
+        msg.move(_SETTLED)
         self.subscription.reject(msg)
         self.rejected += 1
         self._release()

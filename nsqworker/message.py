@@ -18,9 +18,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import is_dataclass
 from datetime import UTC, datetime
+from enum import Enum
 from typing import Any, Protocol
 
-from nsqworker.errors import AlreadyResponded, UndecodableBody
+from nsqworker.errors import AlreadyResponded, NSQWorkerError, UndecodableBody
 from nsqworker.safe_text import one_line
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "Outcome",
     "Reject",
     "Retry",
+    "Stage",
+    "StageError",
     "Undecodable",
     "to_bytes",
 ]
@@ -111,6 +114,42 @@ Outcome = Finish | Retry | Reject
 """What becomes of a delivery: finish, retry or reject (the only three words for it)."""
 
 
+# --- one delivery's life: the stages and the moves allowed (h11's _state.py is the model)
+
+
+class Stage(Enum):
+    """Where one delivery is in its life; only the moves in :data:`MOVES` happen."""
+
+    NEW = "new"
+    """Handed to the task layer, not answered. A handler that finishes inline on the
+    hot path runs in it and goes straight to SETTLED: one write per message."""
+    WAITING = "waiting"
+    """Over the task's in-flight bound: waiting, in order, for a handler slot."""
+    RUNNING = "running"
+    """Its handler runs: past its first inline step (a coroutine that suspended, a
+    thread), or started off the hot path (from the waiting line)."""
+    ANSWERED = "answered"
+    """Its outcome is decided and being carried out: a handler's own answer on its way
+    to the loop, a reject's dead-letter chain running. No other answer is taken."""
+    SETTLED = "settled"
+    """Its transport was told: finish, retry or reject. The end."""
+
+
+MOVES: dict[Stage, frozenset[Stage]] = {
+    Stage.NEW: frozenset({Stage.WAITING, Stage.RUNNING, Stage.ANSWERED, Stage.SETTLED}),
+    Stage.WAITING: frozenset({Stage.RUNNING, Stage.ANSWERED}),
+    Stage.RUNNING: frozenset({Stage.ANSWERED}),
+    Stage.ANSWERED: frozenset({Stage.SETTLED}),
+    Stage.SETTLED: frozenset(),
+}
+"""Stage -> the stages a delivery may move to from it (NEW -> SETTLED: finished inline)."""
+
+
+class StageError(NSQWorkerError, RuntimeError):
+    """Raised when a delivery is moved between stages :data:`MOVES` does not allow (a
+    bug in the task layer, never a user's doing: answering twice is AlreadyResponded)."""
+
+
 class MessageOwner(Protocol):
     """What a message needs from whoever delivered it (the task layer's dispatcher)."""
 
@@ -134,13 +173,13 @@ class Message:
     where the broker has them (None on NSQ).
     Handlers normally just return or raise; the methods ``finish``, ``retry`` and
     ``touch`` are for handlers that answer themselves. Answering twice raises
-    :class:`~nsqworker.errors.AlreadyResponded` and sends nothing.
+    :class:`~nsqworker.errors.AlreadyResponded` and sends nothing. ``stage`` says where
+    the delivery is in its life (:class:`Stage`), moved only as :data:`MOVES` allows.
     """
 
     __slots__ = (
         "_owner",
         "address",
-        "answered",
         "attempts",
         "body",
         "channel",
@@ -149,6 +188,7 @@ class Message:
         "origin",
         "receipt",
         "received_at",
+        "stage",
         "timestamp",
         "topic",
         "touch_count",
@@ -178,9 +218,9 @@ class Message:
         self._owner = owner
         #: The transport's own handle for settling this delivery; only it reads this.
         self.receipt = receipt
-        #: True once the message is settled; set by the handler's own ``finish()``...
-        #: or by the task layer (its owner) when it settles it. Read it as ``responded``.
-        self.answered = False
+        #: Where the delivery is in its life (:class:`Stage`); the task layer moves it,
+        #: the handler's own ``finish()``... moves it to ANSWERED.
+        self.stage = Stage.NEW
         #: When the transport received it, on the subscription's clock.
         self.received_at = received_at
         #: Keep-alives sent for it (TOUCH on NSQ).
@@ -205,9 +245,25 @@ class Message:
         return datetime.fromtimestamp(self.timestamp / 1e9, tz=UTC)
 
     @property
+    def answered(self) -> bool:
+        """True once an outcome is decided (finish, retry or reject), by the handler or
+        the task layer; nothing more may be sent for it."""
+        return self.stage is Stage.ANSWERED or self.stage is Stage.SETTLED
+
+    @property
     def responded(self) -> bool:
-        """True once the message was answered: finished, retried or rejected."""
-        return self.answered
+        """Same as :attr:`answered`."""
+        return self.stage is Stage.ANSWERED or self.stage is Stage.SETTLED
+
+    def move(self, stage: Stage) -> None:
+        """Move the delivery to ``stage`` (the task layer's call); a move :data:`MOVES`
+        does not allow raises :class:`StageError`."""
+        if stage not in MOVES[self.stage]:
+            raise StageError(
+                f"message {self.id}: {self.stage.value} -> {stage.value} is not a move a "
+                "delivery makes"
+            )
+        self.stage = stage
 
     @property
     def nsqd_address(self) -> str:
@@ -272,11 +328,11 @@ class Message:
             self._owner.touch(self)
 
     def _settle(self, outcome: Outcome) -> None:
-        if self.answered:
+        if self.stage is Stage.ANSWERED or self.stage is Stage.SETTLED:
             raise AlreadyResponded(
                 f"message {self.id} was already answered; not sending {outcome!r}"
             )
-        self.answered = True
+        self.stage = Stage.ANSWERED  # allowed from every other stage
         if self._owner is not None:
             self._owner.settle(self, outcome)
 

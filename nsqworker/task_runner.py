@@ -32,7 +32,7 @@ from nsqworker.eager import resume
 from nsqworker.errors import ConfigurationError
 from nsqworker.hooks import Hooks, run_after, run_on_error, with_hooks
 from nsqworker.logging import TrafficSummary, get_logger, histogram_quantile
-from nsqworker.message import FINISH, Message, Outcome
+from nsqworker.message import FINISH, Message, Outcome, Stage
 from nsqworker.outcomes import (
     TIME_LIMIT,
     Publish,
@@ -373,7 +373,7 @@ class TaskRunner:
         if isinstance(outcome, Retry):
             msg.retry(outcome.delay, backoff=outcome.backoff)
         elif isinstance(outcome, Reject):  # timed out again: the dead-letter chain, now
-            msg.answered = True
+            msg.move(Stage.ANSWERED)
             self.dispatcher.settle(msg, outcome)
         self._request_recycle(f"a sync handler of {self.spec.name} outlived its time limit")
 

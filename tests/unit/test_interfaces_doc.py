@@ -27,7 +27,9 @@ SEAM: dict[str, tuple[str, ...]] = {
         "Flow", "Capabilities", "SubscriptionStats", "Timer", "Receiver", "Subscription",
         "Publisher", "Transport",
     ),
-    "nsqworker.message": ("Message", "Undecodable", "MessageOwner", "Finish", "Retry", "Reject"),
+    "nsqworker.message": (
+        "Message", "Undecodable", "MessageOwner", "Stage", "Finish", "Retry", "Reject",
+    ),
     "nsqworker.dispatch": ("Dispatcher",),
     "nsqworker.policy": ("Policy",),
     "nsqworker.consumer": ("Consumer",),
