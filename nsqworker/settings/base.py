@@ -100,6 +100,17 @@ class _RenamedEnvSource(PydanticBaseSettingsSource):
         }
 
 
+def _every_setting() -> list[str]:
+    """The names of every section's fields, and their old names."""
+    names: dict[str, None] = {}
+    sections: list[type[SettingsBase]] = [SettingsBase]
+    while sections:
+        section = sections.pop()
+        names.update(dict.fromkeys([*section.model_fields, *_renamed(section)]))
+        sections += section.__subclasses__()
+    return list(names)
+
+
 def _renamed(cls: type) -> dict[str, str]:
     """Old name -> new name, for every rename a class and its bases declare."""
     found: dict[str, str] = {}
@@ -223,15 +234,17 @@ class SettingsBase(BaseSettings):
         ``override_names`` says how the caller spells them in problems (the CLI passes
         ``{"log_format": "--log-format"}``). Raises ``SettingsError`` naming every unknown
         or invalid value and where it came from, including ``NSQWORKER_*`` environment
-        variables that are not settings.
+        variables that are not settings. A section (``NsqSettings.load()``) reads only its
+        own fields and leaves the other sections' variables and keys alone.
         """
         known = [*cls.model_fields, *_renamed(cls)]
-        problems = unknown_env_vars(os.environ, known)
+        every = _every_setting()  # a section's load() leaves the other sections' alone
+        problems = unknown_env_vars(os.environ, every)
         if config_file is None and os.environ.get("NSQWORKER_CONFIG"):
             config_file = os.environ["NSQWORKER_CONFIG"]
         file_values: dict[str, Any] = {}
         if config_file is not None:
-            file_values, file_problems = read_config_file(Path(config_file), dict.fromkeys(known))
+            file_values, file_problems = read_config_file(Path(config_file), dict.fromkeys(every))
             problems += file_problems
         token = FILE_VALUES.set({k: v for k, v in file_values.items() if k in known})
         label = FILE_LABEL.set(None if config_file is None else file_label(Path(config_file)))

@@ -10,6 +10,7 @@ exactly one owner's section.
 from __future__ import annotations
 
 import ast
+import os
 import textwrap
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from nsqworker.settings import (
     RpcSettings,
     ScheduleSettings,
     Settings,
+    SettingsError,
     SparkSettings,
     StreamSettings,
     WorkerSettings,
@@ -163,12 +165,21 @@ def test_a_transports_section_holds_no_task_policy() -> None:
         assert issubclass(section, SettingsBase)
 
 
-def test_a_section_loads_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_section_loads_on_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for key in [k for k in os.environ if k.upper().startswith("NSQWORKER_")]:
+        monkeypatch.delenv(key)
     monkeypatch.setenv("NSQWORKER_NATS_SERVERS", "127.0.0.1:4222")
     monkeypatch.setenv("NSQWORKER_WORKERS", "0")  # not NATS': not read
     nats = NatsSettings(transport="nats")
     assert nats.nats_servers == ["nats://127.0.0.1:4222"] and nats.source("nats_servers") == "env"
     assert not hasattr(nats, "workers")
+    path = tmp_path / "c.toml"
+    path.write_text('nats_stream = "ORDERS"\nmax_attempts = 0\n')
+    loaded = NatsSettings.load(path, transport="nats")  # the worker's keys are not its own
+    assert (loaded.nats_stream, loaded.source("nats_stream")) == ("ORDERS", "file")
+    monkeypatch.setenv("NSQWORKER_NATS_SERVRS", "x")
+    with pytest.raises(SettingsError, match="NSQWORKER_NATS_SERVRS is not a setting"):
+        NatsSettings.load()
 
 
 @pytest.mark.slow
