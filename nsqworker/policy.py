@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.worker import WorkerSettings
 
 __all__ = ["REQUEUE_JITTER", "Policy", "requeue_delay"]
 
@@ -53,15 +53,15 @@ class Policy:
 
     max_in_flight: int = 100
     max_attempts: int = 5
-    requeue_delay: float = 5.0
-    requeue_multiplier: float = 2.0
-    max_requeue_delay: float = 900.0
+    retry_delay: float = 5.0
+    retry_multiplier: float = 2.0
+    max_retry_delay: float = 900.0
     backoff_multiplier: float = 1.0
     max_backoff_duration: float = 120.0
     drain_timeout: float = 30.0
 
     @classmethod
-    def from_settings(cls, settings: Settings, **task: Any) -> Policy:
+    def from_settings(cls, settings: WorkerSettings, **task: Any) -> Policy:
         """The settings' defaults, overridden by the task's own values (None = unset)."""
         values = {name: getattr(settings, name) for name in cls.__dataclass_fields__}
         values.update({k: v for k, v in task.items() if v is not None})

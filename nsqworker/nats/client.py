@@ -16,14 +16,14 @@ import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from nsqworker.broker_settings import tls_context
 from nsqworker.errors import ConfigurationError, NoConnection
+from nsqworker.settings.core import tls_context
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.js import JetStreamContext
 
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nats import NatsSettings as Settings
 
 __all__ = ["NatsConnection"]
 

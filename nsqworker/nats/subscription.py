@@ -45,7 +45,7 @@ from nsqworker.transport import Flow, Receiver, SubscriptionStats
 
 if TYPE_CHECKING:
     from nsqworker.nats.client import NatsConnection
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nats import NatsSettings as Settings
 
 __all__ = ["NatsSubscription"]
 

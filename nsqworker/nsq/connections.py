@@ -28,7 +28,7 @@ from nsqworker.nsq.lookupd import LookupdPoller
 from nsqworker.reconnect import reconnect_delay
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nsq import NsqSettings as Settings
 
 __all__ = ["BULK_RETRY", "Connections"]
 

@@ -14,7 +14,7 @@ from nsqworker.message import to_bytes
 from nsqworker.producing import NO_HOOK, Instrumentation, Operation, PublishCall
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nsq import NsqSettings as Settings
 
 __all__ = [
     "NO_HOOK",

@@ -29,7 +29,7 @@ from nsqworker.nsq.rdy import Mode, plan, released
 from nsqworker.transport import Flow, Receiver, SubscriptionStats, Timer
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nsq import NsqSettings as Settings
 
 __all__ = ["ConnectionStats", "NsqSubscription"]
 

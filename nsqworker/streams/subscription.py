@@ -52,7 +52,7 @@ from nsqworker.subscription_kit import NoDeliveryDeadline, SubscriptionKit
 from nsqworker.transport import Flow, Receiver, SubscriptionStats
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.streams import StreamSettings as Settings
     from nsqworker.streams.link import StreamLink
     from nsqworker.streams.producer import StreamProducer
 
