@@ -26,6 +26,7 @@ from typing import Any
 
 from nsqworker.errors import UndecodableBody
 from nsqworker.message import FINISH, GiveUp, Message, Outcome, Requeue
+from nsqworker.transport import MAX_RETRY_DELAY as MAX_REQUEUE_DELAY
 
 __all__ = [
     "MAX_REQUEUE_DELAY",
@@ -39,7 +40,6 @@ __all__ = [
     "outcome_of_return",
 ]
 
-MAX_REQUEUE_DELAY = 3600.0  # nsqd's default --max-req-timeout
 TIME_LIMIT = "nsqworker: the handler ran past its time limit"
 """The message of the ``CancelledError`` an async handler gets at its time limit: code
 that must answer before it goes (an RPC endpoint's error reply) tells it from a stop by

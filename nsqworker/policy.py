@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nsqworker.transport import MAX_RETRY_DELAY
+
 if TYPE_CHECKING:
     from nsqworker.settings.worker import WorkerSettings
 
@@ -20,9 +22,6 @@ __all__ = ["REQUEUE_JITTER", "Policy", "requeue_delay"]
 
 Random = Callable[[], float]
 
-# The longest retry delay any transport is asked for: nsqd v1.3.0 clamps REQ delays
-# to its --max-req-timeout, 1 h by default; others cap with Capabilities.max_retry_delay.
-MAX_RETRY_DELAY = 3600.0
 # "A little jitter": +-10 % keeps retries of one burst from landing together.
 REQUEUE_JITTER = 0.1
 
@@ -38,7 +37,7 @@ def requeue_delay(
     """Seconds to hold a failed message back before it is delivered again.
 
     ``base x multiplier^(attempts-1)``, with +-``jitter`` (a fraction), capped by ``cap``
-    and by an hour (nsqd's maximum REQ timeout).
+    and by :data:`~nsqworker.transport.MAX_RETRY_DELAY` (an hour).
     """
     exponent = max(attempts, 1) - 1
     # Bound the exponent so a huge attempts count cannot overflow the float.
