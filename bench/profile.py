@@ -111,7 +111,7 @@ class OfflineFeed:
         async def fake_start(sub: NsqSubscription, receiver: Receiver) -> None:
             await attach(sub, receiver)
 
-        NsqSubscription.start = fake_start  # type: ignore[method-assign]
+        NsqSubscription.start = fake_start  # type: ignore[method-assign,assignment]
         NsqSubscription.stop = NsqSubscription.close = _nothing  # type: ignore[method-assign]
         try:
             yield
