@@ -21,7 +21,6 @@ REACH_IN_TREES = ("nsqworker", "tests", "bench")
 TRANSPORT_MAY_IMPORT = (
     "nsqworker.errors",
     "nsqworker.settings",
-    "nsqworker.broker_settings",
     "nsqworker._version",
     # the seam: what every transport implements and hands up
     "nsqworker.transport",
