@@ -20,8 +20,9 @@ floor, offline only); or the Producer publishing ``--messages`` to a real nsqd:
 telemetry section does: ``ratio`` (1%) or ``full`` sampling, or ``bare``: no tracing by
 the worker, the handler makes one bare SDK span. ``--profiler`` is ``none`` (just time it), ``cprofile`` (exact call counts, per-message
 cost of each function, inflated by the profiler) or ``pyinstrument`` (sampling, call
-tree). The offline feed reaches into Consumer internals (``_Link``, ``_Session``): it
-is a diagnostic tool and may need updating when those change.
+tree). The offline feed builds the NSQ subscription's link, session and connection
+itself (``Link``, ``Session``, ``Connection.handshake_done``): it is a diagnostic tool
+and may need updating when those change.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ from typing import Any
 
 from bench.common import BODY_SIZE, CHANNEL, Clock, default_loop, loop_label, run_on
 from nsqworker.consumer import Consumer
-from nsqworker.dispatch import Dispatcher
 from nsqworker.message import FINISH, Finish, Message
 from nsqworker.nsq import protocol
 from nsqworker.nsq.connection import Connection
+from nsqworker.nsq.subscription import NsqSubscription
+from nsqworker.transport import Receiver
 
 PATHS = ("lean", "consumer", "worker-async", "worker-sync")
 PUBLISH_PATHS = ("pub", "concurrent", "mpub")
@@ -92,8 +94,9 @@ def encoded_chunks(count: int, size: int = BODY_SIZE, chunk: int = CHUNK) -> lis
 
 
 class OfflineFeed:
-    """Patches Consumer.start/stop so a consumer gets one fake, already subscribed
-    connection whose bytes come from :meth:`feed` instead of nsqd."""
+    """Patches ``NsqSubscription.start``/``stop``/``close`` so that a consumer's (or a
+    Worker task's) subscription gets one fake, already subscribed connection whose bytes
+    come from :meth:`feed` instead of nsqd; the dispatcher runs as it does with nsqd."""
 
     def __init__(self) -> None:
         self.conns: list[Connection] = []
@@ -102,42 +105,35 @@ class OfflineFeed:
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
         # Every consumer and every Worker task is a Dispatcher over a subscription.
-        start, stop = Dispatcher.start, Dispatcher.stop
+        start, stop, close = NsqSubscription.start, NsqSubscription.stop, NsqSubscription.close
         attach = self._attach
 
-        def fake_start(consumer: Dispatcher) -> Any:
-            return attach(consumer)
+        async def fake_start(sub: NsqSubscription, receiver: Receiver) -> None:
+            await attach(sub, receiver)
 
-        Dispatcher.start = fake_start  # type: ignore[method-assign,assignment]
-        Dispatcher.stop = _no_stop  # type: ignore[method-assign]
+        NsqSubscription.start = fake_start  # type: ignore[method-assign,assignment]
+        NsqSubscription.stop = NsqSubscription.close = _nothing  # type: ignore[method-assign]
         try:
             yield
         finally:
-            Dispatcher.start, Dispatcher.stop = start, stop  # type: ignore[method-assign]
+            NsqSubscription.start, NsqSubscription.stop = start, stop  # type: ignore[method-assign]
+            NsqSubscription.close = close  # type: ignore[method-assign]
 
-    async def _attach(self, consumer: Dispatcher) -> None:
-        import threading
-
+    async def _attach(self, sub: NsqSubscription, receiver: Receiver) -> None:
+        """``sub.start(receiver)``, with a connection that nsqd has already subscribed."""
         from nsqworker.nsq.links import Link, Session
-        from nsqworker.nsq.subscription import NsqSubscription
 
-        loop = asyncio.get_running_loop()
-        sub = consumer.subscription
-        assert isinstance(sub, NsqSubscription)
-        consumer._started, consumer._loop = True, loop
-        consumer._loop_thread = threading.get_ident()
-        sub._receiver, sub._deliver, sub._loop = consumer, consumer.deliver, loop
+        sub.bind(receiver)
         connections = sub.connections
         connections.started = True
         link = Link("127.0.0.1:4150", direct=True)
         session = Session(link)
-        on_message = partial(sub._on_message, session)
-        conn = Connection(link.address, connections._config, on_message=on_message)
+        on_message = partial(sub.on_message, session)
+        conn = Connection(link.address, connections.config, on_message=on_message)
         conn.connection_made(self.transport)  # type: ignore[arg-type]
-        conn._handshaking = False
-        conn._established = conn._open = True
+        conn.handshake_done()
         session.conn, session.open, link.session = conn, True, session
-        session.slot.rdy = consumer.max_in_flight
+        session.slot.rdy = sub.window
         connections.links[link.address] = link
         connections.sessions.append(session)
         self.conns.append(conn)
@@ -151,8 +147,8 @@ class OfflineFeed:
         await done.wait()
 
 
-async def _no_stop(self: Dispatcher, drain_timeout: float | None = None) -> None:
-    return None
+async def _nothing(self: NsqSubscription) -> None:
+    """The fake connection has nothing to stop or close."""
 
 
 # --- the clients ------------------------------------------------------------------------

@@ -19,6 +19,7 @@ same count of fresh messages (the tree going first alternates run by run) with:
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -29,9 +30,10 @@ from bench.config import Config, Say
 from bench.env import ROOT, BenchError, Broker, run_child
 from bench.results import Results, Series
 
-BASELINE = "dc43164"
+BASELINE = os.environ.get("BENCH_SEAM_BASELINE", "dc43164")
 """The commit before the transport seam (``nsqworker/nsq/consumer.py`` held the task
-policy; the seam moved it to ``nsqworker/dispatch.py``)."""
+policy; the seam moved it to ``nsqworker/dispatch.py``); ``BENCH_SEAM_BASELINE`` names
+another to compare with, e.g. the tree before a redesign step."""
 TREES = ("before", "after")
 CPU_PATHS = (
     ("worker-async", "Worker async"),

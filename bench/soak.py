@@ -226,7 +226,7 @@ class Soak:
             "SOAK_HANDLED": str(self.handled_file),
             "SOAK_DEAD": str(self.dead_file),
             "SOAK_FAIL": str(self.run.fail),
-            "NSQWORKER_REQUEUE_DELAY": "0.2",
+            "NSQWORKER_RETRY_DELAY": "0.2",
             "NSQWORKER_LOG_LEVEL": "warning",
             "NSQWORKER_LOG_FORMAT": "json",
             **self.brokers.worker_env(),

@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nsqworker.dispatch import Dispatcher
 from nsqworker.logging import configure_logging
 from nsqworker.message import Finish, Message
 from nsqworker.settings import Settings
@@ -52,18 +51,32 @@ spark.stop()
 """
 
 
-class Probe:
+class FinTimes:
+    """Arrival and FIN times by message id, from an ``after`` hook of the registry: it
+    runs on the loop once a message's outcome is decided, just before it is settled."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.arrived: dict[str, float] = {}
+        self.fin: dict[str, float] = {}
+        registry.after(self.finished)
+
+    def finished(self, msg: Message, outcome: Any, error: Any, duration: float) -> None:
+        if isinstance(outcome, Finish):
+            self.fin[msg.id] = time.monotonic()
+            self.arrived[msg.id] = msg.received_at
+
+
+class Probe(FinTimes):
     """Timestamps of arrivals, spawns, exits and FINs by message id."""
 
-    def __init__(self, runner: LocalRunner) -> None:
-        self.arrived: dict[str, float] = {}
+    def __init__(self, runner: LocalRunner, registry: Registry) -> None:
+        super().__init__(registry)
         self.spawned: dict[str, float] = {}
         self.exited: dict[str, float] = {}
-        self.fin: dict[str, float] = {}
         self._install(runner)
 
     def _install(self, runner: LocalRunner) -> None:
-        submit, wait, apply = runner.submit, runner.wait, Dispatcher._apply
+        submit, wait = runner.submit, runner.wait
         probe = self
 
         async def timed_submit(job: SparkJob, ctx: Any) -> LocalJob:
@@ -77,15 +90,8 @@ class Probe:
             probe.exited[handle.message_id] = handle.exited_at  # type: ignore[attr-defined]
             return result
 
-        def timed_apply(self: Dispatcher, msg: Message, outcome: Any) -> None:
-            apply(self, msg, outcome)
-            if isinstance(outcome, Finish):
-                probe.fin[msg.id] = time.monotonic()
-                probe.arrived[msg.id] = msg.received_at
-
         runner.submit = timed_submit  # type: ignore[method-assign]
         runner.wait = timed_wait  # type: ignore[method-assign]
-        Dispatcher._apply = timed_apply  # type: ignore[method-assign]
 
     def overheads(self) -> tuple[list[float], list[float]]:
         ids = [i for i in self.fin if i in self.spawned and i in self.exited]
@@ -126,7 +132,7 @@ async def run_jobs(nsqd: NsqdProcess, app: Path, count: int, concurrent: int) ->
     settings = settings_for(nsqd, concurrent, app.parent)  # the apps are in a temp dir
     runner = runner_for(settings)
     assert isinstance(runner, LocalRunner)
-    probe = Probe(runner)
+    probe = Probe(runner, registry)
     lags: list[float] = []
     thread_lags: list[float] = []
     stop = asyncio.Event()
@@ -153,11 +159,11 @@ async def run_jobs(nsqd: NsqdProcess, app: Path, count: int, concurrent: int) ->
         "jobs": count,
         "wall_s": round(wall, 1),
         "jobs_per_min": round(count / wall * 60, 1),
-        "arrival_to_fin_ms": _summary([(probe.fin[i] - probe.arrived[i]) * 1e3 for i in probe.fin]),
-        "arrival_to_submit_ms": _summary(to_spawn),
-        "exit_to_fin_ms": _summary(to_fin),
-        "loop_lag_ms": _summary(lags),
-        "thread_sleep_lag_ms": _summary(thread_lags),
+        "arrival_to_fin_ms": summary([(probe.fin[i] - probe.arrived[i]) * 1e3 for i in probe.fin]),
+        "arrival_to_submit_ms": summary(to_spawn),
+        "exit_to_fin_ms": summary(to_fin),
+        "loop_lag_ms": summary(lags),
+        "thread_sleep_lag_ms": summary(thread_lags),
     }
 
 
@@ -176,7 +182,7 @@ def side_by_side(submit: dict[str, Any], session: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _summary(values: list[float]) -> dict[str, float]:
+def summary(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
     ordered = sorted(values)

@@ -26,10 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.spark import _summary, lag_probe, thread_probe
-from nsqworker.dispatch import Dispatcher
+from bench.spark import FinTimes, lag_probe, summary, thread_probe
 from nsqworker.logging import configure_logging
-from nsqworker.message import Finish, Message
+from nsqworker.message import Message
 from nsqworker.settings import Settings
 from nsqworker.spark import holder_for, spark_session_task
 from nsqworker.spark.connect_server import ConnectServer, connect_jar
@@ -48,28 +47,8 @@ def job(msg: Message, spark: Any) -> int:
     return count
 
 
-class FinProbe:
-    """Arrival and FIN times by message id (Dispatcher._apply wrapped while active)."""
-
-    def __init__(self) -> None:
-        self.arrived: dict[str, float] = {}
-        self.fin: dict[str, float] = {}
-        self._apply = Dispatcher._apply
-
-    def __enter__(self) -> FinProbe:
-        apply, probe = self._apply, self
-
-        def timed_apply(self: Dispatcher, msg: Message, outcome: Any) -> None:
-            apply(self, msg, outcome)
-            if isinstance(outcome, Finish):
-                probe.fin[msg.id] = time.monotonic()
-                probe.arrived[msg.id] = msg.received_at
-
-        Dispatcher._apply = timed_apply  # type: ignore[method-assign]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        Dispatcher._apply = self._apply  # type: ignore[method-assign]
+class FinProbe(FinTimes):
+    """Arrival and FIN times by message id (an ``after`` hook of the registry)."""
 
     async def wait(self, count: int, timeout: float = 600.0) -> None:
         deadline = time.monotonic() + timeout
@@ -113,52 +92,52 @@ async def run_backend(
     spark_session_task(TOPIC, channel=CHANNEL, registry=registry, max_in_flight=2)(job)
     holder = holder_for(settings)
     results: dict[str, Any] = {"backend": holder.backend}
-    with FinProbe() as probe:
-        started = time.monotonic()
-        async with Worker(registry, settings):
-            sent = 0
-            for _ in range(warmup):  # the session's start and the JVM's JIT
-                nsqd.publish(TOPIC, b"{}")
-                sent += 1
-                await probe.wait(sent)
-            results["session_start_and_warmup_s"] = round(time.monotonic() - started, 1)
-            first = len(probe.fin)
-            for _ in range(latency):
-                nsqd.publish(TOPIC, b"{}")
-                sent += 1
-                await probe.wait(sent)
-            ids = list(probe.fin)[first:]
-            results["arrival_to_fin_ms"] = _summary(
-                [(probe.fin[i] - probe.arrived[i]) * 1e3 for i in ids]
-            )
-            lags: list[float] = []
-            thread_lags: list[float] = []
-            stop, thread_stop = asyncio.Event(), threading.Event()
-            control = threading.Thread(target=thread_probe, args=(thread_lags, thread_stop))
-            lagging = asyncio.ensure_future(lag_probe(lags, stop))
-            control.start()
-            begin = time.monotonic()
-            for _ in range(burst):
-                nsqd.publish(TOPIC, b"{}")
-            sent += burst
+    probe = FinProbe(registry)
+    started = time.monotonic()
+    async with Worker(registry, settings):
+        sent = 0
+        for _ in range(warmup):  # the session's start and the JVM's JIT
+            nsqd.publish(TOPIC, b"{}")
+            sent += 1
             await probe.wait(sent)
-            wall = time.monotonic() - begin
-            stop.set()
-            thread_stop.set()
-            await lagging
-            control.join()
-            results["burst"] = {
-                "jobs": burst,
-                "max_in_flight": 2,
-                "wall_s": round(wall, 1),
-                "jobs_per_min": round(burst / wall * 60, 1),
-                "loop_lag_ms": _summary(lags),
-                "thread_sleep_lag_ms": _summary(thread_lags),
-            }
-            results["rss_mb"] = {"python": round(rss_mb(os.getpid()))}
-            if holder.backend == "local":  # connect: the JVM is the server's, not ours
-                jvm = sum(rss_mb(p) for p in descendants(os.getpid()))
-                results["rss_mb"]["jvm"] = round(jvm)
+        results["session_start_and_warmup_s"] = round(time.monotonic() - started, 1)
+        first = len(probe.fin)
+        for _ in range(latency):
+            nsqd.publish(TOPIC, b"{}")
+            sent += 1
+            await probe.wait(sent)
+        ids = list(probe.fin)[first:]
+        results["arrival_to_fin_ms"] = summary(
+            [(probe.fin[i] - probe.arrived[i]) * 1e3 for i in ids]
+        )
+        lags: list[float] = []
+        thread_lags: list[float] = []
+        stop, thread_stop = asyncio.Event(), threading.Event()
+        control = threading.Thread(target=thread_probe, args=(thread_lags, thread_stop))
+        lagging = asyncio.ensure_future(lag_probe(lags, stop))
+        control.start()
+        begin = time.monotonic()
+        for _ in range(burst):
+            nsqd.publish(TOPIC, b"{}")
+        sent += burst
+        await probe.wait(sent)
+        wall = time.monotonic() - begin
+        stop.set()
+        thread_stop.set()
+        await lagging
+        control.join()
+        results["burst"] = {
+            "jobs": burst,
+            "max_in_flight": 2,
+            "wall_s": round(wall, 1),
+            "jobs_per_min": round(burst / wall * 60, 1),
+            "loop_lag_ms": summary(lags),
+            "thread_sleep_lag_ms": summary(thread_lags),
+        }
+        results["rss_mb"] = {"python": round(rss_mb(os.getpid()))}
+        if holder.backend == "local":  # connect: the JVM is the server's, not ours
+            jvm = sum(rss_mb(p) for p in descendants(os.getpid()))
+            results["rss_mb"]["jvm"] = round(jvm)
     return results
 
 

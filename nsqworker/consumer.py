@@ -66,7 +66,7 @@ class Consumer(Dispatcher):
             settings,
             max_in_flight=max_in_flight,
             max_attempts=max_attempts,
-            requeue_delay=requeue_delay,
+            retry_delay=requeue_delay,
         )
         self.transport = create_transport(settings)
         sub = open_subscription(

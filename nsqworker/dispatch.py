@@ -515,7 +515,7 @@ class Dispatcher:
     def retry_delay(self, attempts: int) -> float:
         """Seconds of a retry the handler left to the policy, after ``attempts`` deliveries."""
         p = self.policy
-        return requeue_delay(attempts, p.requeue_delay, p.requeue_multiplier, p.max_requeue_delay)
+        return requeue_delay(attempts, p.retry_delay, p.retry_multiplier, p.max_retry_delay)
 
     def touch(self, msg: Message) -> None:
         """Keep ``msg`` alive now (for handlers that answer themselves). Any thread."""

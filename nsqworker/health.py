@@ -348,7 +348,9 @@ RESERVED_SLOTS = 8
 class _QuietHandler(WSGIRequestHandler):
     """Probes every few seconds should not fill the log with access lines."""
 
-    timeout = REQUEST_TIMEOUT
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(REQUEST_TIMEOUT)  # each read's; read now, as the server's
 
     def log_message(self, format: str, *args: Any) -> None:
         pass

@@ -171,8 +171,12 @@ class _Writer:
             stream.write(message + "\n")
             return
         with lock:
-            stream.write(message + "\n")
-            stream.flush()
+            try:
+                stream.write(message + "\n")
+                stream.flush()
+            except ValueError:  # closed (a CLI runner's capture, gone): stderr keeps it
+                if sys.__stderr__ is not None:
+                    sys.__stderr__.write(message + "\n")
 
     debug = info = warning = warn = error = critical = exception = fatal = log = msg
 

@@ -38,7 +38,13 @@ from typing import Any, Literal
 from nsqworker.errors import ConfigurationError
 from nsqworker.message import Message, to_bytes
 from nsqworker.names import check_channel, check_topic
-from nsqworker.transport import Capabilities, Flow, Receiver, SubscriptionStats
+from nsqworker.transport import (
+    MAX_RETRY_DELAY,
+    Capabilities,
+    Flow,
+    Receiver,
+    SubscriptionStats,
+)
 
 __all__ = ["CAPABILITIES", "Delivered", "MemorySubscription", "MemoryTransport", "Retried"]
 
@@ -46,9 +52,7 @@ CAPABILITIES = Capabilities(
     name="memory",
     system="memory",
     attribute_prefix="messaging.memory",
-    counts_attempts=True,
-    native_retry_delay=True,
-    max_retry_delay=3600.0,
+    max_retry_delay=MAX_RETRY_DELAY,
     keep_alive=True,
     max_hold=None,
     headers=False,

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import is_dataclass
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from nsqworker.errors import AlreadyResponded, NSQWorkerError, UndecodableBody
 from nsqworker.safe_text import one_line
@@ -40,9 +40,11 @@ __all__ = [
 ]
 
 
-MAX_RETRY_DELAY = 3600.0
-"""The longest retry delay a handler may ask for, in seconds (nsqd's default
-``--max-req-timeout``; each transport caps at its ``Capabilities.max_retry_delay``)."""
+MAX_RETRY_DELAY: Final = 3600.0
+"""The longest retry delay in seconds a handler (``Retry(delay)``) or a task's settings
+may ask for, on every transport: nsqd's default ``--max-req-timeout``. A transport that
+honours less says so in ``Capabilities.max_retry_delay`` (nsqworker.transport re-exports
+this constant)."""
 
 
 class Finish:

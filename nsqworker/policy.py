@@ -13,16 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nsqworker.transport import MAX_RETRY_DELAY
+
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.worker import WorkerSettings
 
 __all__ = ["REQUEUE_JITTER", "Policy", "requeue_delay"]
 
 Random = Callable[[], float]
 
-# The longest retry delay any transport is asked for: nsqd v1.3.0 clamps REQ delays
-# to its --max-req-timeout, 1 h by default; others cap with Capabilities.max_retry_delay.
-MAX_RETRY_DELAY = 3600.0
 # "A little jitter": +-10 % keeps retries of one burst from landing together.
 REQUEUE_JITTER = 0.1
 
@@ -38,7 +37,7 @@ def requeue_delay(
     """Seconds to hold a failed message back before it is delivered again.
 
     ``base x multiplier^(attempts-1)``, with +-``jitter`` (a fraction), capped by ``cap``
-    and by an hour (nsqd's maximum REQ timeout).
+    and by :data:`~nsqworker.transport.MAX_RETRY_DELAY` (an hour).
     """
     exponent = max(attempts, 1) - 1
     # Bound the exponent so a huge attempts count cannot overflow the float.
@@ -53,15 +52,15 @@ class Policy:
 
     max_in_flight: int = 100
     max_attempts: int = 5
-    requeue_delay: float = 5.0
-    requeue_multiplier: float = 2.0
-    max_requeue_delay: float = 900.0
+    retry_delay: float = 5.0
+    retry_multiplier: float = 2.0
+    max_retry_delay: float = 900.0
     backoff_multiplier: float = 1.0
     max_backoff_duration: float = 120.0
     drain_timeout: float = 30.0
 
     @classmethod
-    def from_settings(cls, settings: Settings, **task: Any) -> Policy:
+    def from_settings(cls, settings: WorkerSettings, **task: Any) -> Policy:
         """The settings' defaults, overridden by the task's own values (None = unset)."""
         values = {name: getattr(settings, name) for name in cls.__dataclass_fields__}
         values.update({k: v for k, v in task.items() if v is not None})

@@ -356,7 +356,7 @@ class Registry:
             max_attempts: deliveries before the message goes to the dead-letter hooks
                 (default ``Settings.max_attempts``).
             requeue_delay: seconds of the first retry after a failure, growing
-                exponentially with attempts (default ``Settings.requeue_delay``).
+                exponentially with attempts (default ``Settings.retry_delay``).
             on_dead_letter: ``hook(msg, reason)`` called when the message is rejected;
                 a plain function runs in a thread, an ``async def`` on the loop.
             dead_letter_topic: also publish rejected messages there, as JSON.

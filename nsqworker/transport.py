@@ -30,9 +30,10 @@ from enum import Enum
 from typing import Any, Protocol
 
 from nsqworker.errors import ConfigurationError
-from nsqworker.message import Message, MessageOwner
+from nsqworker.message import MAX_RETRY_DELAY, Message, MessageOwner
 
 __all__ = [
+    "MAX_RETRY_DELAY",
     "Capabilities",
     "Flow",
     "Publisher",
@@ -48,6 +49,7 @@ __all__ = [
     "producer_of",
     "register_transport",
     "transport_names",
+    "unregister_transport",
 ]
 
 
@@ -72,16 +74,10 @@ class Capabilities:
     """``messaging.system`` of spans and metrics (OpenTelemetry's value for the broker)."""
     attribute_prefix: str
     """Prefix of broker-specific span attributes, e.g. ``messaging.nsq``."""
-    counts_attempts: bool = True
-    """The broker counts deliveries (else the transport carries the count itself).
-    Information for users (docs/transports.md): every transport hands the task layer a
-    count either way, so the dispatcher does not branch on it."""
-    native_retry_delay: bool = True
-    """Retry after a delay is the broker's own (else the transport emulates it).
-    Information, like ``counts_attempts``: ``Subscription.retry(msg, delay)`` works on
-    every transport; the dispatcher reads only ``max_retry_delay``."""
-    max_retry_delay: float = 3600.0
-    """Longest retry delay in seconds the transport can honour; longer ones are capped."""
+    max_retry_delay: float = MAX_RETRY_DELAY
+    """Longest retry delay in seconds the transport can honour; longer ones are capped.
+    (Attempts and retry delays work on every transport: one whose broker does not count
+    deliveries or delay a retry carries the count and emulates the delay itself.)"""
     keep_alive: bool = True
     """Deliveries have a deadline and ``keep_alive`` extends it (TOUCH, in_progress)."""
     max_hold: float | None = None
@@ -294,6 +290,11 @@ def register_transport(name: str, factory: str | TransportFactory) -> None:
     if not name or not name.replace("-", "").replace("_", "").isalnum():
         raise ConfigurationError(f"transport name {name!r}: use letters, digits, - and _")
     _REGISTRY[name] = factory
+
+
+def unregister_transport(name: str) -> None:
+    """Forget the transport registered as ``name`` (a test's own, say); no error if none is."""
+    _REGISTRY.pop(name, None)
 
 
 def transport_names() -> list[str]:

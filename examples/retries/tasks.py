@@ -51,7 +51,7 @@ async def not_ready(msg: Message) -> None:
 
 @task("retries_flaky", channel="work", requeue_delay=1, max_attempts=5)
 async def flaky(msg: Message) -> None:
-    """Any other exception: REQ after requeue_delay x requeue_multiplier^(attempts-1),
+    """Any other exception: REQ after retry_delay x retry_multiplier^(attempts-1),
     here about 1 s, then 2 s; the third attempt succeeds."""
     if msg.attempts < 3:
         raise ConnectionError(f"database unavailable (attempt {msg.attempts})")

@@ -32,6 +32,8 @@ __all__ = ["pipeline_edges", "show_settings", "task_row", "tasks"]
 # ---------------------------------------------------------------------------- tasks
 
 _DEFAULTED = ("max_in_flight", "max_attempts", "requeue_delay")
+#: The setting a task option defaults to, where their names differ.
+_SETTING = {"requeue_delay": "retry_delay"}
 
 
 def tasks(
@@ -110,7 +112,9 @@ def task_row(spec: TaskSpec, settings: Settings) -> dict[str, Any]:
         "topic": spec.topic,
         "channel": spec.channel,
         **{
-            name: getattr(spec, name) if name not in defaults else getattr(settings, name)
+            name: getattr(spec, name)
+            if name not in defaults
+            else getattr(settings, _SETTING.get(name, name))
             for name in _DEFAULTED
         },
         "on_dead_letter": None if hook is None else _qualified(hook),

@@ -189,7 +189,7 @@ def warn_unreachable(settings: Settings, timeout: float = 1.0) -> None:
         servers = settings.nats_servers or ["nats://127.0.0.1:4222"]
         targets = [("NATS server", u, *_host_port(u)) for u in servers]
     if settings.transport == "rabbitmq-stream":
-        from nsqworker.broker_settings import stream_endpoint
+        from nsqworker.settings.streams import stream_endpoint
 
         host, port = stream_endpoint(settings.rabbitmq_stream_uri.get_secret_value())
         targets = [("RabbitMQ streams", f"{host}:{port}", host, port)]

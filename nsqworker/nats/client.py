@@ -16,14 +16,15 @@ import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from nsqworker.broker_settings import tls_context
 from nsqworker.errors import ConfigurationError, NoConnection
+from nsqworker.settings.core import tls_context
+from nsqworker.subscription_kit import ErrorCounts
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
     from nats.js import JetStreamContext
 
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nats import NatsSettings as Settings
 
 __all__ = ["NatsConnection"]
 
@@ -40,7 +41,7 @@ class NatsConnection:
         self.name = name
         self.client: Client | None = None
         self.js: JetStreamContext | None = None
-        self.errors: dict[str, int] = {}
+        self.errors = ErrorCounts()
         self._lock = asyncio.Lock()
         self._closing = False
         self._last_error: BaseException | None = None
@@ -164,13 +165,13 @@ class NatsConnection:
         if self._last_error is None or _is_refusal(exc):  # a refusal outranks the reset after it
             self._last_error = exc
         reason = type(exc).__name__
-        self.errors[reason] = self.errors.get(reason, 0) + 1
+        self.errors.count(reason)
         log.warning("NATS: %s", exc or reason)
 
     async def _on_disconnected(self) -> None:
         if self._closing:
             return
-        self.errors["disconnected"] = self.errors.get("disconnected", 0) + 1
+        self.errors.count("disconnected")
         log.warning("NATS: disconnected from %s; reconnecting", self.address)
 
     async def _on_reconnected(self) -> None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from nats.js import JetStreamContext
     from nats.js.api import ConsumerConfig
 
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nats import NatsSettings as Settings
 
 __all__ = [
     "ack_wait",

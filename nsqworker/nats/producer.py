@@ -28,7 +28,7 @@ from nsqworker.nats.jetstream import DELAY_TOKEN, check_subject, ensure_schedule
 from nsqworker.producing import ProducerBase, PublishCall
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nats import NatsSettings as Settings
 
 __all__ = ["NatsProducer"]
 
@@ -55,7 +55,7 @@ class NatsProducer(ProducerBase):
         connection: NatsConnection | None = None,
     ) -> None:
         super().__init__(timeout)
-        from nsqworker.settings import Settings as _Settings
+        from nsqworker.settings.nats import NatsSettings as _Settings
 
         if settings is None:
             settings = _Settings(transport="nats")

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from nsqworker.errors import ConfigurationError
 from nsqworker.message import Message
 from nsqworker.nats.jetstream import check_channel, check_subject
 from nsqworker.subscription_kit import NoDeliveryDeadline, SubscriptionKit
@@ -32,6 +31,10 @@ if TYPE_CHECKING:
 __all__ = ["NatsRequest", "NatsRequestSubscription"]
 
 log = logging.getLogger("nsqworker.nats")
+
+RESUBSCRIBE = (0.1, 5.0)
+"""Seconds before joining the queue group again after a failure: the first, doubled per
+failure (with jitter) up to the second, so an endpoint is back soon after its server."""
 _monotonic = time.monotonic
 
 
@@ -49,25 +52,22 @@ class NatsRequest(Message):
 class NatsRequestSubscription(SubscriptionKit, NoDeliveryDeadline):
     """Requests to ``topic`` (a subject), one of the queue group ``channel`` each."""
 
+    _log = log
+
     def __init__(
         self, topic: str, channel: str, connection: NatsConnection, *, name: str,
         max_in_flight: int,
     ) -> None:  # fmt: skip
-        self.topic = check_subject(topic)
-        self.channel = check_channel(channel)
-        self.name = name
+        super().__init__(
+            check_subject(topic), check_channel(channel), name=name, window=max_in_flight,
+            errors=connection.errors,
+        )  # fmt: skip
         self.connection = connection
-        self.window = max_in_flight
         self.in_flight = 0
         self.received = 0
         self.dropped = 0
-        self._receiver: Receiver | None = None
-        self._deliver: Callable[[Message], bool] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._sub: NatsSub | None = None
-        self._stopping = False
         self._prefix = os.urandom(4).hex().encode()
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     def __repr__(self) -> str:
         return f"<NatsRequestSubscription {self.topic} queue={self.channel}>"
@@ -77,18 +77,9 @@ class NatsRequestSubscription(SubscriptionKit, NoDeliveryDeadline):
     async def start(self, receiver: Receiver) -> None:
         """Connect and join the queue group; a server that does not answer is retried
         in the background (``ready`` stays False), refused credentials raise."""
-        if self._receiver is not None:
+        if not self._starting(receiver):
             return
-        self._receiver = receiver
-        self._deliver = receiver.deliver
-        self._loop = asyncio.get_running_loop()
-        try:
-            await self._subscribe()
-        except ConfigurationError:
-            raise
-        except Exception as exc:
-            log.warning("%s: NATS not ready (%s); retrying", self.name, exc)
-            self._spawn(self._subscribe_until_done())
+        await self._first_attempt(self._subscribe, self._joined, RESUBSCRIBE, "NATS")
 
     async def _subscribe(self) -> None:
         client = await self.connection.get()
@@ -98,15 +89,8 @@ class NatsRequestSubscription(SubscriptionKit, NoDeliveryDeadline):
                 "%s: serving NATS requests on %s (queue %s)", self.name, self.topic, self.channel
             )
 
-    async def _subscribe_until_done(self) -> None:
-        delay = 0.1
-        while self._sub is None and not self._stopping:
-            await asyncio.sleep(delay)
-            try:
-                await self._subscribe()
-            except Exception as exc:
-                log.debug("%s: NATS still not ready: %s", self.name, exc)
-                delay = min(delay * 2, 5.0)
+    def _joined(self) -> bool:
+        return self._sub is not None
 
     async def stop(self) -> None:
         """Take no more requests: leave the queue group (the server sends new requests to
@@ -122,8 +106,7 @@ class NatsRequestSubscription(SubscriptionKit, NoDeliveryDeadline):
     async def close(self) -> None:
         """Stop, and end the background work."""
         await self.stop()
-        for task in list(self._tasks):
-            task.cancel()
+        self._cancel_tasks()
 
     @property
     def subscribed(self) -> bool:
@@ -179,13 +162,9 @@ class NatsRequestSubscription(SubscriptionKit, NoDeliveryDeadline):
             connected=int(self.connection.connected),
             window=self.window,
             in_flight=self.in_flight,
-            errors=dict(self.connection.errors),
+            errors=self._error_counts(),
             connections=[{
                 "address": self.connection.address, "subject": self.topic,
                 "queue": self.channel, "received": self.received, "dropped": self.dropped,
             }],
         )  # fmt: skip
-
-    def describe(self) -> dict[str, Any]:
-        """Where this subscription reads from (for logs)."""
-        return {"nats": self.connection.servers, "subject": self.topic, "queue": self.channel}

@@ -25,9 +25,9 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from nsqworker.errors import ConfigurationError, RemoteProtocolError
+from nsqworker.errors import RemoteProtocolError
 from nsqworker.message import Message
 from nsqworker.nats import protocol
 from nsqworker.nats.jetstream import (
@@ -45,7 +45,7 @@ from nsqworker.transport import Flow, Receiver, SubscriptionStats
 
 if TYPE_CHECKING:
     from nsqworker.nats.client import NatsConnection
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nats import NatsSettings as Settings
 
 __all__ = ["NatsSubscription"]
 
@@ -68,6 +68,8 @@ _monotonic = time.monotonic
 class NatsSubscription(SubscriptionKit):
     """``topic`` (a subject) read by the durable consumer ``channel``; see the module."""
 
+    _log = log
+
     def __init__(
         self,
         topic: str,
@@ -78,12 +80,12 @@ class NatsSubscription(SubscriptionKit):
         name: str,
         max_in_flight: int,
     ) -> None:
-        self.topic = check_subject(topic)
-        self.channel = check_channel(channel)
-        self.name = name
+        super().__init__(
+            check_subject(topic), check_channel(channel), name=name, window=max_in_flight,
+            errors=connection.errors,
+        )  # fmt: skip
         self.settings = settings
         self.connection = connection
-        self.window = max_in_flight
         self._half = max(1, max_in_flight // 2)
         self._stream = ""
         self.stream: str | None = None
@@ -91,29 +93,21 @@ class NatsSubscription(SubscriptionKit):
         self.in_flight = 0
         self.requested = 0
         self.received = 0
-        self._flow = Flow.OPEN
-        self._receiver: Receiver | None = None
-        self._deliver: Callable[[Message], bool] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._wire: Wire | None = None
         self._subbed = False
         self._inbox = ""
         self._next = b""
         self._ack_prefix = b""
         self._bound = False
-        self._stopping = False
         self._backlog: list[bytes] = []
         self._rewiring = False
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._heard = _monotonic()
         self._forget_listener: Callable[[], None] | None = None
         self._ack_wait = ack_wait(settings)
+        self._delays = (settings.reconnect_delay, settings.max_reconnect_delay)
         self._address = ""
         self._checking = False
         self._dropped_logged = -60.0
-
-    def __repr__(self) -> str:
-        return f"<NatsSubscription {self.topic}/{self.channel} window={self.window}>"
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -123,19 +117,10 @@ class NatsSubscription(SubscriptionKit):
         A refused login or stream set-up raises ``ConfigurationError``; a server that
         does not answer is retried in the background (``ready`` stays False).
         """
-        if self._receiver is not None:
+        if not self._starting(receiver):
             return
-        self._receiver = receiver
-        self._deliver = receiver.deliver
-        self._loop = asyncio.get_running_loop()
         self._forget_listener = self.connection.on_reconnect(self._reconnected)
-        try:
-            await self._bind()
-        except ConfigurationError:
-            raise
-        except Exception as exc:
-            log.warning("%s: NATS not ready (%s); retrying", self.name, exc)
-            self._spawn(self._bind_until_done())
+        await self._first_attempt(self._bind, self._is_bound, self._delays, "NATS")
         self._spawn(self._watch())
 
     async def _bind(self) -> None:
@@ -178,7 +163,7 @@ class NatsSubscription(SubscriptionKit):
         self._heard = _monotonic()
 
     def _wire_lost(self, exc: BaseException | None) -> None:
-        self.connection.errors["disconnected"] = self.connection.errors.get("disconnected", 0) + 1
+        self._count_error("disconnected")
         self._subbed = False
         self.requested = 0
         if not self._stopping:
@@ -193,7 +178,7 @@ class NatsSubscription(SubscriptionKit):
             self._spawn(self._rewire_until_done())
 
     async def _rewire_until_done(self) -> None:
-        base, cap, failures = self.settings.reconnect_delay, self.settings.max_reconnect_delay, 0
+        failures = 0
         try:
             while not self._stopping and (self._wire is None or not self._wire.open):
                 if self.connection.connected:
@@ -204,27 +189,24 @@ class NatsSubscription(SubscriptionKit):
                     except Exception as exc:
                         log.warning("%s: NATS not ready (%s); retrying", self.name, exc)
                 failures += 1
-                await asyncio.sleep(reconnect_delay(failures, base, cap))
+                await asyncio.sleep(reconnect_delay(failures, *self._delays))
         finally:
             self._rewiring = False
         self._pull()
+
+    @property
+    def inbox(self) -> str:
+        """The subject the server sends this subscription's messages to (a fresh one
+        with each connection)."""
+        return self._inbox
 
     @property
     def _wire_address(self) -> str:
         wire = self._wire
         return wire.address if wire is not None else self.connection.address
 
-    async def _bind_until_done(self) -> None:
-        base, cap, failures = self.settings.reconnect_delay, self.settings.max_reconnect_delay, 0
-        delay = base
-        while not self._bound and not self._stopping:
-            await asyncio.sleep(delay)
-            try:
-                await self._bind()
-            except Exception as exc:
-                failures += 1
-                delay = reconnect_delay(failures + 1, base, cap)
-                log.warning("%s: NATS not ready (%s); retrying in %.1fs", self.name, exc, delay)
+    def _is_bound(self) -> bool:
+        return self._bound
 
     async def stop(self) -> None:
         """Ask for nothing more, and end the pull: the inbox is drained (UNSUB, then a
@@ -246,8 +228,7 @@ class NatsSubscription(SubscriptionKit):
         self._stopping = True
         if self._forget_listener is not None:
             self._forget_listener()
-        for task in list(self._tasks):
-            task.cancel()
+        self._cancel_tasks()
         wire, self._wire, self._subbed = self._wire, None, False
         if wire is not None:
             if wire.open:
@@ -274,11 +255,6 @@ class NatsSubscription(SubscriptionKit):
         or in hand."""
         self._flow, self.window, self._half = flow, window, max(1, window // 2)
         self._pull()
-
-    def _allowed(self) -> int:
-        if self._stopping or self._flow is Flow.PAUSED:
-            return 0
-        return 1 if self._flow is Flow.PROBE else self.window
 
     def _pull(self) -> None:
         if not self._bound:
@@ -430,7 +406,7 @@ class NatsSubscription(SubscriptionKit):
         except NotFoundError:
             log.warning("%s: consumer %s was deleted; creating it again", self.name, self.consumer)
             self._bound = False
-            self._spawn(self._bind_until_done())
+            self._spawn(self._retry_until(self._bind, self._is_bound, self._delays, "NATS"))
             return
         except Exception as exc:
             log.warning("%s: checking consumer %s failed: %s", self.name, self.consumer, exc)
@@ -442,7 +418,7 @@ class NatsSubscription(SubscriptionKit):
     def _drop(self, reply: bytes, what: str) -> None:
         """A message on the pull inbox that the server did not send for this consumer
         (someone who knows the inbox's name published it): never handled, never acked."""
-        self.connection.errors["forged"] = self.connection.errors.get("forged", 0) + 1
+        self._count_error("forged")
         now = _monotonic()
         if now - self._dropped_logged >= 60.0:
             self._dropped_logged = now
@@ -532,7 +508,7 @@ class NatsSubscription(SubscriptionKit):
             connected=int(self._wire is not None and self._wire.open),
             window=self.in_flight + self.requested,
             in_flight=self.in_flight,
-            errors=dict(self.connection.errors),
+            errors=self._error_counts(),
             connections=[
                 {
                     "address": self._wire_address,
@@ -543,7 +519,3 @@ class NatsSubscription(SubscriptionKit):
                 }
             ],
         )
-
-    def describe(self) -> dict[str, Any]:
-        """Where this subscription reads from (for logs)."""
-        return {"nats": self.connection.servers, "stream": self.stream, "consumer": self.consumer}

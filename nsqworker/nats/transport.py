@@ -18,7 +18,7 @@ from nsqworker.nats.requests import NatsRequestSubscription
 from nsqworker.nats.subscription import NatsSubscription
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nats import NatsSettings as Settings
 
 __all__ = ["CAPABILITIES", "NatsTransport"]
 

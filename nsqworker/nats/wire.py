@@ -29,7 +29,7 @@ from nsqworker.nats import protocol
 from nsqworker.nats.client import _is_refusal, _tls
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nats import NatsSettings as Settings
 
 __all__ = ["Wire", "open_wire"]
 

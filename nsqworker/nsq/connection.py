@@ -174,8 +174,14 @@ class Connection(asyncio.Protocol):
             if error is exc:
                 raise
             raise error from exc
+        self.handshake_done()
+        return self.server
+
+    def handshake_done(self) -> None:
+        """Open for commands and frames: after the handshake (a benchmark: connection_made)."""
         self._handshaking = False
         self._established = self._open = True
+        cfg = self.config
         heartbeat = ASSUMED_HEARTBEAT if cfg.heartbeat_interval is None else cfg.heartbeat_interval
         if heartbeat > 0:
             self._liveness = self._loop.call_later(heartbeat, self._check_liveness)
@@ -186,7 +192,6 @@ class Connection(asyncio.Protocol):
             finally:
                 self._in_read = False
             self._flush()
-        return self.server
 
     async def _negotiate(self, negotiation: Negotiation) -> ServerInfo:
         """Carry out ``negotiation``'s steps, feeding it each frame nsqd sends."""
@@ -352,16 +357,12 @@ class Connection(asyncio.Protocol):
             self._fatal = error
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._close_reason is not None:
-            reason = self._close_reason
-        elif self._fatal is not None:
-            reason = ConnectionClosed(
-                f"nsqd at {self.address} closed the connection after an error", self._fatal
-            )
-        elif exc is not None:
-            reason = ConnectionClosed(f"connection to nsqd at {self.address} lost: {exc}")
-        else:
-            reason = ConnectionClosed(f"nsqd at {self.address} closed the connection")
+        where, reason = f"nsqd at {self.address}", self._close_reason
+        if reason is None and self._fatal is not None:
+            reason = ConnectionClosed(f"{where} closed the connection after an error", self._fatal)
+        elif reason is None:
+            lost = f"connection to {where} lost: {exc}" if exc is not None else None
+            reason = ConnectionClosed(lost or f"{where} closed the connection")
         self._finish(reason)
 
     def pause_writing(self) -> None:

@@ -26,9 +26,10 @@ from nsqworker.nsq.lanes import NEVER, LaneMeter
 from nsqworker.nsq.links import ConnectionStats, Link, Session, error_reason
 from nsqworker.nsq.lookupd import LookupdPoller
 from nsqworker.reconnect import reconnect_delay
+from nsqworker.subscription_kit import ErrorCounts
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nsq import NsqSettings as Settings
 
 __all__ = ["BULK_RETRY", "Connections"]
 
@@ -58,7 +59,8 @@ class Connections:
         self.topic = topic
         self.channel = channel
         self._settings = settings
-        self._config = config
+        self.config = config
+        """How each connection is made (the bulk lane's aside)."""
         self._bulk_config = bulk_config
         """The bulk lane's config when output buffering is adaptive, else None."""
         self._time = clock
@@ -74,7 +76,7 @@ class Connections:
         self._first_attempts: list[asyncio.Future[Any]] | None = []
         self.retired = ConnectionStats("retired", False, 0, 0, 0, 0)
         """Counters of nsqd that left lookupd and were closed."""
-        self.errors: dict[str, int] = {}
+        self.errors = ErrorCounts()
         """Connection failures and non-fatal nsqd errors by reason (see :data:`REASONS`)."""
         self._found_elsewhere: set[str] = set()
         self._told: set[tuple[str, str]] = set()  # (address, what) logged once already
@@ -114,7 +116,7 @@ class Connections:
             self._background.append(asyncio.create_task(self.poller.run(poll_first=False)))
         first, self._first_attempts = self._first_attempts or [], None
         if first:
-            await asyncio.wait(first, timeout=self._config.dial_timeout + 1.0)
+            await asyncio.wait(first, timeout=self.config.dial_timeout + 1.0)
         for attempt in first:  # a setting nsqd refuses is an error at start
             if attempt.done() and attempt.exception() is not None:
                 raise attempt.exception()  # type: ignore[misc]
@@ -180,7 +182,7 @@ class Connections:
                 try:
                     session = await self._open(link)
                 except ConfigurationError as exc:
-                    self._count_error("refused_setting")
+                    self.errors.count("refused_setting")
                     if not link.direct:
                         # Security: anyone can get an nsqd listed by lookupd; its refusal
                         # must not stop the worker. Retried with backoff like a failure.
@@ -214,7 +216,7 @@ class Connections:
 
     async def _open(self, link: Link, bulk: bool = False) -> Session | None:
         session = Session(link)
-        config = self._bulk_config if bulk else self._config
+        config = self._bulk_config if bulk else self.config
         assert config is not None
         if not link.direct:  # security: found through lookupd (options.for_discovered)
             config = config.for_discovered()
@@ -246,7 +248,7 @@ class Connections:
                 session.conn.abort()
             if not isinstance(exc, Exception):
                 raise  # cancelled
-            self._count_error(error_reason(exc))
+            self.errors.count(error_reason(exc))
             if bulk:
                 log.info("%s: no buffered connection to %s: %s", self.name, link.address, exc)
                 return None
@@ -279,7 +281,7 @@ class Connections:
         # Runs inside connection_lost, before anything else can try to write to it.
         session.open = False
         if not self.stopping and not session.slot.retiring and not conn.closing:
-            self._count_error(error_reason(reason))
+            self.errors.count(error_reason(reason))
 
     def _tell_once(self, address: str, what: str, level: int, text: str, *args: Any) -> None:
         """Log ``text`` the first time only for this nsqd and kind (then at debug)."""
@@ -287,9 +289,6 @@ class Connections:
         if not told and len(self._told) < 4096:  # a lookupd listing ever new nsqd
             self._told.add((address, what))
         log.log(logging.DEBUG if told else level, text, *args)
-
-    def _count_error(self, reason: str) -> None:
-        self.errors[reason] = self.errors.get(reason, 0) + 1
 
     def _on_session_closed(self, session: Session) -> None:
         session.open = False
@@ -441,5 +440,5 @@ class Connections:
     def _on_nsqd_error(self, conn: Connection, error: NSQDError) -> None:
         # E_FIN_FAILED and friends: nsqd already gave the message to someone else (it
         # timed out) or the id is unknown. Not fatal; the redelivery is handled anew.
-        self._count_error(error.code.lower().removeprefix("e_"))
+        self.errors.count(error.code.lower().removeprefix("e_"))
         log.warning("%s: nsqd %s: %s", self.name, conn.address, error)

@@ -52,7 +52,7 @@ from nsqworker.nsq.publishing import (
 from nsqworker.producing import ProducerBase
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nsq import NsqSettings as Settings
     from nsqworker.transport import Capabilities
 
 __all__ = ["Body", "Instrumentation", "Producer", "PublishCall"]
@@ -102,7 +102,7 @@ class Producer(ProducerBase):
         max_body_size: int | None = None,
     ) -> None:
         if nsqd_tcp_addresses is None and settings is None:
-            from nsqworker.settings import Settings as _Settings
+            from nsqworker.settings.nsq import NsqSettings as _Settings
 
             settings = _Settings()  # from the environment and .env
         self.addresses = nsqd_addresses(nsqd_tcp_addresses, settings)

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 from nsqworker.errors import ConfigurationError, LocalProtocolError
 from nsqworker.message import to_bytes
+from nsqworker.nsq import protocol
 from nsqworker.producing import NO_HOOK, Instrumentation, Operation, PublishCall
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nsq import NsqSettings as Settings
 
 __all__ = [
     "NO_HOOK",
@@ -32,7 +33,7 @@ __all__ = [
 Body = bytes | bytearray | memoryview | str | Any
 """bytes, str, a pydantic model or a dataclass instance (published as its JSON)."""
 
-MAX_DELAY: Final = 3600.0
+MAX_DELAY: Final = protocol.DEFAULT_MAX_REQ_TIMEOUT_MS / 1000
 """Longest DPUB delay in seconds (nsqd's default ``--max-req-timeout``)."""
 
 # nsqd 1.3.0: "PUB message too big 1048577 > 1048576" (also DPUB, MPUB: E_BAD_MESSAGE)

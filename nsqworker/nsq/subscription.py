@@ -15,8 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nsqworker.errors import ConfigurationError
 from nsqworker.message import Message, Undecodable
@@ -26,10 +25,11 @@ from nsqworker.nsq.connections import Connections
 from nsqworker.nsq.lanes import BULK_BUFFER, BULK_TIMEOUT
 from nsqworker.nsq.links import ConnectionStats, Session
 from nsqworker.nsq.rdy import Mode, plan, released
-from nsqworker.transport import Flow, Receiver, SubscriptionStats, Timer
+from nsqworker.subscription_kit import SubscriptionKit
+from nsqworker.transport import Flow, Receiver, SubscriptionStats
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nsq import NsqSettings as Settings
 
 __all__ = ["ConnectionStats", "NsqSubscription"]
 
@@ -41,7 +41,7 @@ _MODES = {Flow.OPEN: Mode.NORMAL, Flow.PROBE: Mode.PROBING, Flow.PAUSED: Mode.PA
 _monotonic = time.monotonic
 
 
-class NsqSubscription:
+class NsqSubscription(SubscriptionKit):
     """``topic``/``channel`` on every nsqd that has it; see the module docstring."""
 
     def __init__(
@@ -54,9 +54,7 @@ class NsqSubscription:
         max_in_flight: int,
         connection_config: ConnectionConfig | None = None,
     ) -> None:
-        self.topic = protocol.check_topic(topic)
-        self.channel = protocol.check_channel(channel)
-        self.name = name
+        topic, channel = protocol.check_topic(topic), protocol.check_channel(channel)
         if not settings.nsqd_tcp_addresses and not settings.lookupd_http_addresses:
             raise ConfigurationError(
                 "no nsqd to consume from: set nsqd_tcp_addresses (NSQWORKER_NSQD_TCP_ADDRESSES)"
@@ -72,48 +70,39 @@ class NsqSubscription:
                 config, output_buffer_size=BULK_BUFFER, output_buffer_timeout=timeout
             )
             config = dataclasses.replace(config, output_buffer_size=-1)
-        self.window = max_in_flight
+        # One clock for arrivals, turns and touches: monotonic, like asyncio's default.
+        self.connections = Connections(
+            name, topic, channel, settings, config, bulk_config,
+            clock=_monotonic, on_message=self.on_message, replan=self._replan,
+        )  # fmt: skip
+        super().__init__(
+            topic, channel, name=name, window=max_in_flight, errors=self.connections.errors
+        )
         self._mode = Mode.NORMAL
-        self._receiver: Receiver | None = None
-        self._deliver: Callable[[Message], bool] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._ticker: asyncio.Task[None] | None = None
         self._unsatisfied = False
         self._plain = True
         self._plan_scheduled = False
-        # One clock for arrivals, turns and touches: monotonic, like asyncio's default.
-        self._time: Callable[[], float] = _monotonic
-        self.connections = Connections(
-            name, self.topic, self.channel, settings, config, bulk_config,
-            clock=self._time, on_message=self._on_message, replan=self._replan,
-        )  # fmt: skip
-
-    def __repr__(self) -> str:
-        return f"<NsqSubscription {self.topic}/{self.channel} window={self.window}>"
 
     # --- lifecycle -------------------------------------------------------------
 
     async def start(self, receiver: Receiver) -> None:
         """Connect to the direct nsqd and poll lookupd once, handing messages to
         ``receiver``; returns after those first attempts (failed ones keep retrying)."""
-        if self._receiver is not None:
+        if not self._starting(receiver):
             return
-        self._receiver = receiver
-        self._deliver = receiver.deliver
-        self._loop = asyncio.get_running_loop()
-        self._ticker = asyncio.create_task(self._tick())
+        self._spawn(self._tick())
         await self.connections.start()
 
     async def stop(self) -> None:
         """RDY 0 everywhere; no more discovery or reconnects."""
+        self._stopping = True
         self._mode = Mode.PAUSED
         self.connections.stop_intake()
         self._replan()
 
     async def close(self) -> None:
         """CLS and close every connection."""
-        if self._ticker is not None:
-            self._ticker.cancel()
+        self._cancel_tasks()
         await self.connections.close()
 
     @property
@@ -126,19 +115,11 @@ class NsqSubscription:
         """See :attr:`Connections.ready`."""
         return self.connections.ready
 
-    def clock(self) -> float:
-        """Monotonic seconds: the clock of ``received_at``."""
-        return self._time()
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
-        """``callback`` after ``delay`` seconds, on the loop."""
-        loop = self._loop or asyncio.get_running_loop()
-        return loop.call_later(delay, callback)
-
     # --- RDY -------------------------------------------------------------------
 
     def set_flow(self, flow: Flow, window: int) -> None:
         """The receiver's flow: RDY spread over ``window``, a probe, or paused."""
+        self._flow = flow
         mode = Mode.PAUSED if self.connections.stopping else _MODES[flow]
         if mode is self._mode and window == self.window:
             return
@@ -148,7 +129,7 @@ class NsqSubscription:
 
     def _replan(self) -> None:
         self._plan_scheduled = False
-        now = self._time()
+        now = _monotonic()
         sessions = [s for s in self.connections.sessions if s.open]
         slots = [s.slot for s in sessions]
         mode = self._mode
@@ -175,7 +156,7 @@ class NsqSubscription:
         connections = self.connections
         while True:
             await asyncio.sleep(TICK)
-            now = self._time()
+            now = _monotonic()
             turns = self.window if self._mode is not Mode.PROBING else 1
             if self._unsatisfied or len(connections.sessions) > turns:
                 self._replan()
@@ -185,9 +166,10 @@ class NsqSubscription:
 
     # --- messages (hot path) ---------------------------------------------------
 
-    def _on_message(
+    def on_message(
         self, session: Session, timestamp: int, attempts: int, message_id: bytes, body: bytes
     ) -> None:
+        """A message frame from ``session``'s nsqd, in its connection's read: to the receiver."""
         now = _monotonic()
         if message_id.isalnum():  # nsqd's ids are 16 hex digits (the check: ~35 ns)
             msg = Message(
@@ -257,7 +239,7 @@ class NsqSubscription:
     def _released(self, session: Session) -> None:
         slot = session.slot
         if self._unsatisfied:
-            released(slot, self._time())
+            released(slot, _monotonic())
             self._schedule_plan()
         if slot.retiring and slot.in_flight == 0:
             self.connections.retired_idle(session)
@@ -272,10 +254,6 @@ class NsqSubscription:
             window=sum(c.rdy for c in conns),
             in_flight=sum(c.in_flight for c in conns),
             buffered=sum(c.lane == "bulk" for c in conns),
-            errors=dict(self.connections.errors),
+            errors=self._error_counts(),
             connections=conns,
         )
-
-    def describe(self) -> dict[str, Any]:
-        """Where this subscription reads from (for logs)."""
-        return {"nsqd": [link.address for link in self.connections.links.values()]}

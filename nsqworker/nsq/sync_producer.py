@@ -11,7 +11,7 @@ from nsqworker.nsq.producer import Body, Producer
 from nsqworker.transport import other_producer
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nsq import NsqSettings as Settings
 
 __all__ = ["SyncProducer"]
 
@@ -42,7 +42,7 @@ class SyncProducer(BlockingClient):
         other: Any = None
         if nsqd_tcp_addresses is None:
             if settings is None:
-                from nsqworker.settings import Settings as _Settings
+                from nsqworker.settings.nsq import NsqSettings as _Settings
 
                 settings = _Settings()  # from the environment and .env
             # Settings of another transport: its producer (NatsProducer...), as before.

@@ -20,7 +20,7 @@ from nsqworker.nsq.producer import Producer
 from nsqworker.nsq.subscription import NsqSubscription
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nsq import NsqSettings as Settings
 
 __all__ = ["CAPABILITIES", "NsqTransport"]
 

@@ -25,7 +25,7 @@ from nsqworker.errors import ConfigurationError
 from nsqworker.schedules.lease import Conflict, LeaseDenied, LeaseRecord
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.schedules import ScheduleSettings
 
 __all__ = ["ANNOTATION", "SERVICE_ACCOUNT_DIR", "KubeLeaseStore", "in_pod"]
 
@@ -53,7 +53,7 @@ class KubeLeaseStore:
         self.description = f"Lease {namespace}/{name}"
 
     @classmethod
-    def from_settings(cls, settings: Settings, name: str) -> KubeLeaseStore:
+    def from_settings(cls, settings: ScheduleSettings, name: str) -> KubeLeaseStore:
         """The store of ``settings``: in-cluster credentials, else the kubeconfig."""
         try:
             client: Any = importlib.import_module("kubernetes.client")

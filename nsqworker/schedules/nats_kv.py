@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from nsqworker.schedules.lease import Conflict, LeaseDenied, LeaseRecord
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.nats import NatsSettings
 
 __all__ = ["NatsLeaseStore"]
 
@@ -28,7 +28,7 @@ class NatsLeaseStore:
     """The entry ``key`` of bucket ``bucket`` on ``connection`` (the NATS transport's
     connection object, as its producer holds it: ``jetstream()`` and ``close()``)."""
 
-    def __init__(self, connection: Any, bucket: str, key: str, settings: Settings):
+    def __init__(self, connection: Any, bucket: str, key: str, settings: NatsSettings):
         self.connection = connection
         self.bucket = bucket
         self.key = key

@@ -161,7 +161,7 @@ class ScheduleRunner:
     def __init__(self, target: str, settings: Settings, tasks: Iterable[Scheduled]) -> None:
         self.tasks = list(tasks)
         self.settings = settings
-        from nsqworker.schedules.settings import timing_problems
+        from nsqworker.settings.schedules import timing_problems
 
         if problems := timing_problems(settings):
             raise ConfigurationError("; ".join(problems))

@@ -36,7 +36,7 @@ from nsqworker.spark.job import JobContext, JobResult, JobState, RunnerKind, Sec
 from nsqworker.spark.policy import DEFAULT_APP_URIS
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.spark import SparkSettings as Settings
 
 __all__ = [
     "GROUP",

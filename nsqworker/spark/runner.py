@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from nsqworker.spark.job import JobContext, JobResult, RunnerKind, SparkJob
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.spark import SparkSettings as Settings
 
 __all__ = ["JobContext", "Runner", "runner_for"]
 

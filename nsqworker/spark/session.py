@@ -32,7 +32,7 @@ from nsqworker.spark.local import require_java
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from nsqworker.settings import Settings
+    from nsqworker.settings.spark import SparkSettings as Settings
 
 __all__ = ["Backend", "GroupCancelled", "SessionHolder", "error_summary", "holder_for"]
 

@@ -16,15 +16,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from nsqworker.broker_settings import tls_context
 from nsqworker.errors import ConfigurationError, InvalidName, NoConnection
+from nsqworker.settings.core import tls_context
 from nsqworker.streams.errors import reason, unresolved_host
 from nsqworker.streams.wire import BrokerRefused, Chunk
+from nsqworker.subscription_kit import ErrorCounts
 
 if TYPE_CHECKING:
     from rstream import Consumer, Producer
 
-    from nsqworker.settings import Settings
+    from nsqworker.settings.streams import StreamSettings as Settings
     from nsqworker.streams.link import StreamLink
 
 __all__ = ["FRAME_MAX", "Endpoint", "StreamConnections", "check_stream", "stream_arguments"]
@@ -120,7 +121,7 @@ class StreamConnections:
         self.endpoint = Endpoint.from_settings(settings)
         self.producer_client: Producer | None = None
         self.consumers: list[Consumer] = []
-        self.errors: dict[str, int] = {}
+        self.errors = ErrorCounts()
         self._lock = asyncio.Lock()
         self._streams: set[str] = set()
 

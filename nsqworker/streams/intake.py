@@ -83,9 +83,15 @@ class Intake:
 
     # --- messages --------------------------------------------------------------
 
-    def _on_chunk(self, session: object, chunk: wire.Chunk) -> None:
-        """A chunk from a link (in its ``data_received``): handed out now while there
-        is room, else kept in order for :meth:`_pump`."""
+    def new_session(self) -> object:
+        """A new session: from now on only what links pass with it is taken (the
+        deliveries of earlier connections are ignored)."""
+        self._session = session = object()
+        return session
+
+    def on_chunk(self, session: object, chunk: wire.Chunk) -> None:
+        """A chunk from a link of ``session`` (in its ``data_received``): handed out now
+        while there is room, else kept in order for :meth:`_pump`."""
         if session is not self._session or not 0 <= chunk.subscription_id < len(self.readers):
             return
         reader = self.readers[chunk.subscription_id]

@@ -25,8 +25,8 @@ import contextlib
 import itertools
 from typing import TYPE_CHECKING
 
-from nsqworker.broker_settings import tls_context
 from nsqworker.errors import NoConnection, NSQWorkerError
+from nsqworker.settings.core import tls_context
 from nsqworker.streams.client import Endpoint
 from nsqworker.streams.stats import (
     CLOSE,
@@ -68,7 +68,7 @@ from nsqworker.streams.stats import (
 )
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.streams import StreamSettings as Settings
 
 __all__ = ["LagError", "StreamMissing", "lag_of", "stream_lags"]
 

@@ -28,7 +28,7 @@ from nsqworker.streams.client import ENVELOPE, FRAME_MAX, StreamConnections, che
 from nsqworker.streams.errors import reason
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.streams import StreamSettings as Settings
 
 __all__ = ["StreamProducer"]
 
@@ -54,7 +54,7 @@ class StreamProducer(ProducerBase):
     ) -> None:
         super().__init__(timeout)
         if settings is None:
-            from nsqworker.settings import Settings as _Settings
+            from nsqworker.settings.streams import StreamSettings as _Settings
 
             settings = _Settings(transport="rabbitmq-stream")
         self.settings = settings

@@ -31,9 +31,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nsqworker.message import Message, Undecodable
 from nsqworker.reconnect import reconnect_delay
@@ -52,7 +51,7 @@ from nsqworker.subscription_kit import NoDeliveryDeadline, SubscriptionKit
 from nsqworker.transport import Flow, Receiver, SubscriptionStats
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.streams import StreamSettings as Settings
     from nsqworker.streams.link import StreamLink
     from nsqworker.streams.producer import StreamProducer
 
@@ -87,27 +86,21 @@ class StreamSubscription(SubscriptionKit, NoDeliveryDeadline, Intake):
         name: str,
         max_in_flight: int,
     ) -> None:
-        self.topic = check_stream(topic)
-        self.channel = check_stream(channel, "channel")
-        self.name = name
+        super().__init__(
+            check_stream(topic), check_stream(channel, "channel"), name=name,
+            window=max_in_flight, errors=connections.errors,
+        )  # fmt: skip
         self.settings = settings
         self.connections = connections
         self.producer = producer
-        self.window = max_in_flight
         self.in_flight = 0
         self.readers = [Reader(topic, retry=False, prefix=f"{topic}:".encode())] + [
             Reader(check_stream(name), retry=True, prefix=f"{topic}:".encode(), index=i + 1)
             for i, name in enumerate(retry_streams(topic, channel))
         ]
-        self._flow = Flow.OPEN
         self._limit = self._mid_limit = max_in_flight
-        self._stopping = False
         self._subscribed = False
         self._room = asyncio.Event()
-        self._receiver: Receiver | None = None
-        self._deliver: Callable[[Message], bool] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._retrying = 0
         self._links: list[StreamLink] = []
         self._session: object | None = None
@@ -116,18 +109,12 @@ class StreamSubscription(SubscriptionKit, NoDeliveryDeadline, Intake):
         self._address = connections.endpoint.address
         self._holds = Holds(name, self._take_due, self._wait_for_room, self._current)
 
-    def __repr__(self) -> str:
-        return f"<StreamSubscription {self.topic}/{self.channel} window={self.window}>"
-
     # --- lifecycle -------------------------------------------------------------
 
     async def start(self, receiver: Receiver) -> None:
         """Create the streams if missing and subscribe to each as the channel."""
-        if self._receiver is not None:
+        if not self._starting(receiver):
             return
-        self._receiver = receiver
-        self._deliver = receiver.deliver
-        self._loop = asyncio.get_running_loop()
         for reader in self.readers:
             await self.connections.ensure_stream(reader.stream)
         deadline = _monotonic() + 30.0
@@ -152,9 +139,9 @@ class StreamSubscription(SubscriptionKit, NoDeliveryDeadline, Intake):
     async def _connect(self) -> None:
         """A connection to the URI's broker, which says where each stream is read
         (RabbitMQ's advertised host and port); one connection per broker named."""
-        self._session = session = object()
+        session = self.new_session()
         callbacks = (
-            partial(self._on_chunk, session),
+            partial(self.on_chunk, session),
             partial(self._on_update, session),
             partial(self._on_lost, session),
         )
@@ -319,8 +306,7 @@ class StreamSubscription(SubscriptionKit, NoDeliveryDeadline, Intake):
         deadline = _monotonic() + 5.0
         while self._retrying and _monotonic() < deadline:
             await asyncio.sleep(0.02)
-        for task in list(self._tasks):
-            task.cancel()
+        self._cancel_tasks()
         for reader in self.readers:
             self._holds.drop(reader)  # not stored past: read again by the next consumer
             await self._store(reader)
@@ -344,7 +330,7 @@ class StreamSubscription(SubscriptionKit, NoDeliveryDeadline, Intake):
 
     def set_flow(self, flow: Flow, window: int) -> None:
         """At most ``window`` unsettled (1 when probing, none when paused)."""
-        self._flow, self.window = flow, window
+        self.window = window
         self._set_limits(flow)
         self._room.set()
 
@@ -354,13 +340,9 @@ class StreamSubscription(SubscriptionKit, NoDeliveryDeadline, Intake):
         withholds credit, so the broker sends nothing more; the rest of the chunk being
         read was already sent, and is delivered as nsqd delivers what it put on the wire
         before RDY 0 (a drain delivers nothing more)."""
-        if self._stopping:
-            self._limit = self._mid_limit = 0
-        elif flow is Flow.PROBE:
-            self._limit = self._mid_limit = 1
-        else:
-            self._mid_limit = self.window
-            self._limit = 0 if flow is Flow.PAUSED else self.window
+        self._flow = flow
+        self._limit = self._allowed()
+        self._mid_limit = self.window if flow is Flow.PAUSED and not self._stopping else self._limit
 
     def _settled(self, reader: Reader, mark: Watermark, offset: int) -> None:
         # ``mark`` is the watermark of the session that delivered it: after a resubscribe
@@ -414,8 +396,7 @@ class StreamSubscription(SubscriptionKit, NoDeliveryDeadline, Intake):
             link.store_offset(self.channel, reader.stream, value)
             mark.stored = value
         except Exception as exc:
-            errors = self.connections.errors
-            errors["store_offset"] = errors.get("store_offset", 0) + 1
+            self._count_error("store_offset")
             log.warning(
                 "%s: storing offset %d of %s failed: %s",
                 self.name, value, reader.stream, reason(exc),
@@ -435,7 +416,7 @@ class StreamSubscription(SubscriptionKit, NoDeliveryDeadline, Intake):
             connected=int(self.subscribed),
             window=self._limit,
             in_flight=self.in_flight,
-            errors=dict(self.connections.errors),
+            errors=self._error_counts(),
             connections=[
                 {
                     "address": r.link.address if r.link is not None else self._address,
@@ -449,10 +430,3 @@ class StreamSubscription(SubscriptionKit, NoDeliveryDeadline, Intake):
                 for r in self.readers
             ],
         )
-
-    def describe(self) -> dict[str, Any]:
-        """Where this subscription reads from (for logs)."""
-        return {
-            "rabbitmq": self.connections.endpoint.address,
-            "streams": [r.stream for r in self.readers],
-        }

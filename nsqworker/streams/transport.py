@@ -17,7 +17,7 @@ from nsqworker.streams.producer import StreamProducer
 from nsqworker.streams.subscription import StreamSubscription
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.streams import StreamSettings as Settings
 
 __all__ = ["CAPABILITIES", "StreamTransport"]
 

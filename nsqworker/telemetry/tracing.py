@@ -214,6 +214,12 @@ class TaskInstrumentation:
             )
         self.timed = self._histogram is not None
 
+    @property
+    def presampled(self) -> bool:
+        """True when the sampler's decision is made from a fresh trace id before any span
+        is built (a ratio sampler): a message it leaves out costs no span object."""
+        return self._preset is not None
+
     def start(self, msg: Message) -> ProcessToken | None:
         """Strip a trace envelope off ``msg.body``; start the span if it is sampled.
 

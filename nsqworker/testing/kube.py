@@ -209,6 +209,11 @@ class KubeControlPlane:
         return f"https://{LOOPBACK}:{self._port}"
 
     @property
+    def pids(self) -> list[int]:
+        """Process ids of etcd and kube-apiserver while they run (none once stopped)."""
+        return [d.proc.pid for d in (self._etcd, self._apiserver) if d is not None]
+
+    @property
     def kubeconfig(self) -> Path:
         """A kubeconfig file whose current context is this API server (token auth)."""
         return self._dir / "kubeconfig"

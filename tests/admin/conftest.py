@@ -42,7 +42,7 @@ class Broker:
 
     def settings(self, **overrides: Any) -> Settings:
         values: dict[str, Any] = {
-            "requeue_delay": 0.05, "backoff_multiplier": 0.0, "drain_timeout": 5.0,
+            "retry_delay": 0.05, "backoff_multiplier": 0.0, "drain_timeout": 5.0,
             "log_level": "warning", "health_port": 0, "reconnect_delay": 0.05,
             "max_reconnect_delay": 0.5, "dial_timeout": 2.0,
         }  # fmt: skip

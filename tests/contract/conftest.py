@@ -42,7 +42,7 @@ class Harness:
     def settings(self, **overrides: Any) -> Settings:
         """Settings reaching the broker: quick retries, no backoff unless asked."""
         values: dict[str, Any] = {
-            "requeue_delay": 0.05,
+            "retry_delay": 0.05,
             "backoff_multiplier": 0.0,
             "drain_timeout": 5.0,
             "log_level": "warning",

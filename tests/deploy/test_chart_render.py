@@ -160,7 +160,7 @@ def test_settings_accept_the_rendered_environment(
 def test_settings_keys_become_env(helm: Any) -> None:
     env = helm.template(ci("hpa")).configmap_env()
     assert env["NSQWORKER_MAX_IN_FLIGHT"] == "1000000"  # no 1e+06 from Helm's floats
-    assert env["NSQWORKER_REQUEUE_DELAY"] == "2.5"
+    assert env["NSQWORKER_RETRY_DELAY"] == "2.5"
     assert env["NSQWORKER_TRACING_ENVELOPE"] == "true"
     assert env["NSQWORKER_NSQD_TCP_ADDRESSES"] == "nsqd-0.nsqd.nsq:4150,nsqd-1.nsqd.nsq:4150"
     assert "NSQWORKER_LOOKUPD_HTTP_ADDRESSES" not in env

@@ -75,14 +75,15 @@ def test_stop_leaves_nothing_behind(kube_control_plane: KubeControlPlane) -> Non
     """A second control plane (the session's keeps running): stopped, nothing remains."""
     binaries = kube_control_plane.binaries
     with KubeControlPlane(binaries=binaries) as kube:
-        pids = [kube._etcd.proc.pid, kube._apiserver.proc.pid]  # type: ignore[union-attr]
+        pids = kube.pids
+        assert len(pids) == 2
         work_dir = kube.work_dir
         assert work_dir is not None and (work_dir / "etcd").is_dir()
         assert kube.server != kube_control_plane.server
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-    assert not work_dir.exists()
+    assert not work_dir.exists() and kube.pids == []
     with pytest.raises(RuntimeError, match="not started"):
         _ = kube.server
 

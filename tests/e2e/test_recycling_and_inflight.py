@@ -54,7 +54,7 @@ def test_a_sync_handler_past_its_limit_gets_its_process_replaced(
     supervise: Start, write_module: Write, nsqd: NsqdProcess, tmp_path: Path
 ) -> None:
     module = write_module("limit_tasks", TASKS)
-    env = {"NSQWORKER_NSQD_TCP_ADDRESSES": nsqd.tcp_address, "NSQWORKER_REQUEUE_DELAY": "0.1"}
+    env = {"NSQWORKER_NSQD_TCP_ADDRESSES": nsqd.tcp_address, "NSQWORKER_RETRY_DELAY": "0.1"}
     run = supervise(module, env=env)
     run.wait_ready()
     (first_pid,) = run.pids()
@@ -380,7 +380,7 @@ def test_a_timed_out_sync_handler_costs_its_worker_no_drain_and_twice_is_a_dead_
 ) -> None:
     module = write_module("stuck_tasks", STUCK)
     env = {
-        "NSQWORKER_NSQD_TCP_ADDRESSES": nsqd.tcp_address, "NSQWORKER_REQUEUE_DELAY": "0.1",
+        "NSQWORKER_NSQD_TCP_ADDRESSES": nsqd.tcp_address, "NSQWORKER_RETRY_DELAY": "0.1",
         "NSQWORKER_DRAIN_TIMEOUT": "30", "NSQWORKER_TIMEOUT_DEAD_LETTER_ATTEMPTS": "2",
     }  # fmt: skip
     run = supervise(module, env=env)

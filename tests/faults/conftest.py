@@ -44,7 +44,7 @@ def fast(**values: Any) -> Settings:
         "reconnect_delay": 0.05,
         "max_reconnect_delay": 0.3,
         "backoff_multiplier": 0.0,
-        "requeue_delay": 0.05,
+        "retry_delay": 0.05,
         "drain_timeout": 2.0,
         "dial_timeout": 1.0,
         "health_port": 0,

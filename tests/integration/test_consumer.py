@@ -21,7 +21,7 @@ CHANNEL = "c"
 
 def fast_settings(**overrides: Any) -> Settings:
     values: dict[str, Any] = {
-        "requeue_delay": 0.1,
+        "retry_delay": 0.1,
         "backoff_multiplier": 0.0,
         "lookupd_poll_interval": 0.3,
         "lookupd_poll_jitter": 0.1,
@@ -216,7 +216,7 @@ async def test_requeue_delay_grows_exponentially_with_attempts(nsqd: NsqdProcess
         return Retry(None)
 
     settings = fast_settings(
-        nsqd_tcp_addresses=[nsqd.tcp_address], requeue_delay=0.2, requeue_multiplier=2.0
+        nsqd_tcp_addresses=[nsqd.tcp_address], retry_delay=0.2, retry_multiplier=2.0
     )
     consumer = Consumer(TOPIC, CHANNEL, handle, settings, max_attempts=5)
     await consumer.start()
@@ -250,7 +250,7 @@ async def test_max_attempts_ends_in_give_up_hook_exactly_once(nsqd: NsqdProcess)
             raise RuntimeError("dead-letter store down")
         given_up[body] += 1
 
-    settings = fast_settings(nsqd_tcp_addresses=[nsqd.tcp_address], requeue_delay=0.0)
+    settings = fast_settings(nsqd_tcp_addresses=[nsqd.tcp_address], retry_delay=0.0)
     consumer = Consumer(TOPIC, CHANNEL, handle, settings, max_attempts=2, on_reject=give_up)
     await consumer.start()
     await wait_until(lambda: len(given_up) == 5, 10.0, f"given up {given_up}")

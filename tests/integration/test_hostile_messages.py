@@ -43,7 +43,7 @@ async def test_msg_json_of_a_bad_body_dead_letters_at_once_without_backoff(
         handled.append(msg.json())
 
     settings = Settings(
-        nsqd_tcp_addresses=[nsqd.tcp_address], backoff_multiplier=1.0, requeue_delay=0.05
+        nsqd_tcp_addresses=[nsqd.tcp_address], backoff_multiplier=1.0, retry_delay=0.05
     )
     async with Worker(registry, settings):
         for _ in range(4):
@@ -97,7 +97,7 @@ async def test_a_dead_letter_too_big_for_nsqd_is_fitted_and_never_loops(
 
     # 200 KB of control bytes escape to 1.2 MB of JSON; non-UTF-8 grows by a third.
     bodies = [b"\x01" * 200_000, b"\xff" * (limit * 4 // 5)]
-    settings = Settings(nsqd_tcp_addresses=[nsqd.tcp_address], requeue_delay=0.05)
+    settings = Settings(nsqd_tcp_addresses=[nsqd.tcp_address], retry_delay=0.05)
     async with Worker(registry, settings):
         for body in bodies:
             nsqd.publish("big", body)

@@ -25,7 +25,7 @@ def settings(*urls: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "transport": "nats",
         "nats_servers": list(urls),
-        "requeue_delay": 0.05,
+        "retry_delay": 0.05,
         "backoff_multiplier": 0.0,
         "reconnect_delay": 0.05,
         "max_reconnect_delay": 0.5,

@@ -33,7 +33,7 @@ def quiet_logs() -> Any:
 def settings_for(*nsqds: NsqdProcess, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "nsqd_tcp_addresses": [n.tcp_address for n in nsqds],
-        "requeue_delay": 0.05,
+        "retry_delay": 0.05,
         "backoff_multiplier": 0.0,
         "reconnect_delay": 0.05,
         "max_reconnect_delay": 0.5,

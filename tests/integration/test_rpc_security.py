@@ -36,7 +36,7 @@ def quiet_logs() -> Any:
 def settings_for(*nsqds: NsqdProcess, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "nsqd_tcp_addresses": [n.tcp_address for n in nsqds],
-        "requeue_delay": 0.05,
+        "retry_delay": 0.05,
         "backoff_multiplier": 0.0,
         "reconnect_delay": 0.05,
         "drain_timeout": 5.0,
@@ -301,9 +301,7 @@ async def test_the_seed_clients_rcp_reply_topic_is_answered_by_default(nsqd: Nsq
     request = struct.pack(">B16sBBBI", 0, request_id, 1, len(host), len(topic), nsqd.tcp_port)
     request += host + topic + b"21"
     nsqd.create_channel("rcp-123456789", "caller")
-    settings = Settings(
-        nsqd_tcp_addresses=[nsqd.tcp_address], requeue_delay=0.05, drain_timeout=5.0
-    )
+    settings = Settings(nsqd_tcp_addresses=[nsqd.tcp_address], retry_delay=0.05, drain_timeout=5.0)
     assert "rcp-*" in settings.rpc_reply_topics  # the default, not set here
     reader = Consumer("rcp-123456789", "caller", record, settings)
     await reader.start()

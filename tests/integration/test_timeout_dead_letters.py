@@ -43,7 +43,7 @@ async def test_an_async_handler_timing_out_twice_is_dead_lettered(
         await asyncio.sleep(60)
 
     settings = Settings(
-        nsqd_tcp_addresses=[nsqd.tcp_address], requeue_delay=0.05, backoff_multiplier=0,
+        nsqd_tcp_addresses=[nsqd.tcp_address], retry_delay=0.05, backoff_multiplier=0,
         timeout_dead_letter_attempts=after,
     )  # fmt: skip
     async with Worker(registry, settings):

@@ -37,7 +37,7 @@ def quiet_logs() -> Any:
 def fast_settings(nsqd: NsqdProcess, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "nsqd_tcp_addresses": [nsqd.tcp_address],
-        "requeue_delay": 0.1,
+        "retry_delay": 0.1,
         "backoff_multiplier": 0.0,
         "reconnect_delay": 0.05,
         "max_reconnect_delay": 0.5,
@@ -122,7 +122,7 @@ async def test_other_exception_requeues_with_growing_delay(nsqd: NsqdProcess) ->
             raise ValueError("flaky")
 
     nsqd.publish(TOPIC, b"job")
-    settings = fast_settings(nsqd, requeue_delay=0.25, requeue_multiplier=2.0)
+    settings = fast_settings(nsqd, retry_delay=0.25, retry_multiplier=2.0)
     async with Worker(reg, settings) as worker:
         await wait_until(lambda: len(deliveries) == 4, 10, "four deliveries")
         await wait_until(lambda: client_counts(nsqd) == (1, 3), 5, "3 REQ, 1 FIN")

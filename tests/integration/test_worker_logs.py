@@ -35,7 +35,7 @@ def lines(log_lines: Callable[[], list[dict[str, Any]]]) -> Callable[[], list[di
 def settings(nsqd: NsqdProcess, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "nsqd_tcp_addresses": [nsqd.tcp_address],
-        "requeue_delay": 0.05,
+        "retry_delay": 0.05,
         "backoff_multiplier": 0.0,
         "drain_timeout": 5.0,
         "health_port": 0,
@@ -86,7 +86,7 @@ async def test_a_req_writes_one_warning_with_its_delay(
     assert line["task"] == "flaky"
     assert line["attempts"] == 1
     assert line["error"] == "ValueError"
-    assert 0 < line["delay"] <= 0.1  # requeue_delay 0.05 with the policy's jitter
+    assert 0 < line["delay"] <= 0.1  # retry_delay 0.05 with the policy's jitter
     assert "not yet" in line["exception"]
 
 

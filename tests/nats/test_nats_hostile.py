@@ -27,7 +27,7 @@ def settings(*urls: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "transport": "nats",
         "nats_servers": list(urls),
-        "requeue_delay": 0.05,
+        "retry_delay": 0.05,
         "backoff_multiplier": 0.0,
         "reconnect_delay": 0.05,
         "max_reconnect_delay": 0.5,
@@ -72,7 +72,7 @@ async def test_forged_messages_on_the_pull_inbox_are_dropped(
             await producer.publish(topic, b"good 1")
             await wait_until(lambda: seen == [b"good 1"], 10, message=lambda: f"{seen}")
             sub: Any = consumer.subscription
-            inbox, stream = sub._inbox, sub.stream
+            inbox, stream = sub.inbox, sub.stream
             # nats-server refuses a client's publish with a $JS.ACK reply; but anyone may
             # send a pull request of their own consumer with our inbox as its reply: the
             # server then delivers their messages to us, with their consumer's ack subject
@@ -94,7 +94,7 @@ async def test_forged_messages_on_the_pull_inbox_are_dropped(
             await wait_until(lambda: len(seen) == 2, 10, message=lambda: f"{seen}")
             await asyncio.sleep(0.3)
         assert seen == [b"good 1", b"good 2"]
-        assert sub._inbox == inbox  # a forged "consumer deleted" re-created nothing
+        assert sub.inbox == inbox  # a forged "consumer deleted" re-created nothing
         # good 1 again through "other", the evil message, the stray reply, status 999
         assert sub.connection.errors.get("forged") == 4
         dropped = [r for r in caplog.records if "dropped a message on the pull inbox" in r.message]
@@ -122,7 +122,7 @@ async def test_a_consumer_really_deleted_is_created_again(nats_server: NatsServe
             await wait_until(lambda: seen == [b"before"], 10, message=lambda: f"{seen}")
             sub: Any = consumer.subscription
             await admin.jetstream().delete_consumer(sub.stream, sub.consumer)
-            await wait_until(lambda: sub.ready and sub._bound, 10, message="bound again")
+            await wait_until(lambda: sub.ready, 10, message="bound again")
             await asyncio.sleep(0.5)
             await producer.publish(topic, b"after")
             await wait_until(lambda: b"after" in seen, 15, message=lambda: f"{seen}")
@@ -240,7 +240,7 @@ async def test_announced_servers_get_no_plain_text_password(
         client = await connection.get()
         await asyncio.sleep(0.5)  # INFO updates as the routes settle
         announced = {u.netloc for u in client.discovered_servers}
-        pool = {s.uri.netloc for s in client._server_pool}
+        pool = {u.netloc for u in client.servers}
     finally:
         await connection.close()
     others = {u.partition("://")[2] for u in nats_cluster.urls[1:]}

@@ -32,7 +32,7 @@ def settings(url: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "transport": "nats",
         "nats_servers": [url],
-        "requeue_delay": 0.05,
+        "retry_delay": 0.05,
         "backoff_multiplier": 0.0,
         "drain_timeout": 5.0,
         "health_port": 0,

@@ -53,7 +53,7 @@ def settings_for(nsqd: NsqdProcess, **overrides: Any) -> Settings:
         "nsqd_tcp_addresses": [nsqd.tcp_address],
         "spark_master": "local[2]",
         "spark_session_conf": CONF,
-        "requeue_delay": 0.1,
+        "retry_delay": 0.1,
         "backoff_multiplier": 0.0,
         "drain_timeout": 5.0,
         "msg_timeout": 60.0,

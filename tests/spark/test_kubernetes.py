@@ -80,7 +80,7 @@ def settings_for(nsqd: NsqdProcess, namespace: str, **overrides: Any) -> Setting
         "spark_image": "registry.example/spark-jobs:1.0",
         "spark_service_account": "spark-driver",
         "spark_ttl": 1800,
-        "requeue_delay": 0.1,
+        "retry_delay": 0.1,
         "backoff_multiplier": 0.0,
         "drain_timeout": 30.0,
         "health_port": 0,

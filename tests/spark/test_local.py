@@ -35,7 +35,7 @@ def settings_for(nsqd: NsqdProcess, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "nsqd_tcp_addresses": [nsqd.tcp_address],
         "spark_master": "local[1]",
-        "requeue_delay": 0.1,
+        "retry_delay": 0.1,
         "backoff_multiplier": 0.0,
         "drain_timeout": 5.0,
         "msg_timeout": 10.0,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nsqworker.spark import SparkJob, job_problems
+from nsqworker.spark import SparkJob, job_problems, local
 from nsqworker.spark.local import LocalRunner
 from nsqworker.spark.policy import masked_command
 
@@ -78,8 +78,8 @@ def test_spark_submit_does_not_inherit_the_workers_secrets(
 ) -> None:
     monkeypatch.setenv("NSQWORKER_AUTH_SECRET", "top-secret-token")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "cloud-key")
+    monkeypatch.setattr(local, "spark_home", lambda: Path("/opt/spark"))
     runner = LocalRunner()
-    runner._home = Path("/opt/spark")
     env = runner.environment(SparkJob(app, env={"REPORT_DAY": "1"}))
     assert "NSQWORKER_AUTH_SECRET" not in env and "AWS_SECRET_ACCESS_KEY" not in env
     assert env["REPORT_DAY"] == "1" and env["PATH"] == os.environ["PATH"]

@@ -29,7 +29,7 @@ def settings(uri: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "transport": "rabbitmq-stream",
         "rabbitmq_stream_uri": uri,
-        "requeue_delay": 0.05,
+        "retry_delay": 0.05,
         "backoff_multiplier": 0.0,
         "drain_timeout": 5.0,
         "log_level": "warning",

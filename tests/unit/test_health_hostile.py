@@ -17,7 +17,6 @@ from nsqworker.settings import Settings
 
 @pytest.fixture
 def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[HealthServer]:
-    monkeypatch.setattr(health._QuietHandler, "timeout", 1.0)
     monkeypatch.setattr(health, "REQUEST_TIMEOUT", 1.0)
     with HealthServer("127.0.0.1", 0, lambda: True, lambda: (True, {}), WorkerMetrics()) as s:
         yield s

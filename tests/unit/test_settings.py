@@ -42,7 +42,7 @@ def test_defaults_are_valid_and_documented() -> None:
     s = Settings.load()
     assert s.nsqd_tcp_addresses == [] and s.lookupd_http_addresses == []
     assert (s.max_in_flight, s.max_attempts, s.workers) == (100, 5, 1)
-    assert (s.requeue_delay, s.requeue_multiplier, s.max_requeue_delay) == (5.0, 2.0, 900.0)
+    assert (s.retry_delay, s.retry_multiplier, s.max_retry_delay) == (5.0, 2.0, 900.0)
     assert (s.msg_timeout, s.heartbeat_interval, s.drain_timeout) == (None, 30.0, 30.0)
     assert (s.log_level, s.log_format, s.compression) == ("info", "auto", "none")
     assert s.client_id and "." not in s.client_id and s.hostname
@@ -118,7 +118,7 @@ def test_lookupd_addresses_from_env(
 def test_scalars_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in {
         "WORKERS": "4",
-        "REQUEUE_DELAY": "0.5",
+        "RETRY_DELAY": "0.5",
         "TLS_VERIFY": "false",
         "LOG_LEVEL": "WARN",
         "LOG_FORMAT": "JSON",
@@ -128,7 +128,7 @@ def test_scalars_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     }.items():
         monkeypatch.setenv(f"NSQWORKER_{key}", value)
     s = Settings.load()
-    assert (s.workers, s.requeue_delay, s.tls_verify) == (4, 0.5, False)
+    assert (s.workers, s.retry_delay, s.tls_verify) == (4, 0.5, False)
     assert (s.log_level, s.log_format, s.compression) == ("warning", "json", "deflate")
     assert s.output_buffer_size == -1
     assert isinstance(s.auth_secret, SecretStr) and s.auth_secret.get_secret_value() == "hunter2"
@@ -253,11 +253,9 @@ def test_cross_field_problems_say_what_to_change(tmp_path: Path) -> None:
     pem = tmp_path / "c.pem"
     pem.write_text("x")
     lines = load_error(
-        requeue_delay=1000, reconnect_delay=61, tls_cert_file=pem, tls_server_name="nsqd"
+        retry_delay=1000, reconnect_delay=61, tls_cert_file=pem, tls_server_name="nsqd"
     ).splitlines()
-    assert lines == [
-        "Settings(requeue_delay=...): is more than max_requeue_delay (900); "
-        "lower it or raise NSQWORKER_MAX_REQUEUE_DELAY; got 1000.0",
+    assert lines == [  # by section: core's, then NSQ's, then the worker's
         "Settings(reconnect_delay=...): is more than max_reconnect_delay (60); "
         "lower it or raise NSQWORKER_MAX_RECONNECT_DELAY; got 61.0",
         "Settings(tls_cert_file=...): needs tls_key_file too; "
@@ -266,6 +264,8 @@ def test_cross_field_problems_say_what_to_change(tmp_path: Path) -> None:
         f"set NSQWORKER_TLS_V1=true or unset this one; got '{pem}'",
         "Settings(tls_server_name=...): needs tls_v1; "
         "set NSQWORKER_TLS_V1=true or unset this one; got 'nsqd'",
+        "Settings(retry_delay=...): is more than max_retry_delay (900); "
+        "lower it or raise NSQWORKER_MAX_RETRY_DELAY; got 1000.0",
     ]
 
 
@@ -415,12 +415,12 @@ def test_secret_is_masked_everywhere(tmp_path: Path) -> None:
 
 
 def test_display_values() -> None:
-    s = Settings(nsqd_tcp_addresses=["a:1", "b:2"], requeue_delay=0.5, tls_verify=False)
+    s = Settings(nsqd_tcp_addresses=["a:1", "b:2"], retry_delay=0.5, tls_verify=False)
     values = {name: value for name, value, _, _ in s.describe()}
     assert values["nsqd_tcp_addresses"] == "a:1,b:2"
     assert values["lookupd_http_addresses"] == "-"
-    assert values["requeue_delay"] == "0.5"
-    assert values["max_requeue_delay"] == "900"
+    assert values["retry_delay"] == "0.5"
+    assert values["max_retry_delay"] == "900"
     assert values["tls_verify"] == "false"
     assert values["tls_ca_file"] == "-"
 
@@ -452,8 +452,8 @@ NUMERIC = [
 ]
 # Values at both ends of each ordered pair so any in-bounds value of the other one is valid.
 BASELINE = {
-    "NSQWORKER_REQUEUE_DELAY": "0",
-    "NSQWORKER_MAX_REQUEUE_DELAY": "3600",
+    "NSQWORKER_RETRY_DELAY": "0",
+    "NSQWORKER_MAX_RETRY_DELAY": "3600",
     "NSQWORKER_RECONNECT_DELAY": "0.01",
     "NSQWORKER_MAX_RECONNECT_DELAY": "3600",
 }
@@ -473,7 +473,7 @@ def environ(values: dict[str, str]) -> Iterator[None]:
 )
 def test_in_bounds_values_round_trip_through_env(values: dict[str, Any]) -> None:
     for low, high in (
-        ("requeue_delay", "max_requeue_delay"),
+        ("retry_delay", "max_retry_delay"),
         ("reconnect_delay", "max_reconnect_delay"),
     ):
         assume(values.get(low, 0) <= values.get(high, 3600))

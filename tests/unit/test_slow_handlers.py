@@ -21,7 +21,7 @@ SLOW = "handler still running"
 
 
 def settings(**values: Any) -> Settings:
-    return Settings(**({"transport": "memory", "health_port": 0, "requeue_delay": 30} | values))
+    return Settings(**({"transport": "memory", "health_port": 0, "retry_delay": 30} | values))
 
 
 async def test_the_threshold_is_ten_times_the_p99_and_at_least_the_floor() -> None:

@@ -58,15 +58,19 @@ class Receiver:
         return not msg.body.startswith(b"slow") and not isinstance(msg, Undecodable)
 
 
-async def subscription(window: int, start: int = 0) -> tuple[StreamSubscription, Any, Receiver]:
+async def subscription(
+    window: int, start: int = 0, receiver: Receiver | None = None
+) -> tuple[StreamSubscription, Any, Receiver]:
+    """A subscription bound to ``receiver`` and reading a session of its own, with no
+    broker: the test hands it chunks as a link of that session would."""
     settings = Settings(transport="rabbitmq-stream")
     sub = StreamSubscription(
         "t", "c", StreamConnections(settings), None, settings,  # type: ignore[arg-type]
         name="t/c", max_in_flight=window,
     )  # fmt: skip
-    receiver = Receiver()
-    sub._receiver, sub._deliver = receiver, receiver.deliver  # type: ignore[assignment]
-    sub._session = session = object()
+    receiver = receiver or Receiver()
+    sub.bind(receiver)  # type: ignore[arg-type]
+    session = sub.new_session()
     reader = sub.readers[0]
     reader.link, reader.active, reader.start = Link(), True, start  # type: ignore[assignment]
     return sub, session, receiver
@@ -77,7 +81,7 @@ async def test_a_chunk_is_handed_out_whole_in_order_and_the_window_holds_the_res
     bodies = [b"a", b"slow b", b"c", b"slow d", b"e", b"f"]
     records = [amqp(b) for b in bodies]
     records[4] = b"\xff\xff"  # not AMQP: handed out as undecodable, in its place
-    sub._on_chunk(session, wire.parse_chunk(chunk_frame(records, 10), lazy=True))
+    sub.on_chunk(session, wire.parse_chunk(chunk_frame(records, 10), lazy=True))
     assert [m.body for m in receiver.seen] == [b"a", b"slow b", b"c", b"slow d"]
     mark = sub.readers[0].watermark
     assert mark.value == 10 and sub.in_flight == 2  # the window is full: the rest waits
@@ -97,7 +101,7 @@ async def test_offsets_before_the_start_are_skipped_and_credit_is_granted_per_ch
     sub, session, receiver = await subscription(window=100, start=12)
     for first in (10, 15):
         records = [amqp(b"m%d" % o) for o in range(first, first + 5)]
-        sub._on_chunk(session, wire.parse_chunk(chunk_frame(records, first), lazy=True))
+        sub.on_chunk(session, wire.parse_chunk(chunk_frame(records, first), lazy=True))
     assert [m.body for m in receiver.seen] == [b"m%d" % o for o in range(12, 20)]
     assert sub.readers[0].link.credits == 2  # type: ignore[union-attr]
     assert sub.readers[0].watermark.value == 19
@@ -107,18 +111,19 @@ async def test_offsets_before_the_start_are_skipped_and_credit_is_granted_per_ch
 async def test_a_settle_during_the_hand_out_is_not_lost() -> None:
     """A receiver that settles a message before returning (a give-up written at once):
     the watermark must still pass it."""
-    sub, session, receiver = await subscription(window=10)
 
-    def deliver(msg: Message) -> bool:
-        receiver.seen.append(msg)
-        sub.reject(msg)
-        return False
+    class Rejecting(Receiver):
+        def deliver(self, msg: Message) -> bool:
+            self.seen.append(msg)
+            sub.reject(msg)
+            return False
 
-    sub._deliver = deliver  # type: ignore[assignment]
+    sub, session, receiver = await subscription(window=10, receiver=Rejecting())
     records = [amqp(b"x"), amqp(b"y")]
-    sub._on_chunk(session, wire.parse_chunk(chunk_frame(records, 0), lazy=True))
+    sub.on_chunk(session, wire.parse_chunk(chunk_frame(records, 0), lazy=True))
     await asyncio.sleep(0)
     assert sub.readers[0].watermark.value == 1 and sub.in_flight == 0
+    assert [m.body for m in receiver.seen] == [b"x", b"y"]
     await sub.close()
 
 
@@ -136,7 +141,7 @@ async def test_a_walked_chunk_with_a_sub_entry_batch_goes_on_split() -> None:
     ) + data  # fmt: skip
     chunk = wire.parse_chunk(frame, lazy=True)
     assert chunk.records is None
-    sub._on_chunk(session, chunk)
+    sub.on_chunk(session, chunk)
     await wait_until(lambda: len(receiver.seen) == 3, 5, message="every record")
     assert [(m.id, m.body) for m in receiver.seen] == [
         ("t:40", b"first"),

@@ -402,7 +402,7 @@ async def run_callback(runner: _TaskRunner, msg: Message) -> Outcome | None:
         complete=lambda _msg, outcome: completed.set_result(outcome),
         # The policy's delay, as Dispatcher.retry_delay gives it (the worker logs it).
         retry_delay=lambda attempts: requeue_delay(
-            attempts, s.requeue_delay, s.requeue_multiplier, s.max_requeue_delay
+            attempts, s.retry_delay, s.retry_multiplier, s.max_retry_delay
         ),
         max_attempts=runner.spec.max_attempts or s.max_attempts,
     )

@@ -264,13 +264,24 @@ def test_parent_mode_makes_the_producer_span_the_parent(
     assert not span.links
 
 
-def test_parent_mode_follows_the_settings() -> None:
+def test_parent_mode_follows_the_settings(
+    provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
     class Settings:
         trace_parent_mode = "parent"
         client_id = "from-settings"
+        tracing_envelope = True
 
-    inst = TaskInstrumentation(make_spec(), Settings())  # type: ignore[arg-type]
-    assert inst._parent_mode and inst._constant["messaging.client.id"] == "from-settings"
+    wrapped, sent = send(provider, b"payload")
+    inst = TaskInstrumentation(
+        make_spec(None), Settings(),  # type: ignore[arg-type]
+        tracer_provider=provider, meter_provider=NoOpMeterProvider(),
+    )  # fmt: skip
+    inst.end(inst.start(make_msg(wrapped)), FINISH, None, 0.01)
+    span = only_span(exporter)
+    assert span.parent is not None and span.parent.span_id == sent.span_id and not span.links
+    assert span.attributes is not None
+    assert span.attributes["messaging.client.id"] == "from-settings"
     with pytest.raises(ValueError, match="parent_mode"):
         TaskInstrumentation(make_spec(), parent_mode="child")
 
@@ -308,8 +319,8 @@ def test_without_an_sdk_start_returns_none_and_allocates_nothing(
 ) -> None:
     proxy = trace.ProxyTracerProvider()  # what the API returns while no SDK is installed
     monkeypatch.setattr(trace, "get_tracer_provider", lambda: proxy)
-    inst = TaskInstrumentation(make_spec())
-    assert inst._recheck  # and looks again every RECHECK_EVERY messages
+    inst = TaskInstrumentation(make_spec())  # it looks again every RECHECK_EVERY messages:
+    # test_a_provider_installed_later_is_picked_up
     msgs = [make_msg(n=n) for n in range(1000)]
     inst.end(inst.start(msgs[0]), FINISH, None, 0.001)  # warm up
     tracemalloc.start()
@@ -339,7 +350,7 @@ def test_ratio_sampling_keeps_its_rate_and_every_started_span(
     exporter: InMemorySpanExporter,
 ) -> None:
     inst = instrument(sdk(exporter, ParentBased(TraceIdRatioBased(0.05))))
-    assert inst._preset is not None  # decided before building anything
+    assert inst.presampled  # decided before building anything
     tokens = [inst.start(make_msg(n=n)) for n in range(10_000)]
     started = [t for t in tokens if t is not None]
     for token in started:
@@ -517,8 +528,8 @@ def test_duration_histogram_only_with_an_sdk_meter(
     assert tuple(ok.explicit_bounds) == telemetry.DURATION_BUCKETS
     assert ok.count == 1 and failed.count == 1
     assert failed.attributes["error.type"] == "ValueError"
-    assert inst._histogram is not None
-    assert instrument(provider)._histogram is None  # NoOpMeterProvider: nothing recorded
+    assert inst.timed
+    assert not instrument(provider).timed  # NoOpMeterProvider: nothing recorded
 
 
 def test_duration_buckets_match_the_workers() -> None:

@@ -10,14 +10,18 @@ from typing import Any
 
 import pytest
 
-from nsqworker import transport
 from nsqworker.errors import ConfigurationError
 from nsqworker.memory import MemoryTransport
 from nsqworker.message import Message
 from nsqworker.rpc import rpc
 from nsqworker.settings import Settings, SettingsError
 from nsqworker.task import Registry
-from nsqworker.transport import create_transport, register_transport, transport_names
+from nsqworker.transport import (
+    create_transport,
+    register_transport,
+    transport_names,
+    unregister_transport,
+)
 from nsqworker.worker import Worker
 
 
@@ -36,8 +40,7 @@ def test_an_unknown_transport_fails_in_settings_naming_the_choices() -> None:
         Settings(transport="kafka")
 
 
-def test_a_registered_transport_is_chosen_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transport, "_REGISTRY", dict(transport._REGISTRY))  # this test's only
+def test_a_registered_transport_is_chosen_by_name() -> None:
     made: list[Any] = []
 
     def factory(settings: Settings) -> MemoryTransport:
@@ -45,10 +48,17 @@ def test_a_registered_transport_is_chosen_by_name(monkeypatch: pytest.MonkeyPatc
         return MemoryTransport()
 
     register_transport("memory-test", factory)
-    settings = Settings(transport="memory-test")
-    assert isinstance(create_transport(settings), MemoryTransport) and made == [settings]
-    with pytest.raises(ConfigurationError, match="transport name"):
-        register_transport("bad name!", factory)
+    try:
+        settings = Settings(transport="memory-test")
+        assert isinstance(create_transport(settings), MemoryTransport) and made == [settings]
+        with pytest.raises(ConfigurationError, match="transport name"):
+            register_transport("bad name!", factory)
+        assert "bad name!" not in transport_names()
+    finally:
+        unregister_transport("memory-test")
+    assert "memory-test" not in transport_names()
+    with pytest.raises(SettingsError, match="is not a transport"):
+        Settings(transport="memory-test")
 
 
 async def test_a_task_that_needs_a_capability_is_refused_at_start() -> None:

@@ -6,6 +6,6 @@ and the dead letters (list, replay, purge). Workers are found from ``console_wor
 (the health URLs of ``nsqworker run``) or from Kubernetes pods by label selector.
 Read-only unless ``console_token`` is set; see docs/security.md.
 
-Its settings are in :mod:`nsqworker.console_settings`; :func:`.app.create_app` needs the
+Its settings are in :mod:`nsqworker.settings.console`; :func:`.app.create_app` needs the
 ``console`` extra (Starlette, Jinja2, uvicorn).
 """

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nsqworker.settings import Settings
+    from nsqworker.settings.console import ConsoleSettings
 
 __all__ = ["Discovery", "Endpoint", "KubernetesPods", "StaticWorkers", "discovery_for"]
 
@@ -108,7 +108,7 @@ def _health_port(pod: Any) -> int | None:
     return None
 
 
-def discovery_for(settings: Settings, api_client: Any = None) -> Discovery:
+def discovery_for(settings: ConsoleSettings, api_client: Any = None) -> Discovery:
     """Pods when ``console_kubernetes_selector`` is set, else the worker URLs.
 
     Raises ``ValueError`` when neither is set, or the namespace cannot be known."""

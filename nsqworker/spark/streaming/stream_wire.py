@@ -14,8 +14,8 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from nsqworker.broker_settings import tls_context
 from nsqworker.errors import NoConnection, NSQWorkerError
+from nsqworker.settings.core import tls_context
 from nsqworker.spark.streaming.chunks import Chunk, decode_chunk
 from nsqworker.streams.client import Endpoint
 from nsqworker.streams.stats import (

@@ -1,16 +1,20 @@
-"""The checks behind the settings' address and list fields (nsqworker.settings uses
-them in its field types and validators): host:port, lookupd URLs, host:port patterns,
-and lists given as JSON or commas."""
+"""The checks behind the settings' address and list fields (the sections of
+nsqworker.settings use them in their field types and validators): host:port, lookupd
+URLs, host:port patterns, and lists given as JSON or commas."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
 import re
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
+from pydantic import AfterValidator
+from pydantic_settings import NoDecode
+
 __all__ = [
+    "ReplyAddresses",
     "app_uri_pattern",
     "check_host",
     "check_port",
@@ -108,3 +112,7 @@ def split_list(value: Any) -> Any:
         except json.JSONDecodeError as exc:
             raise ValueError(f"not a valid JSON list ({exc.msg})") from None
     return [part.strip() for part in text.split(",") if part.strip()]
+
+
+ReplyAddresses = Annotated[list[Annotated[str, AfterValidator(reply_address_pattern)]], NoDecode]
+"""A list of ``host:port`` patterns (``*`` and ``?`` allowed), from JSON or commas."""

@@ -1,4 +1,4 @@
-"""The settings of periodic tasks (``@task(schedule=...)``), a base of ``Settings``.
+"""The schedules section: periodic tasks (``@task(schedule=...)``), a base of ``Settings``.
 
 Every field is an ordinary setting: ``schedule_leader`` is ``NSQWORKER_SCHEDULE_LEADER``.
 The lease timings default to client-go's leader election (lease 15 s, renew deadline
@@ -8,10 +8,11 @@ The lease timings default to client-go's leader election (lease 15 s, renew dead
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
-from pydantic_settings import BaseSettings
+
+from nsqworker.settings.base import SettingsBase
 
 __all__ = ["LEADERS", "ScheduleSettings", "timing_problems"]
 
@@ -21,7 +22,7 @@ _NAMESPACE = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _BUCKET = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
-class ScheduleSettings(BaseSettings):
+class ScheduleSettings(SettingsBase):
     """Periodic tasks: who fires them and how a new leader catches up; docs/schedules.md."""
 
     schedule_leader: Literal["kubernetes", "nats", "none"] | None = Field(
@@ -71,6 +72,10 @@ class ScheduleSettings(BaseSettings):
         "nsqworker_schedules",
         description="JetStream key-value bucket of the nats leader (created if missing).",
     )
+
+    if TYPE_CHECKING:  # every field has a default; type checkers see each base's fields
+
+        def __init__(self, **values: Any) -> None: ...
 
     @field_validator(
         "schedule_leader", "schedule_lease_name", "kubernetes_namespace", mode="before"

@@ -1,20 +1,20 @@
-"""The settings of ``nsqworker console`` (:mod:`nsqworker.admin.console`): a base of
-:class:`nsqworker.settings.Settings`, so its fields are ordinary ``console_*`` settings."""
+"""The console section: the settings of ``nsqworker console``
+(:mod:`nsqworker.admin.console`), ordinary ``console_*`` settings of
+:class:`nsqworker.settings.Settings`."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode
+from pydantic_settings import NoDecode
 
-from nsqworker.setting_values import split_list
+from nsqworker.settings.base import SettingsBase
+from nsqworker.settings.values import split_list
 
-__all__ = ["CONSOLE_SECRETS", "MIN_TOKEN_LENGTH", "ConsoleSettings", "worker_url"]
+__all__ = ["MIN_TOKEN_LENGTH", "ConsoleSettings", "worker_url"]
 
-CONSOLE_SECRETS = frozenset({"console_token"})
-"""Fields shown as ``********`` in problems and tables."""
 MIN_TOKEN_LENGTH = 16
 
 
@@ -35,7 +35,7 @@ def worker_url(text: str) -> str:
 WorkerUrls = Annotated[list[Annotated[str, AfterValidator(worker_url)]], NoDecode]
 
 
-class ConsoleSettings(BaseSettings):
+class ConsoleSettings(SettingsBase):
     """``nsqworker console`` (docs/operations.md, Console; docs/security.md)."""
 
     console_token: SecretStr | None = Field(
@@ -66,6 +66,10 @@ class ConsoleSettings(BaseSettings):
     console_poll_interval: float = Field(
         2.0, ge=0.2, le=60.0, description="Seconds between the console's reads. [0.2..60]"
     )
+
+    if TYPE_CHECKING:  # every field has a default; type checkers see each base's fields
+
+        def __init__(self, **values: Any) -> None: ...
 
     @field_validator("console_workers", mode="before")
     @classmethod
