@@ -293,7 +293,7 @@ class Message:
     def json(self) -> Any:
         """The body parsed as JSON; a body that is not JSON raises UndecodableBody (a
         Reject and a ValueError): uncaught, the message is dead-lettered at once."""
-        try:  # security (issue 29): a bad body is given up, never retried with backoff
+        try:  # security (issue 29): a bad body is rejected, never retried with backoff
             return json.loads(self.body)
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, int too long
             raise UndecodableBody(f"body is not JSON: {exc} ({self.body[:60]!r})") from None
@@ -348,7 +348,7 @@ class Message:
 class Undecodable(Message):
     """A delivery its transport could not read (a malformed message of another
     publisher): ``body`` is its raw bytes and ``reason`` says what is wrong. The task
-    layer never hands it to a handler: it is given up at once (dead-letter hooks, then
+    layer never hands it to a handler: it is rejected at once (dead-letter hooks, then
     the dead-letter topic) with ``reason``, so the broker's other messages go on."""
 
     __slots__ = ("reason",)
