@@ -45,7 +45,8 @@ class Consumer(Dispatcher):
     ``topic`` on ``channel`` with ``callback`` (no task, no telemetry; tests, tools).
 
     Options left None take the ``settings`` defaults. ``on_reject(msg, reason)`` runs
-    before each reject (``on_give_up`` is its deprecated old name).
+    before each reject (``on_give_up`` is its deprecated old name, as ``requeue_delay``
+    is ``retry_delay``'s).
     """
 
     def __init__(
@@ -57,16 +58,17 @@ class Consumer(Dispatcher):
         *,
         max_in_flight: int | None = None,
         max_attempts: int | None = None,
-        requeue_delay: float | None = None,
+        retry_delay: float | None = None,
         on_reject: RejectHook | None = None,
         name: str | None = None,
         on_give_up: RejectHook | None = None,
+        requeue_delay: float | None = None,
     ) -> None:
         policy = Policy.from_settings(
             settings,
             max_in_flight=max_in_flight,
             max_attempts=max_attempts,
-            retry_delay=requeue_delay,
+            retry_delay=retry_delay if retry_delay is not None else requeue_delay,
         )
         self.transport = create_transport(settings)
         sub = open_subscription(

@@ -36,7 +36,7 @@ from typing import Any, Final
 from nsqworker.backoff import Alarm, Backoff, Phase
 from nsqworker.eager import finish_in_task
 from nsqworker.message import FINISH, Finish, Message, Outcome, Reject, Retry, Stage, Undecodable
-from nsqworker.policy import Policy, requeue_delay
+from nsqworker.policy import Policy, retry_delay
 from nsqworker.slow import SlowWatch
 from nsqworker.stats import DispatchStats
 from nsqworker.transport import Capabilities, Flow, Subscription
@@ -515,7 +515,7 @@ class Dispatcher:
     def retry_delay(self, attempts: int) -> float:
         """Seconds of a retry the handler left to the policy, after ``attempts`` deliveries."""
         p = self.policy
-        return requeue_delay(attempts, p.retry_delay, p.retry_multiplier, p.max_retry_delay)
+        return retry_delay(attempts, p.retry_delay, p.retry_multiplier, p.max_retry_delay)
 
     def touch(self, msg: Message) -> None:
         """Keep ``msg`` alive now (for handlers that answer themselves). Any thread."""

@@ -18,20 +18,20 @@ from nsqworker.transport import MAX_RETRY_DELAY
 if TYPE_CHECKING:
     from nsqworker.settings.worker import WorkerSettings
 
-__all__ = ["REQUEUE_JITTER", "Policy", "requeue_delay"]
+__all__ = ["RETRY_JITTER", "Policy", "retry_delay"]
 
 Random = Callable[[], float]
 
 # "A little jitter": +-10 % keeps retries of one burst from landing together.
-REQUEUE_JITTER = 0.1
+RETRY_JITTER = 0.1
 
 
-def requeue_delay(
+def retry_delay(
     attempts: int,
     base: float,
     multiplier: float,
     cap: float,
-    jitter: float = REQUEUE_JITTER,
+    jitter: float = RETRY_JITTER,
     rand: Random = random.random,
 ) -> float:
     """Seconds to hold a failed message back before it is delivered again.

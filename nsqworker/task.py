@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import inspect
-import math
 import os
 import sys
 import traceback
@@ -29,8 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Never, ParamSpec, Protocol, TypeVar, cast
 
-from nsqworker.bodies import BodySpec, body_spec
-from nsqworker.errors import ConfigurationError, InvalidName
+from nsqworker.bodies import BodySpec
 from nsqworker.hooks import (
     AfterHook,
     BeforeHook,
@@ -41,9 +38,7 @@ from nsqworker.hooks import (
     is_async_callable,
 )
 from nsqworker.message import Message
-from nsqworker.names import check_channel, check_topic
 from nsqworker.outcomes import (
-    MAX_RETRY_DELAY,
     Publish,
     Reject,
     Retry,
@@ -51,6 +46,15 @@ from nsqworker.outcomes import (
     describe_outcome,
     outcome_of_error,
     outcome_of_return,
+)
+from nsqworker.task_checks import (
+    OPTIONS,
+    TaskDefinitionError,
+    check_handler,
+    check_options,
+    fail,
+    function_name,
+    renamed_option,
 )
 
 if TYPE_CHECKING:
@@ -79,20 +83,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
-MAX_IN_FLIGHT = 1_000_000
-MAX_ATTEMPTS = 65535
-MAX_TIMEOUT = 7 * 86400.0
-OPTIONS = (
-    "channel", "max_in_flight", "max_attempts", "requeue_delay", "on_dead_letter", "timezone",
-    "dead_letter_topic", "name", "envelope", "timeout", "hooks", "publish_to", "schedule",
-)  # fmt: skip
-
 
 # --- declaring tasks ------------------------------------------------------------------
-
-
-class TaskDefinitionError(ConfigurationError, TypeError):
-    """Raised at import when a ``@task`` declaration cannot work; says what to change."""
 
 
 class TaskImportError(ImportError):
@@ -116,7 +108,7 @@ class TaskSpec:
     is_async: bool
     max_in_flight: int | None = None
     max_attempts: int | None = None
-    requeue_delay: float | None = None
+    retry_delay: float | None = None
     on_dead_letter: DeadLetterHook | None = None
     dead_letter_topic: str | None = None
     envelope: bool | None = None
@@ -140,6 +132,11 @@ class TaskSpec:
         qualname = getattr(self.func, "__qualname__", repr(self.func))
         return f"{getattr(self.func, '__module__', '?')}.{qualname}{where}"
 
+    @property
+    def requeue_delay(self) -> float | None:
+        """Deprecated: the old name of :attr:`retry_delay`."""
+        return self.retry_delay
+
 
 class TaskFunction(Protocol, Generic[P, R_co]):
     """A handler decorated with ``@task``: still callable as before, plus its ``spec``."""
@@ -147,128 +144,6 @@ class TaskFunction(Protocol, Generic[P, R_co]):
     spec: TaskSpec
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
-
-
-def _fail(where: str, problem: str) -> Never:
-    raise TaskDefinitionError(f"{where}: {problem}")
-
-
-def _check_int(where: str, option: str, value: object, low: int, high: int) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        _fail(where, f"{option} must be a whole number from {low} to {high}, got {value!r}")
-
-
-def _check_options(where: str, topic: str, options: dict[str, Any]) -> None:
-    """Check every option given to ``@task`` apart from the handler itself."""
-    for option, what, check in (
-        ("topic", "topic", check_topic),
-        ("channel", "channel", check_channel),
-    ):
-        value = topic if option == "topic" else options["channel"]
-        try:
-            check(value)
-        except InvalidName as exc:
-            _fail(where, f"{exc}; change the {what} name")
-    _check_int(where, "max_in_flight", options["max_in_flight"], 1, MAX_IN_FLIGHT)
-    _check_int(where, "max_attempts", options["max_attempts"], 1, MAX_ATTEMPTS)
-    delay = options["requeue_delay"]
-    if delay is not None and (
-        isinstance(delay, bool)
-        or not isinstance(delay, int | float)
-        or not math.isfinite(delay)
-        or not 0 <= delay <= MAX_RETRY_DELAY
-    ):
-        _fail(where, f"requeue_delay must be seconds from 0 to {MAX_RETRY_DELAY:g}, got {delay!r}")
-    dlt = options["dead_letter_topic"]
-    if dlt is not None:
-        try:
-            check_topic(dlt)
-        except InvalidName as exc:
-            _fail(where, f"dead_letter_topic: {exc}")
-        if dlt == topic:
-            _fail(
-                where,
-                f"dead_letter_topic {dlt!r} is the task's own topic, so dead "
-                "letters would come straight back; use another topic, like "
-                f"{topic + '.dead'!r}",
-            )
-    hook = options["on_dead_letter"]
-    if hook is not None:
-        if not callable(hook):
-            _fail(where, f"on_dead_letter must be a function (msg, reason), got {hook!r}")
-        if not _accepts(hook, 2):
-            _fail(
-                where,
-                f"on_dead_letter {_name(hook)} must take two positional "
-                "parameters: def hook(msg: Message, reason: str)",
-            )
-    name = options["name"]
-    if name is not None and (not isinstance(name, str) or not name.strip()):
-        _fail(where, f"name must be a non-empty string, got {name!r}")
-    envelope = options["envelope"]
-    if envelope is not None and not isinstance(envelope, bool):
-        _fail(where, f"envelope must be True, False or None, got {envelope!r}")
-    timeout = options["timeout"]
-    if timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or not 0 < timeout <= MAX_TIMEOUT
-    ):
-        _fail(where, f"timeout must be seconds above 0, at most {MAX_TIMEOUT:g}, got {timeout!r}")
-    publish_to = options["publish_to"]
-    if publish_to is not None:
-        try:
-            check_topic(publish_to)
-        except InvalidName as exc:
-            _fail(where, f"publish_to: {exc}")
-    hooks = options["hooks"]
-    if hooks is not None and (isinstance(hooks, str | bytes) or not hasattr(hooks, "__iter__")):
-        _fail(where, f"hooks must be a list of hook objects, got {hooks!r}")
-
-
-def _accepts(func: Callable[..., Any], count: int) -> bool:
-    """Whether ``func`` can be called with ``count`` positional arguments."""
-    try:
-        signature = inspect.signature(func)
-    except (TypeError, ValueError):  # builtins without a signature: trust them
-        return True
-    try:
-        signature.bind(*([None] * count))
-    except TypeError:
-        return False
-    return True
-
-
-def _name(func: object) -> str:
-    return str(getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or func)
-
-
-def _check_handler(where: str, func: object) -> BodySpec | None:
-    """Check the handler; return its typed body, if it declares one."""
-    if not callable(func):
-        _fail(where, f"@task decorates a function taking the message, got {func!r}")
-    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
-        _fail(
-            where,
-            f"{_name(func)} is a generator (it uses yield); a handler must "
-            "return or raise, so remove the yield",
-        )
-    body = body_spec(func)
-    if isinstance(body, str):
-        _fail(where, f"{_name(func)}: {body}")
-    takes = 2 if body is not None and body.with_message else 1
-    if not _accepts(func, takes) or _accepts(func, takes + 1):
-        name = getattr(func, "__name__", "handler")
-        _fail(
-            where,
-            f"{_name(func)} must take the message, or its typed body, or both: "
-            f"def {name}(msg: Message), def {name}(click: Click) or "
-            f"def {name}(msg: Message, click: Click)",
-        )
-    return body
 
 
 class Registry:
@@ -333,7 +208,7 @@ class Registry:
         channel: str,
         max_in_flight: int | None = None,
         max_attempts: int | None = None,
-        requeue_delay: float | None = None,
+        retry_delay: float | None = None,
         on_dead_letter: DeadLetterHook | None = None,
         dead_letter_topic: str | None = None,
         name: str | None = None,
@@ -343,6 +218,7 @@ class Registry:
         publish_to: str | None = None,
         schedule: str | list[str] | tuple[str, ...] | None = None,
         timezone: str | None = None,
+        requeue_delay: float | None = None,
         **unknown: Never,
     ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]:
         """Declare the decorated function as the handler of ``topic`` on ``channel``.
@@ -355,8 +231,9 @@ class Registry:
                 for a sync handler also the size of its thread pool.
             max_attempts: deliveries before the message goes to the dead-letter hooks
                 (default ``Settings.max_attempts``).
-            requeue_delay: seconds of the first retry after a failure, growing
+            retry_delay: seconds of the first retry after a failure, growing
                 exponentially with attempts (default ``Settings.retry_delay``).
+                ``requeue_delay``, its old name, still works (deprecated).
             on_dead_letter: ``hook(msg, reason)`` called when the message is rejected;
                 a plain function runs in a thread, an ``async def`` on the loop.
             dead_letter_topic: also publish rejected messages there, as JSON.
@@ -392,14 +269,16 @@ class Registry:
                 close = difflib.get_close_matches(key, OPTIONS, n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""
                 problems.append(f"{key!r}{hint}")
-            _fail(
+            fail(
                 where, f"unknown option {', '.join(problems)}; the options are {', '.join(OPTIONS)}"
             )
         options: dict[str, Any] = {
             "channel": channel,
             "max_in_flight": max_in_flight,
             "max_attempts": max_attempts,
-            "requeue_delay": requeue_delay,
+            "retry_delay": renamed_option(
+                where, "requeue_delay", "retry_delay", requeue_delay, retry_delay
+            ),
             "on_dead_letter": on_dead_letter,
             "dead_letter_topic": dead_letter_topic,
             "name": name,
@@ -408,19 +287,19 @@ class Registry:
             "hooks": hooks,
             "publish_to": publish_to,
         }
-        _check_options(where, topic, options)
+        check_options(where, topic, options)
         try:
             task_hooks = hooks_of(hooks or (), where)
         except TypeError as exc:
-            _fail(where, str(exc).removeprefix(f"{where}: "))
+            fail(where, str(exc).removeprefix(f"{where}: "))
 
         if timezone is not None and schedule is None:
-            _fail(where, f"timezone={timezone!r} needs schedule=... (a cron expression)")
+            fail(where, f"timezone={timezone!r} needs schedule=... (a cron expression)")
 
         def decorate(func: Callable[P, R]) -> TaskFunction[P, R]:
-            body = _check_handler(where, func)
+            body = check_handler(where, func)
             module = str(getattr(func, "__module__", None) or "")
-            task_name = name or f"{module}.{_name(func)}"
+            task_name = name or f"{module}.{function_name(func)}"
             spec = TaskSpec(
                 name=task_name,
                 topic=topic,
@@ -429,7 +308,9 @@ class Registry:
                 is_async=is_async_callable(func),
                 max_in_flight=max_in_flight,
                 max_attempts=max_attempts,
-                requeue_delay=None if requeue_delay is None else float(requeue_delay),
+                retry_delay=None
+                if options["retry_delay"] is None
+                else float(options["retry_delay"]),
                 on_dead_letter=on_dead_letter,
                 dead_letter_topic=dead_letter_topic,
                 envelope=envelope,
@@ -454,13 +335,13 @@ class Registry:
         for other in list(self._by_name.values()):
             same_func = _same_function(other, spec)
             if other.name == spec.name and not same_func:
-                _fail(
+                fail(
                     f"task {spec.name!r}",
                     f"the name is taken by {other.location} and {spec.location}; "
                     "pass name=... to one of them",
                 )
             if (other.topic, other.channel) == (spec.topic, spec.channel) and not same_func:
-                _fail(
+                fail(
                     f"@task({spec.topic!r}, channel={spec.channel!r})",
                     f"both {other.location} and {spec.location} subscribe to it, so each "
                     "would get half the messages; give one of them another channel",
@@ -483,7 +364,7 @@ def _schedule(where: str, schedule: Any, timezone: str | None) -> Schedule | Non
         return Schedule.of(schedule, timezone)
     except ScheduleError as exc:
         problem = str(exc)
-    _fail(where, problem)  # outside the except: the user's frame alone, not cronsim's
+    fail(where, problem)  # outside the except: the user's frame alone, not cronsim's
 
 
 def _hook_callable(hook: Any, kind: str) -> Any:
@@ -493,7 +374,7 @@ def _hook_callable(hook: Any, kind: str) -> Any:
 
 
 def _same_function(a: TaskSpec, b: TaskSpec) -> bool:
-    return (a.name, a.module, _name(a.func)) == (b.name, b.module, _name(b.func))
+    return (a.name, a.module, function_name(a.func)) == (b.name, b.module, function_name(b.func))
 
 
 default_registry = Registry()

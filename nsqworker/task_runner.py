@@ -148,7 +148,7 @@ class TaskRunner:
         self.loop = asyncio.get_running_loop()
         policy = Policy.from_settings(
             settings, max_in_flight=spec.max_in_flight, max_attempts=spec.max_attempts,
-            retry_delay=spec.requeue_delay,
+            retry_delay=spec.retry_delay,
         )  # fmt: skip
         # A task factory (``@spark_task``) may want the worker's settings: its handler
         # then carries bind_settings(settings) -> the handler to run.

@@ -1,7 +1,7 @@
 """What happens when handlers are slow, not ready, flaky, or given bad input.
 
 Each task shows one row of the outcome table in docs/tasks.md; README.md says what to
-publish to see it. The settings that matter (``requeue_delay``, ``max_attempts``) are
+publish to see it. The settings that matter (``retry_delay``, ``max_attempts``) are
 set per task here so the example shows them quickly.
 """
 
@@ -49,7 +49,7 @@ async def not_ready(msg: Message) -> None:
     log.info("ready on attempt 3", attempts=msg.attempts)
 
 
-@task("retries_flaky", channel="work", requeue_delay=1, max_attempts=5)
+@task("retries_flaky", channel="work", retry_delay=1, max_attempts=5)
 async def flaky(msg: Message) -> None:
     """Any other exception: REQ after retry_delay x retry_multiplier^(attempts-1),
     here about 1 s, then 2 s; the third attempt succeeds."""
@@ -70,7 +70,7 @@ async def alert(msg: Message, reason: str) -> None:
     "retries_orders",
     channel="work",
     max_attempts=3,
-    requeue_delay=1,
+    retry_delay=1,
     dead_letter_topic=DEAD_LETTERS,
     on_dead_letter=alert,
 )

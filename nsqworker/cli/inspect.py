@@ -31,9 +31,7 @@ __all__ = ["pipeline_edges", "show_settings", "task_row", "tasks"]
 
 # ---------------------------------------------------------------------------- tasks
 
-_DEFAULTED = ("max_in_flight", "max_attempts", "requeue_delay")
-#: The setting a task option defaults to, where their names differ.
-_SETTING = {"requeue_delay": "retry_delay"}
+_DEFAULTED = ("max_in_flight", "max_attempts", "retry_delay")
 
 
 def tasks(
@@ -73,7 +71,7 @@ def tasks(
     table.add_column("channel", no_wrap=True)
     table.add_column("in flight", justify="right", no_wrap=True)
     table.add_column("attempts", justify="right", no_wrap=True)
-    table.add_column("requeue", justify="right", no_wrap=True)
+    table.add_column("retry", justify="right", no_wrap=True)
     table.add_column("dead letter", overflow="fold", min_width=11)
     table.add_column("publishes", overflow="fold")
     table.add_column("kind", no_wrap=True, min_width=5)
@@ -112,9 +110,7 @@ def task_row(spec: TaskSpec, settings: Settings) -> dict[str, Any]:
         "topic": spec.topic,
         "channel": spec.channel,
         **{
-            name: getattr(spec, name)
-            if name not in defaults
-            else getattr(settings, _SETTING.get(name, name))
+            name: getattr(spec, name) if name not in defaults else getattr(settings, name)
             for name in _DEFAULTED
         },
         "on_dead_letter": None if hook is None else _qualified(hook),
@@ -200,7 +196,7 @@ def _qualified(func: Any) -> str:
 
 
 def _cell(name: str, value: Any) -> str:
-    return f"{value:g}s" if name == "requeue_delay" else str(value)
+    return f"{value:g}s" if name == "retry_delay" else str(value)
 
 
 def _plural(count: int, word: str) -> str:

@@ -95,7 +95,7 @@ async def test_retry_requeues_with_its_delay_then_redelivers(nsqd: NsqdProcess) 
     reg = Registry()
     deliveries: list[tuple[int, float]] = []
 
-    @reg.task(TOPIC, channel=CHANNEL, requeue_delay=30)  # Retry's own delay wins
+    @reg.task(TOPIC, channel=CHANNEL, retry_delay=30)  # Retry's own delay wins
     async def handle(msg: Message) -> None:
         deliveries.append((msg.attempts, time.monotonic()))
         if msg.attempts == 1:

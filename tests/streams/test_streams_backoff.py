@@ -37,7 +37,7 @@ async def test_always_failing_messages_get_every_attempt_with_default_backoff(
     def on_dead(msg: Message, reason: str) -> None:
         dead.append(msg.body)
 
-    options = {"channel": "c", "max_attempts": 2, "requeue_delay": 0.2, "on_dead_letter": on_dead}
+    options = {"channel": "c", "max_attempts": 2, "retry_delay": 0.2, "on_dead_letter": on_dead}
     if kind == "sync":
 
         @reg.task(topic, **options)

@@ -32,7 +32,7 @@ async def archive(msg):
     pass
 
 @registry.task(
-    "reports", channel="spark", max_attempts=3, requeue_delay=2.5,
+    "reports", channel="spark", max_attempts=3, retry_delay=2.5,
     on_dead_letter=alert, dead_letter_topic="reports.dead",
 )
 def build_report(msg):
@@ -104,7 +104,7 @@ def test_tasks_json(runner: CliRunner, module: str) -> None:
         "channel": "archive",
         "max_in_flight": 7,
         "max_attempts": 5,
-        "requeue_delay": 5.0,
+        "retry_delay": 5.0,
         "on_dead_letter": None,
         "dead_letter_topic": None,
         "kind": "async",
@@ -112,7 +112,7 @@ def test_tasks_json(runner: CliRunner, module: str) -> None:
         "timeout": None,
         "transport": "nsq",
         "publish_to": None,
-        "defaults": ["max_attempts", "requeue_delay"],
+        "defaults": ["max_attempts", "retry_delay"],
     }
     assert report["on_dead_letter"] == f"{module}.alert"
     assert report["defaults"] == ["max_in_flight"]

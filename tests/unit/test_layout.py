@@ -53,7 +53,7 @@ OPERATOR_TOOLS = ("nsqworker.admin", "nsqworker.spark.streaming")
 they read each broker directly (an NSQ channel of their own, JetStream messages by
 sequence, a stream from an offset)."""
 TASK_POLICY_WORDS = frozenset({
-    "max_attempts", "on_reject", "dead_letter", "Backoff", "BackoffPhase", "requeue_delay", "Policy",
+    "max_attempts", "on_reject", "dead_letter", "Backoff", "BackoffPhase", "retry_delay", "Policy",
     "drain_timeout", "backoff_multiplier", "requeue_multiplier", "task_timeout", "DEFERRED",
     "RejectHook", "Dispatcher", "Hooks", "dead_letter_topic", "on_dead_letter",
 })  # fmt: skip

@@ -23,7 +23,7 @@ from nsqworker.errors import AlreadyResponded, ConfigurationError
 from nsqworker.memory import MemoryTransport
 from nsqworker.message import FINISH, Message, Outcome
 from nsqworker.nsq.transport import CAPABILITIES
-from nsqworker.policy import requeue_delay
+from nsqworker.policy import retry_delay as policy_retry_delay
 from nsqworker.settings import Settings
 from nsqworker.stats import DURATION_BUCKETS
 from nsqworker.task import (
@@ -123,7 +123,7 @@ def test_decorator_returns_the_function_with_its_spec() -> None:
     )
     assert spec.module == __name__
     assert spec.is_async is False
-    assert spec.requeue_delay is None and spec.on_dead_letter is None
+    assert spec.retry_delay is None and spec.on_dead_letter is None
     assert list(reg) == [spec] and len(reg) == 1
     assert reg.get(spec.name) is spec and spec.name in reg
     assert reg.get("nope") is None
@@ -132,12 +132,12 @@ def test_decorator_returns_the_function_with_its_spec() -> None:
 def test_async_handler_is_detected_and_still_awaitable() -> None:
     reg = Registry()
 
-    @reg.task("clicks", channel="c", name="clicks.c", requeue_delay=2, envelope=True)
+    @reg.task("clicks", channel="c", name="clicks.c", retry_delay=2, envelope=True)
     async def handle(msg: Message) -> str:
         return msg.topic
 
     assert handle.spec.is_async and handle.spec.name == "clicks.c"
-    assert handle.spec.requeue_delay == 2.0 and handle.spec.envelope is True
+    assert handle.spec.retry_delay == 2.0 and handle.spec.envelope is True
     msg, _ = make_message()
     assert asyncio.run(handle(msg)) == "t"
 
@@ -171,9 +171,9 @@ def test_module_level_task_uses_the_default_registry() -> None:
         ({"max_in_flight": "10"}, ["max_in_flight", "got '10'"]),
         ({"max_in_flight": True}, ["max_in_flight", "got True"]),
         ({"max_attempts": 0}, ["max_attempts must be a whole number from 1 to 65535, got 0"]),
-        ({"requeue_delay": -1}, ["requeue_delay must be seconds from 0 to 3600, got -1"]),
-        ({"requeue_delay": 3601}, ["requeue_delay", "got 3601"]),
-        ({"requeue_delay": float("nan")}, ["requeue_delay", "got nan"]),
+        ({"retry_delay": -1}, ["retry_delay must be seconds from 0 to 3600, got -1"]),
+        ({"retry_delay": 3601}, ["retry_delay", "got 3601"]),
+        ({"retry_delay": float("nan")}, ["retry_delay", "got nan"]),
         ({"dead_letter_topic": "no spaces"}, ["dead_letter_topic: invalid topic name"]),
         ({"dead_letter_topic": "t"}, ["is the task's own topic", "use another topic, like 't.dead'"]),
         ({"on_dead_letter": "alert"}, ["on_dead_letter must be a function (msg, reason)"]),
@@ -200,7 +200,7 @@ def test_unknown_option_lists_the_valid_ones_and_suggests_one() -> None:
         Registry().task("t", channel="c", max_inflight=3)  # type: ignore[arg-type]
     text = str(info.value)
     assert "unknown option 'max_inflight' (did you mean max_in_flight?)" in text
-    assert "the options are channel, max_in_flight, max_attempts, requeue_delay" in text
+    assert "the options are channel, max_in_flight, max_attempts, retry_delay" in text
 
 
 def test_unknown_option_without_a_close_match() -> None:
@@ -401,7 +401,7 @@ async def run_callback(runner: _TaskRunner, msg: Message) -> Outcome | None:
     runner.dispatcher = SimpleNamespace(  # type: ignore[assignment]
         complete=lambda _msg, outcome: completed.set_result(outcome),
         # The policy's delay, as Dispatcher.retry_delay gives it (the worker logs it).
-        retry_delay=lambda attempts: requeue_delay(
+        retry_delay=lambda attempts: policy_retry_delay(
             attempts, s.retry_delay, s.retry_multiplier, s.max_retry_delay
         ),
         max_attempts=runner.spec.max_attempts or s.max_attempts,
@@ -691,3 +691,20 @@ def test_load_registry_missing_module_and_no_tasks(package: Any) -> None:
     empty = package("empty", "X = 1\n")
     with pytest.raises(TaskImportError, match="declares no tasks"):
         load_registry(empty)
+
+
+def test_the_old_option_name_requeue_delay_works_with_one_deprecation_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reg = Registry()
+    with caplog.at_level("WARNING", logger="nsqworker.task"):
+
+        @reg.task("clicks", channel="c", requeue_delay=3)
+        def handle(msg: Message) -> None: ...
+
+    assert handle.spec.retry_delay == 3.0
+    assert handle.spec.requeue_delay == 3.0  # the old attribute reads the new one
+    lines = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+    assert lines == ["@task('clicks', channel='c'): requeue_delay is deprecated; use retry_delay"]
+    with pytest.raises(TaskDefinitionError, match="requeue_delay is the old name of retry_delay"):
+        reg.task("clicks", channel="d", requeue_delay=1, retry_delay=2)
