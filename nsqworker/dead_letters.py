@@ -44,9 +44,9 @@ class DeadLetterChain:
         self.hooks = hooks
         self.log = log
         self.count = 0
-        self._logged: set[str] = set()  # given up by their handler: line written then
+        self._logged: set[str] = set()  # rejected by their handler: line written then
 
-    def handler_gave_up(self, msg: Message, reason: str, exc: BaseException | None) -> None:
+    def handler_rejected(self, msg: Message, reason: str, exc: BaseException | None) -> None:
         """The handler's failure gives the message up: its line now, in the handler's
         span (:meth:`run` follows from the dispatcher)."""
         self.log_line(msg, reason, exc)
@@ -65,13 +65,13 @@ class DeadLetterChain:
             )  # fmt: skip
 
     async def run(self, msg: Message, reason: str) -> None:
-        """The chain, for the dispatcher's give-up. Any exception propagates, so the
+        """The chain, for the dispatcher's reject. Any exception propagates, so the
         dispatcher retries the message instead. The reason may quote the body (a key, a
         broker's property): it is made one line, its control characters escaped, before
         anyone logs, publishes or hooks it."""
         spec = self.spec
         reason = one_line(reason)
-        if msg.id in self._logged:  # its handler gave up: logged then, in its span
+        if msg.id in self._logged:  # its handler rejected it: logged then, in its span
             self._logged.discard(msg.id)
         else:  # past max_attempts on arrival, undecodable...
             self.log_line(msg, reason, None)

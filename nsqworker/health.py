@@ -67,7 +67,7 @@ COUNTERS = (
     (
         "dead_lettered",
         "nsqworker_messages_dead_lettered",
-        "Messages given up on: rejected or out of attempts, dead-letter hooks called.",
+        "Messages rejected (by the handler or out of attempts), dead-letter hooks called.",
     ),
     (
         "backoff_stalls",

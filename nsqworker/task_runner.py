@@ -476,7 +476,7 @@ class TaskRunner:
             )
         else:  # a reject: its dead-letter line here, in the handler's span
             assert isinstance(outcome, Reject)
-            self.dead_letters.handler_gave_up(msg, one_line(outcome.reason), exc)
+            self.dead_letters.handler_rejected(msg, one_line(outcome.reason), exc)
 
     def slow_after(self) -> float:
         """When a running handler is worth a warning: 10x this task's p99 handler

@@ -60,7 +60,7 @@ async def flaky(msg: Message) -> None:
 
 
 async def alert(msg: Message, reason: str) -> None:
-    """on_dead_letter: called once when a message is given up on, before it is FINed.
+    """on_dead_letter: called once when a message is rejected, before the broker settles it.
 
     If this raises, the message is retried rather than lost."""
     log.error(f"dead letter from {msg.topic}: {reason}", id=msg.id, attempts=msg.attempts)

@@ -49,7 +49,7 @@ class DeadLetter:
     ``id`` is stable across listings and is what ``--id`` takes (nsqd's message id, a
     JetStream sequence, a stream offset). ``task``, ``topic`` (the original topic),
     ``attempts`` and ``reason`` come from the envelope (None for a foreign message);
-    ``given_up_at`` is when the broker took the dead letter. ``body`` is the original
+    ``rejected_at`` is when the broker took the dead letter. ``body`` is the original
     body when it can be recovered whole; ``problem`` says why it cannot be replayed
     (None when it can).
     """
@@ -59,7 +59,7 @@ class DeadLetter:
     topic: str | None
     attempts: int | None
     reason: str | None
-    given_up_at: datetime | None
+    rejected_at: datetime | None
     body_preview: str
     body: bytes | None
     problem: str | None
@@ -80,7 +80,7 @@ class DeadLetter:
             "topic": self.topic,
             "attempts": self.attempts,
             "reason": self.reason,
-            "given_up_at": None if self.given_up_at is None else self.given_up_at.isoformat(),
+            "rejected_at": None if self.rejected_at is None else self.rejected_at.isoformat(),
             "body_preview": self.body_preview,
             "body_base64": None if self.body is None else base64.b64encode(self.body).decode(),
             "problem": self.problem,
@@ -160,7 +160,7 @@ def to_dead_letter(item: Stored, check_topic: Callable[[str], object] | None) ->
         topic=_text(env.get("topic")),
         attempts=attempts if type(attempts) is int else None,
         reason=_text(env.get("reason")),
-        given_up_at=item.stored_at,
+        rejected_at=item.stored_at,
         body_preview=preview(reading.shown),
         body=reading.body,
         problem=reading.problem,
@@ -302,7 +302,7 @@ async def purge_dead_letters(
     older_than: float | None = None,
     quiet: float = QUIET,
 ) -> PurgeReport:
-    """Remove dead letters for good: those ``ids`` names, or those given up more than
+    """Remove dead letters for good: those ``ids`` names, or those rejected more than
     ``older_than`` seconds ago, or (neither given) all. Foreign messages are removed
     like any other; a dead letter with no known time never matches ``older_than``."""
     if older_than is not None and not older_than >= 0:

@@ -184,15 +184,15 @@ def _print_table(topic: str, letters: list[DeadLetter]) -> None:
         title=Text(f"{len(letters)} dead letters on {preview(topic.encode(), 200)}"),
         title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
     )  # fmt: skip
-    for column in ("id", "given up (UTC)", "task", "topic", "attempts", "reason", "body"):
+    for column in ("id", "rejected (UTC)", "task", "topic", "attempts", "reason", "body"):
         table.add_column(column, justify="right" if column == "attempts" else "left",
-                         overflow="fold", no_wrap=column in ("id", "given up (UTC)"))  # fmt: skip
+                         overflow="fold", no_wrap=column in ("id", "rejected (UTC)"))  # fmt: skip
 
     def cell(value: object) -> Text:
         return Text("-" if value is None else preview(str(value).encode(), 60), style="")
 
     for letter in letters:
-        when = letter.given_up_at
+        when = letter.rejected_at
         body = Text(letter.body_preview)
         if letter.problem is not None:
             body = Text.assemble(
@@ -273,7 +273,7 @@ def purge(
         typer.Option(
             "--older-than",
             metavar="DURATION",
-            help="Those given up longer ago than this: 90, 30s, 15m, 2h, 7d.",
+            help="Those rejected longer ago than this: 90, 30s, 15m, 2h, 7d.",
         ),
     ] = None,
     yes: Annotated[
@@ -310,7 +310,7 @@ def purge(
     if not yes and _interactive():
         which = (
             "every dead letter" if all_ else f"{len(ids or [])} dead letters by id"
-            if ids else f"the dead letters given up more than {older_than} ago"
+            if ids else f"the dead letters rejected more than {older_than} ago"
         )  # fmt: skip
         if not typer.confirm(f"Remove {which} on {_show(topic)} for good?", default=False):
             _err().print("nothing removed")

@@ -52,7 +52,7 @@ class Watermark:
             self.value = offset
 
     def settled(self, offset: int) -> None:
-        """``offset`` is finished (acked, retried elsewhere, or given up)."""
+        """``offset`` is finished (finished, retried elsewhere, or rejected)."""
         order = self._order
         if order and order[0] == offset:
             order.popleft()

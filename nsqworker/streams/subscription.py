@@ -356,7 +356,7 @@ class StreamSubscription(SubscriptionKit, NoDeliveryDeadline, Intake):
         self._settled(*msg.receipt)
 
     def reject(self, msg: Message) -> None:
-        """Given up (its dead letter is written): the offset may pass it."""
+        """Rejected (its dead letter is written): the offset may pass it."""
         self._settled(*msg.receipt)
 
     def retry(self, msg: Message, delay: float) -> None:
@@ -368,7 +368,7 @@ class StreamSubscription(SubscriptionKit, NoDeliveryDeadline, Intake):
         reader, mark, offset = msg.receipt
         props = retry_properties(msg, delay, time.time())
         stream = retry_stream(self.topic, self.channel, delay)
-        if isinstance(msg, Undecodable):  # its give-up failed: still never a handler's
+        if isinstance(msg, Undecodable):  # its reject failed: still never a handler's
             props["x-undecodable"] = msg.reason
         backoff = 0.1
         try:

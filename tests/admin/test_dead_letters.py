@@ -86,7 +86,7 @@ async def test_a_dead_letter_is_listed_replayed_once_and_a_foreign_one_only_repo
         for letter in ours:
             assert letter.task and letter.task.endswith(".bill") and letter.topic == broker.topic
             assert letter.reason == "bug 42: no invoice" and letter.attempts == 1
-            assert letter.given_up_at is not None and letter.envelope is not None
+            assert letter.rejected_at is not None and letter.envelope is not None
         assert ours[1].body_preview == "line\\nwith \\x1b[31m escapes"
         (alien,) = foreign
         assert alien.problem and alien.problem.startswith("not a dead-letter envelope")

@@ -44,7 +44,7 @@ async def test_listing_leaves_other_channels_alone_and_keeps_its_order(
     listings = [await list_dead_letters(settings, dead) for _ in range(3)]
     assert listings[0] == listings[1] == listings[2]
     assert [d.body for d in listings[0]] == [b"%d" % i for i in range(20)]
-    times = [d.given_up_at for d in listings[0]]
+    times = [d.rejected_at for d in listings[0]]
     assert times == sorted(times)  # type: ignore[type-var]
 
     alerts = channel_stats(nsqd, dead, "alerts")

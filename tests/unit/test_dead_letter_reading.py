@@ -94,10 +94,10 @@ def test_a_dead_letter_takes_only_well_typed_fields() -> None:
     when = datetime(2026, 1, 2, tzinfo=UTC)
     letter = to_dead_letter(Stored("7", json.dumps(doc).encode(), when), check_topic)
     assert (letter.attempts, letter.task, letter.reason) == (None, None, "why")
-    assert letter.replayable and letter.body == b"x" and letter.given_up_at == when
+    assert letter.replayable and letter.body == b"x" and letter.rejected_at == when
     row = letter.to_json()
     assert row["body_base64"] == base64.b64encode(b"x").decode() and row["replayable"]
-    assert row["given_up_at"] == "2026-01-02T00:00:00+00:00"
+    assert row["rejected_at"] == "2026-01-02T00:00:00+00:00"
 
 
 @pytest.mark.parametrize(
