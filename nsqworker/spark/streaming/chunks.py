@@ -170,9 +170,9 @@ def _bodies(data: bytes | memoryview, starts: array[int]) -> pa.BinaryArray | No
         if not (stated == lengths[~short]).all():
             return None
     keep = np.ones(len(buf), bool)  # drop each entry's size and AMQP header
-    for k in range(12):
-        drop = at[body_at > k] + k
-        keep[drop] = False
+    keep[(at[:, None] + np.arange(9)).ravel()] = False
+    if not short.all():
+        keep[(at[~short, None] + np.arange(9, 12)).ravel()] = False
     offsets = np.zeros(len(at) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] >= 1 << 31:
