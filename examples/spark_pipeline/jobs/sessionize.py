@@ -47,7 +47,7 @@ def sessionize_day(spark: SparkSession, source: str, day: str, output: str) -> d
     counts. Also what the session form of the task (session_tasks.py) calls, in the
     worker's long-lived session: so both write the same Parquet.
 
-    Three Spark jobs, one a table: the clicks' schema is given (inferring it would read
+    Three queries, one a table: the clicks' schema is given (inferring it would read
     the input once more), and each table's rows are counted while it is written (an
     ``Observation``), not by a second job."""
     spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
