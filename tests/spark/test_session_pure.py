@@ -90,3 +90,25 @@ def test_users_are_counted_for_the_last_one_to_stop_the_session() -> None:
     holder.release()
     holder.release()  # more releases than users: no negative count
     assert holder.users == 0 and holder.session is None
+
+
+@pytest.mark.parametrize(
+    ("master", "partitions"),
+    [("local[2]", "2"), ("local", "1"), ("local[3, 2]", "3"), ("spark://host:7077", None)],
+)
+def test_a_local_session_gets_a_shuffle_partition_per_core(
+    master: str, partitions: str | None
+) -> None:
+    from nsqworker.spark.session import local_defaults
+
+    conf = local_defaults(master)
+    assert conf["spark.scheduler.mode"] == "FAIR"
+    assert conf.get("spark.sql.shuffle.partitions") == partitions  # Spark's own 200 when None
+
+
+def test_local_star_counts_the_machines_cores() -> None:
+    import os
+
+    from nsqworker.spark.session import local_defaults
+
+    assert local_defaults("local[*]")["spark.sql.shuffle.partitions"] == str(os.cpu_count() or 1)

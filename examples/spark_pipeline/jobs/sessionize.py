@@ -19,11 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import uuid
 
-from pyspark.sql import SparkSession, Window
+from pyspark.sql import Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
 GAP_SECONDS = 30 * 60
+CLICKS = "user string, ts string, page string"
+"""The input's schema (generate.py writes it)."""
 
 
 def main() -> None:
@@ -42,24 +45,28 @@ def main() -> None:
 def sessionize_day(spark: SparkSession, source: str, day: str, output: str) -> dict[str, int]:
     """Sessionize ``day`` of the clicks in ``source`` into ``output``; returns the row
     counts. Also what the session form of the task (session_tasks.py) calls, in the
-    worker's long-lived session: so both write the same Parquet."""
+    worker's long-lived session: so both write the same Parquet.
+
+    Three queries, one a table: the clicks' schema is given (inferring it would read
+    the input once more), and each table's rows are counted while it is written (an
+    ``Observation``), not by a second job."""
     spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
+    ts = F.to_timestamp("ts")
     clicks = (
-        spark.read.json(source)
-        .withColumn("ts", F.to_timestamp("ts"))
-        .withColumn("day", F.to_date("ts").cast("string"))
+        spark.read.schema(CLICKS)
+        .json(source)
+        .select("user", "page", ts.alias("ts"), F.to_date(ts).cast("string").alias("day"))
         .where(F.col("day") == day)
     )
     by_user = Window.partitionBy("user").orderBy("ts")
+    epoch = F.col("ts").cast("long")
+    gap = epoch - F.lag(epoch).over(by_user)
+    new = F.when(gap.isNull() | (gap > GAP_SECONDS), 1).otherwise(0)
+    so_far = by_user.rowsBetween(Window.unboundedPreceding, 0)
     sessions = (
-        clicks.withColumn(
-            "gap", F.col("ts").cast("long") - F.lag(F.col("ts").cast("long")).over(by_user)
-        )
-        .withColumn(
-            "new", F.when(F.col("gap").isNull() | (F.col("gap") > GAP_SECONDS), 1).otherwise(0)
-        )
-        .withColumn("session", F.sum("new").over(by_user.rowsBetween(Window.unboundedPreceding, 0)))
+        clicks.select("day", "user", "ts", new.alias("new"))
+        .select("day", "user", "ts", F.sum("new").over(so_far).alias("session"))
         .groupBy("day", "user", "session")
         .agg(F.min("ts").alias("start"), F.max("ts").alias("end"), F.count("*").alias("clicks"))
         .withColumn("seconds", F.col("end").cast("long") - F.col("start").cast("long"))
@@ -77,10 +84,12 @@ def sessionize_day(spark: SparkSession, source: str, day: str, output: str) -> d
 
     counts = {}
     for name, frame in (("sessions", sessions), ("daily", daily), ("top_pages", top_pages)):
-        frame.coalesce(1).write.mode("overwrite").partitionBy("day").parquet(
+        rows = Observation(f"{name}-{uuid.uuid4().hex}")  # unique: two days may run at once
+        counted = frame.observe(rows, F.count(F.lit(1)).alias("rows"))
+        counted.coalesce(1).write.mode("overwrite").partitionBy("day").parquet(
             os.path.join(output, name)
         )
-        counts[name] = frame.count()
+        counts[name] = int(rows.get["rows"])
     sessions.unpersist()  # a long-lived session would keep every day's cache
     if "://" not in output or output.startswith("file://"):
         folder = os.path.join(output.removeprefix("file://"), "_counts")

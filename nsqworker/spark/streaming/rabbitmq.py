@@ -36,8 +36,10 @@ __all__ = ["RabbitStreamReader", "RabbitStreamSource", "StreamRange", "split_ran
 
 log = get_logger("nsqworker.spark.streaming")
 FORMAT = "rabbitmq-stream"
-BATCH_ROWS = 16384
-"""Rows per Arrow batch handed to Spark."""
+BATCH_ROWS = 65536
+"""Rows per Arrow batch handed to Spark (at most)."""
+BATCH_BYTES = 64 << 20
+"""Body bytes per Arrow batch handed to Spark (at most, give or take a chunk)."""
 
 
 @dataclass(frozen=True)
@@ -171,17 +173,15 @@ def read_range(settings: Settings, part: StreamRange) -> Iterator[pa.RecordBatch
                 break
             stamp = chunk.timestamp_ms * 1000
             skip = max(part.start - base, 0)
-            stop = min(len(chunk.records), part.end - base)
-            records = chunk.records[skip:stop]
-            decoded = [amqp.decode(r) for r in records]
-            if all(type(d) is bytes for d in decoded):
-                rows.add_plain(decoded, base + skip, stamp)  # type: ignore[arg-type]
-            else:
-                for index, item in enumerate(decoded, base + skip):
-                    _add(rows, item, index, stamp)
-            if len(rows) >= BATCH_ROWS:
+            stop = min(chunk.count, part.end - base)
+            bodies = chunk.plain_bodies() if stop > skip else None
+            if bodies is not None:  # one data section each: no Python object per record
+                rows.add_bodies(bodies.slice(skip, stop - skip), base + skip, stamp)
+            elif stop > skip:
+                _add_records(rows, chunk.records[skip:stop], base + skip, stamp)
+            if len(rows) >= BATCH_ROWS or rows.body_bytes >= BATCH_BYTES:
                 yield rows.batch()
-            if base + len(chunk.records) >= part.end:
+            if base + chunk.count >= part.end:
                 break
     if len(rows):
         yield rows.batch()
@@ -196,6 +196,15 @@ def _warn_if_removed(connection: StreamReadConnection, part: StreamRange, base: 
             "offsets removed by retention: reading from the first retained",
             stream=part.stream, missing_from=part.start, missing_to=first - 1,
         )  # fmt: skip
+
+
+def _add_records(rows: Rows, records: list[bytes], first: int, stamp: int) -> None:
+    decoded = [amqp.decode(r) for r in records]
+    if all(type(d) is bytes for d in decoded):
+        rows.add_plain(decoded, first, stamp)  # type: ignore[arg-type]
+    else:
+        for index, item in enumerate(decoded, first):
+            _add(rows, item, index, stamp)
 
 
 def _add(rows: Rows, decoded: bytes | amqp.Decoded, offset: int, stamp: int) -> None:

@@ -149,7 +149,7 @@ class StreamReadConnection:
             break
         if last is None:  # only offset tracking chunks: nothing to read
             return first, first
-        return first, last.first_offset + len(last.records)
+        return first, last.first_offset + last.count
 
     def chunks(self, stream: str, start: int) -> Iterator[Chunk]:
         """The stream's chunks from the one holding ``start`` (or the first retained
