@@ -182,6 +182,9 @@ to its 100 ms publishing delay, which is what one at a time pays there).
 
 A run with `--quick` or `--only` prints its table but leaves this file alone unless
 `--out DIR` is given.
+
+Spark's figures are measured by hand, not by `make bench`: [spark.md](spark.md#overhead)
+(session and spark-submit) and [spark.md](spark.md#throughput-of-the-sources) (streaming).
 """
 
 

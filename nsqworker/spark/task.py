@@ -177,7 +177,7 @@ async def _wait_for_job(
                 "worker stopping: Spark job left running, message requeued",
                 id=msg.id, task=task, runner=runner.kind,
             )  # fmt: skip
-            msg.requeue(0, backoff=False)
+            msg.retry(0, backoff=False)
             return None
         assert job.timeout is not None
         log.warning(
