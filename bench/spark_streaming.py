@@ -105,8 +105,8 @@ def decode_rate(count: int) -> float:
             assert bodies is not None
             rows.add_bodies(bodies, chunk.first_offset, chunk.timestamp_ms * 1000)
             if len(rows) >= 65536:
-                total += rows.batch().num_rows
-        return total + rows.batch().num_rows
+                total += int(rows.batch().num_rows)
+        return total + int(rows.batch().num_rows)
 
     decode()  # the first pass pays imports, Arrow's kernels' first use, page faults
     started = time.perf_counter()
