@@ -295,7 +295,8 @@ class Dispatcher:
             return
         sub = self.subscription
         for msg in [*self._tasks, *self._deferred, *self._backlog]:
-            if msg.answered:
+            stage = msg.stage
+            if stage is _ANSWERED or stage is _SETTLED:
                 continue
             interval = sub.keep_alive_interval(msg)
             if interval is None:
@@ -448,7 +449,8 @@ class Dispatcher:
 
     def _ran(self, msg: Message, result: Any) -> None:
         self._running -= 1
-        if not msg.answered:
+        stage = msg.stage
+        if stage is not _ANSWERED and stage is not _SETTLED:
             if result is None:
                 log.warning(
                     "%s: callback returned None without answering message %s; retrying",
@@ -456,7 +458,7 @@ class Dispatcher:
                     msg.id,
                 )
                 result = _FAILED
-            msg.move(_ANSWERED)
+            msg.stage = _ANSWERED  # from NEW, WAITING or RUNNING: each allowed (MOVES)
             self._apply(msg, result)
         if self._backlog:
             self._ran_backlog()

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import is_dataclass
 from datetime import UTC, datetime
-from enum import Enum
-from typing import Any, Final, Protocol
+from typing import Any, ClassVar, Final, Protocol
 
 from nsqworker.errors import AlreadyResponded, NSQWorkerError, UndecodableBody
 from nsqworker.safe_text import one_line
@@ -119,22 +118,48 @@ Outcome = Finish | Retry | Reject
 # --- one delivery's life: the stages and the moves allowed (h11's _state.py is the model)
 
 
-class Stage(Enum):
-    """Where one delivery is in its life; only the moves in :data:`MOVES` happen."""
+class _StageType(type):
+    def __iter__(cls) -> Iterator[Stage]:
+        return iter(cls._all)  # type: ignore[attr-defined]
 
-    NEW = "new"
-    """Handed to the task layer, not answered. A handler that finishes inline on the
-    hot path runs in it and goes straight to SETTLED: one write per message."""
-    WAITING = "waiting"
-    """Over the task's in-flight bound: waiting, in order, for a handler slot."""
-    RUNNING = "running"
-    """Its handler runs: past its first inline step (a coroutine that suspended, a
-    thread), or started off the hot path (from the waiting line)."""
-    ANSWERED = "answered"
-    """Its outcome is decided and being carried out: a handler's own answer on its way
-    to the loop, a reject's dead-letter chain running. No other answer is taken."""
-    SETTLED = "settled"
-    """Its transport was told: finish, retry or reject. The end."""
+
+class Stage(metaclass=_StageType):
+    """Where one delivery is in its life; only the moves in :data:`MOVES` happen.
+
+    Five values, compared by identity (``msg.stage is Stage.RUNNING``); iterating
+    ``Stage`` gives them in order. Not an ``Enum``: on the hot path an enum member's
+    class lookup and its Python-level ``__hash__`` cost more than the rest of a
+    message's bookkeeping.
+
+    * ``NEW``: handed to the task layer, not answered. A handler that finishes inline
+      on the hot path runs in it and goes straight to SETTLED: one write per message.
+    * ``WAITING``: over the task's in-flight bound, waiting in order for a slot.
+    * ``RUNNING``: its handler runs: past its first inline step (a coroutine that
+      suspended, a thread), or started off the hot path (from the waiting line).
+    * ``ANSWERED``: its outcome is decided and being carried out (a handler's own
+      answer on its way to the loop, a reject's dead-letter chain). No other answer.
+    * ``SETTLED``: its transport was told: finish, retry or reject. The end.
+    """
+
+    __slots__ = ("value",)
+    NEW: ClassVar[Stage]
+    WAITING: ClassVar[Stage]
+    RUNNING: ClassVar[Stage]
+    ANSWERED: ClassVar[Stage]
+    SETTLED: ClassVar[Stage]
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Stage.{self.value.upper()}"
+
+
+_NEW, _WAITING, _RUNNING, _ANSWERED, _SETTLED = _ALL_STAGES = tuple(
+    Stage(v) for v in ("new", "waiting", "running", "answered", "settled")
+)
+Stage.NEW, Stage.WAITING, Stage.RUNNING, Stage.ANSWERED, Stage.SETTLED = _ALL_STAGES
+Stage._all = _ALL_STAGES  # type: ignore[attr-defined]
 
 
 MOVES: dict[Stage, frozenset[Stage]] = {
@@ -222,7 +247,7 @@ class Message:
         self.receipt = receipt
         #: Where the delivery is in its life (:class:`Stage`); the task layer moves it,
         #: the handler's own ``finish()``... moves it to ANSWERED.
-        self.stage = Stage.NEW
+        self.stage = _NEW
         #: When the transport received it, on the subscription's clock.
         self.received_at = received_at
         #: Keep-alives sent for it (TOUCH on NSQ).
@@ -250,12 +275,14 @@ class Message:
     def answered(self) -> bool:
         """True once an outcome is decided (finish, retry or reject), by the handler or
         the task layer; nothing more may be sent for it."""
-        return self.stage is Stage.ANSWERED or self.stage is Stage.SETTLED
+        stage = self.stage
+        return stage is _ANSWERED or stage is _SETTLED
 
     @property
     def responded(self) -> bool:
         """Same as :attr:`answered`."""
-        return self.stage is Stage.ANSWERED or self.stage is Stage.SETTLED
+        stage = self.stage
+        return stage is _ANSWERED or stage is _SETTLED
 
     def move(self, stage: Stage) -> None:
         """Move the delivery to ``stage`` (the task layer's call); a move :data:`MOVES`
@@ -330,11 +357,12 @@ class Message:
             self._owner.touch(self)
 
     def _settle(self, outcome: Outcome) -> None:
-        if self.stage is Stage.ANSWERED or self.stage is Stage.SETTLED:
+        stage = self.stage
+        if stage is _ANSWERED or stage is _SETTLED:
             raise AlreadyResponded(
                 f"message {self.id} was already answered; not sending {outcome!r}"
             )
-        self.stage = Stage.ANSWERED  # allowed from every other stage
+        self.stage = _ANSWERED  # allowed from every other stage
         if self._owner is not None:
             self._owner.settle(self, outcome)
 
