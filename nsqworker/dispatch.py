@@ -77,7 +77,8 @@ _CoroutineType = types.CoroutineType
 _OUTCOMES = (Finish, Retry, Reject)
 _PENDING: Final = object()  # the callback's outcome arrives later
 _copy_context = contextvars.copy_context
-_NEW, _RUNNING, _ANSWERED, _SETTLED = Stage.NEW, Stage.RUNNING, Stage.ANSWERED, Stage.SETTLED
+_NEW, _WAITING, _RUNNING = Stage.NEW, Stage.WAITING, Stage.RUNNING
+_ANSWERED, _SETTLED = Stage.ANSWERED, Stage.SETTLED
 
 
 class Dispatcher:
@@ -369,7 +370,7 @@ class Dispatcher:
             msg.move(_ANSWERED)
             self._reject(msg, MAX_ATTEMPTS_REASON)
         elif self._running >= self.max_in_flight:
-            msg.move(Stage.WAITING)
+            msg.stage = _WAITING  # a new delivery (NEW -> WAITING, MOVES)
             self._backlog.append(msg)
         else:
             self._run(msg)
@@ -382,7 +383,10 @@ class Dispatcher:
     def _start(self, msg: Message) -> Any:
         """Run the callback: its outcome if known at once, else _PENDING (a suspended
         coroutine or a future is tracked; a DEFERRED callback calls complete())."""
-        msg.move(_RUNNING)
+        stage = msg.stage
+        if stage is not _NEW and stage is not _WAITING:  # the moves to RUNNING (MOVES)
+            msg.move(_RUNNING)  # raises StageError
+        msg.stage = _RUNNING
         self._running += 1
         try:
             result: Any = self._callback(msg)
@@ -485,7 +489,9 @@ class Dispatcher:
     def _apply(self, msg: Message, outcome: Outcome) -> None:
         kind = outcome.__class__
         if kind is Finish:  # the common case, with _release inlined
-            msg.move(_SETTLED)
+            if msg.stage is not _ANSWERED:  # the only way to SETTLED from here (MOVES)
+                msg.move(_SETTLED)  # raises StageError
+            msg.stage = _SETTLED
             self._finish(msg)
             self.finished += 1
             if not self._plain:
