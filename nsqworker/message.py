@@ -120,7 +120,7 @@ Outcome = Finish | Retry | Reject
 
 class _StageType(type):
     def __iter__(cls) -> Iterator[Stage]:
-        return iter(cls._all)  # type: ignore[attr-defined]
+        return iter(_ALL_STAGES)
 
 
 class Stage(metaclass=_StageType):
@@ -159,7 +159,6 @@ _NEW, _WAITING, _RUNNING, _ANSWERED, _SETTLED = _ALL_STAGES = tuple(
     Stage(v) for v in ("new", "waiting", "running", "answered", "settled")
 )
 Stage.NEW, Stage.WAITING, Stage.RUNNING, Stage.ANSWERED, Stage.SETTLED = _ALL_STAGES
-Stage._all = _ALL_STAGES  # type: ignore[attr-defined]
 
 
 MOVES: dict[Stage, frozenset[Stage]] = {
