@@ -154,6 +154,9 @@ class Stage(metaclass=_StageType):
     def __repr__(self) -> str:
         return f"Stage.{self.value.upper()}"
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, str]]:
+        return getattr, (Stage, self.value.upper())  # copies and pickles stay the one value
+
 
 _NEW, _WAITING, _RUNNING, _ANSWERED, _SETTLED = _ALL_STAGES = tuple(
     Stage(v) for v in ("new", "waiting", "running", "answered", "settled")

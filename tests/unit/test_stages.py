@@ -104,3 +104,12 @@ async def test_the_dispatcher_walks_each_delivery_to_settled() -> None:
     assert rejected == [Stage.ANSWERED]  # the chain runs before the transport is told
     assert {body: m.stage for body, m in kept.items()} == dict.fromkeys(seen, Stage.SETTLED)
     assert (dispatcher.finished, dispatcher.rejected) == (3, 1)
+
+
+def test_a_stage_copied_or_pickled_is_the_same_value() -> None:
+    import copy
+    import pickle
+
+    for stage in Stage:
+        assert pickle.loads(pickle.dumps(stage)) is stage
+        assert copy.deepcopy(stage) is stage
