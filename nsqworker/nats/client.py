@@ -11,6 +11,7 @@ subscriptions when the connection came back so they can pull again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
 from collections.abc import Callable
@@ -126,9 +127,7 @@ class NatsConnection:
             "tls": _tls(settings),
         }
         self._last_error = None
-        client = Client()
-        if not self.discovery:
-            _configured_servers_only(client)
+        client = Client() if self.discovery else _configured_servers_only()()
         try:
             await client.connect(**{k: v for k, v in options.items() if v is not None})
         except NoServersError:
@@ -180,17 +179,22 @@ class NatsConnection:
             listener()
 
 
-def _configured_servers_only(client: Client) -> None:
-    """Make ``client`` ignore the servers INFO announces, on every (re)connect: nats-py
-    adds them to its pool in ``_process_info`` and offers no option to refuse them."""
-    process_info = client._process_info
+@functools.cache
+def _configured_servers_only() -> type[Client]:
+    """A nats-py client that ignores the servers INFO announces, on every (re)connect."""
+    from nats.aio.client import Client
 
-    async def without_announced(info: dict[str, Any], initial_connection: bool = False) -> None:
-        if info.get("connect_urls"):
-            info = {**info, "connect_urls": []}
-        await process_info(info, initial_connection=initial_connection)
+    class ConfiguredServersOnly(Client):
+        # nats-py adds the announced servers to its pool in _process_info and offers no
+        # option to refuse them: the override is the one place to say no.
+        async def _process_info(
+            self, info: dict[str, Any], initial_connection: bool = False
+        ) -> None:
+            if info.get("connect_urls"):
+                info = {**info, "connect_urls": []}
+            await super()._process_info(info, initial_connection=initial_connection)
 
-    client._process_info = without_announced  # type: ignore[method-assign]
+    return ConfiguredServersOnly
 
 
 def _is_refusal(exc: BaseException) -> bool:
