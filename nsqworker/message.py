@@ -35,6 +35,7 @@ __all__ = [
     "Stage",
     "StageError",
     "Undecodable",
+    "is_retry_delay",
     "to_bytes",
 ]
 
@@ -44,6 +45,16 @@ MAX_RETRY_DELAY: Final = 3600.0
 may ask for, on every transport: nsqd's default ``--max-req-timeout``. A transport that
 honours less says so in ``Capabilities.max_retry_delay`` (nsqworker.transport re-exports
 this constant)."""
+
+
+def is_retry_delay(value: object) -> bool:
+    """Whether ``value`` is seconds a retry may wait: a number from 0 to
+    :data:`MAX_RETRY_DELAY` (not a bool, not NaN)."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and 0 <= value <= MAX_RETRY_DELAY
+    )
 
 
 class Finish:
@@ -73,11 +84,7 @@ class Retry(Exception):
     """
 
     def __init__(self, delay: float | None = None, reason: str = "", backoff: bool = True) -> None:
-        if delay is not None and (
-            isinstance(delay, bool)
-            or not isinstance(delay, int | float)
-            or not 0 <= delay <= MAX_RETRY_DELAY
-        ):
+        if delay is not None and not is_retry_delay(delay):
             raise ValueError(
                 f"Retry(delay={delay!r}): give seconds from 0 to {MAX_RETRY_DELAY:g}, or None"
             )

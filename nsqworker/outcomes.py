@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nsqworker.errors import UndecodableBody
-from nsqworker.message import FINISH, MAX_RETRY_DELAY, Outcome, Reject, Retry
+from nsqworker.message import FINISH, MAX_RETRY_DELAY, Outcome, Reject, Retry, is_retry_delay
 
 if TYPE_CHECKING:
     from nsqworker.message import Message
@@ -95,11 +95,7 @@ class Publish:
         if not isinstance(self.topic, str) or not self.topic:
             raise TypeError(f"Publish(topic=...) must be a topic name, got {self.topic!r}")
         delay = self.delay
-        if delay is not None and (
-            isinstance(delay, bool)
-            or not isinstance(delay, int | float)
-            or not 0 <= delay <= MAX_RETRY_DELAY
-        ):
+        if delay is not None and not is_retry_delay(delay):
             raise ValueError(
                 f"Publish(delay={delay!r}): give seconds from 0 to {MAX_RETRY_DELAY:g}, or None"
             )

@@ -11,7 +11,7 @@ from typing import Any, Never
 
 from nsqworker.bodies import BodySpec, body_spec
 from nsqworker.errors import ConfigurationError, InvalidName
-from nsqworker.message import MAX_RETRY_DELAY
+from nsqworker.message import MAX_RETRY_DELAY, is_retry_delay
 from nsqworker.names import check_channel, check_topic
 
 MAX_IN_FLIGHT = 1_000_000
@@ -62,12 +62,7 @@ def check_options(where: str, topic: str, options: dict[str, Any]) -> None:
     _check_int(where, "max_in_flight", options["max_in_flight"], 1, MAX_IN_FLIGHT)
     _check_int(where, "max_attempts", options["max_attempts"], 1, MAX_ATTEMPTS)
     delay = options["retry_delay"]
-    if delay is not None and (
-        isinstance(delay, bool)
-        or not isinstance(delay, int | float)
-        or not math.isfinite(delay)
-        or not 0 <= delay <= MAX_RETRY_DELAY
-    ):
+    if delay is not None and not is_retry_delay(delay):
         fail(where, f"retry_delay must be seconds from 0 to {MAX_RETRY_DELAY:g}, got {delay!r}")
     dlt = options["dead_letter_topic"]
     if dlt is not None:
