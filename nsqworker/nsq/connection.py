@@ -243,8 +243,9 @@ class Connection(asyncio.Protocol):
 
     @property
     def connected(self) -> bool:
-        """True between a successful :meth:`connect` and the close."""
-        return self._open and not self._closing
+        """True between a successful :meth:`connect` and the close (or a fatal error,
+        after which nsqd closes it)."""
+        return self._open and not self._closing and self._fatal is None
 
     @property
     def closing(self) -> bool:
@@ -464,7 +465,7 @@ class Connection(asyncio.Protocol):
         Raises:
             ConnectionClosed: not connected.
         """
-        if not self._open:
+        if not self._open or self._fatal is not None:
             raise self._closed_error()
         loop = self._loop
         future: asyncio.Future[bytes] = loop.create_future()
@@ -567,6 +568,9 @@ class Connection(asyncio.Protocol):
 
     def _closed_error(self) -> ConnectionClosed:
         reason = self._close_reason
+        if reason is None and self._fatal is not None:
+            where = f"nsqd at {self.address}"
+            return ConnectionClosed(f"{where} closes the connection after an error", self._fatal)
         if reason is None:
             return ConnectionClosed(f"not connected to nsqd at {self.address}")
         return ConnectionClosed(reason.reason, reason.error)

@@ -7,8 +7,15 @@ the next healthy connection in turn (round-robin); dead ones are redialled in th
 background with exponential backoff and jitter.
 
 Delivery is at least once. A publish whose connection dies before nsqd answered is
-sent once more, on another nsqd when one is up; nsqd may have stored the first copy,
-so a consumer can see the message twice. An error nsqd gives about the message itself
+sent again, on another nsqd when one is up; nsqd may have stored the earlier copy, so a
+consumer can see the message twice. The second attempt is pipelined like the first (a
+lost nsqd's publishes move to another at full speed); a third, after a second lost
+connection, goes alone, waiting for its answer before the next third attempt is sent.
+That is for a message that makes nsqd close the connection: nsqd resets a connection it
+closes with commands unread, and a write that meets the reset ends our side before the
+error frame is read, so its error can be lost with the connection, twice. Sent alone,
+it fails alone, instead of taking the publishes pipelined behind it down each time.
+An error nsqd gives about the message itself
 (``E_BAD_MESSAGE``, ``E_BAD_TOPIC``...) would be the same everywhere: it is raised as
 :class:`~nsqworker.errors.PublishError` and not retried. nsqd closes the connection
 after such an error; the producer redials it, so the next publish works.
@@ -59,6 +66,8 @@ __all__ = ["Body", "Instrumentation", "Producer", "PublishCall"]
 
 log = logging.getLogger(__name__)
 
+PIPELINED_ATTEMPTS: Final = 2
+"""Attempts of a publish sent with others in flight; one more goes alone."""
 RECONNECT_DELAY: Final = 0.1
 MAX_RECONNECT_DELAY: Final = 30.0
 _JUST_BYTES: Final = {bytes}
@@ -69,12 +78,12 @@ class Producer(ProducerBase):
 
     ``async with Producer(["127.0.0.1:4150"]) as p: await p.publish("clicks", b"...")``.
     Addresses default to ``settings.nsqd_tcp_addresses``. ``timeout`` (seconds) bounds
-    each call, including waiting for a connection and one retry. Calls may also be
+    each call, including waiting for a connection and its retries. Calls may also be
     made without ``connect()``: the first one starts the connections.
 
     Publishing is at least once: a message whose connection died before nsqd's answer
-    is sent once more (on another nsqd when there is one) and may arrive twice. A
-    publish that fails never breaks the producer for the next one.
+    is sent again, up to twice (on another nsqd when there is one), and may arrive more
+    than once. A publish that fails never breaks the producer for the next one.
     """
 
     capabilities: ClassVar[Capabilities] = CAPABILITIES
@@ -134,6 +143,7 @@ class Producer(ProducerBase):
         # Created by close() when calls are in flight; the last one to end resolves it.
         self._idle: asyncio.Future[None] | None = None
         self._pub_lines: dict[str, bytes] = {}
+        self._last_attempts = asyncio.Lock()  # see the module's docstring
 
     @property  # type: ignore[override]
     def instrumentation(self) -> Instrumentation | None:
@@ -363,31 +373,52 @@ class Producer(ProducerBase):
         """Send one command until nsqd says OK; retried once if the connection died.
 
         ``deadline`` (loop time) bounds the whole call; by default ``timeout`` from now.
-        ``failed``: the caller's first attempt failed there (and may be retried), so
-        this is the last attempt, on another nsqd when one is up. Returns the address
-        of the nsqd that acknowledged the command.
+        ``failed``: the caller's first attempt failed there (and may be retried); the
+        next goes to another nsqd when one is up. Returns the address of the nsqd that
+        acknowledged the command.
         """
         loop = self._loop
         if deadline is None:
             deadline = loop.time() + timeout
         avoid = failed
-        while True:
+        for _ in range(int(failed is not None), PIPELINED_ATTEMPTS):
             node = self._pool.choose(avoid) or await self._pool.pick(deadline, avoid, timeout)
-            conn = node.conn
-            assert conn is not None  # chosen connected, nothing awaited since
             try:
-                if conn.write_paused:
-                    await conn.drain()
-                answer = await conn.submit(command, max(deadline - loop.time(), 0.001))
+                return await self._attempt(node, command, operation, deadline)
             except Exception as exc:
-                self._check_retry(exc, node, operation, last=avoid is not None)
-                avoid = node
-                continue
-            return self._acknowledged(node, operation, answer)
+                self._check_retry(exc, node, operation, last=False)
+            avoid = node
+        assert avoid is not None
+        # The last attempt: one at a time (the module's docstring says why). The wait for
+        # the lock is bounded by the others' deadlines (about the same as this one).
+        await self._last_attempts.acquire()
+        try:
+            if loop.time() >= deadline:
+                raise TimeoutError(
+                    f"{operation} was not retried within {timeout:g} s after its connection "
+                    f"to nsqd {avoid.address} was lost; it may or may not have been stored"
+                )
+            node = self._pool.choose(avoid) or await self._pool.pick(deadline, avoid, timeout)
+            try:
+                return await self._attempt(node, command, operation, deadline)
+            except Exception as exc:
+                self._check_retry(exc, node, operation, last=True)
+                raise  # _check_retry raises when last; this line is for the type checker
+        finally:
+            self._last_attempts.release()
+
+    async def _attempt(self, node: Node, command: bytes, operation: str, deadline: float) -> str:
+        """Send ``command`` on ``node``'s connection; the address once nsqd said OK."""
+        conn = node.conn
+        assert conn is not None  # chosen connected, nothing awaited since
+        if conn.write_paused:
+            await conn.drain()
+        answer = await conn.submit(command, max(deadline - self._loop.time(), 0.001))
+        return self._acknowledged(node, operation, answer)
 
     def _check_retry(self, exc: Exception, node: Node, operation: str, last: bool) -> None:
         """Raise what the failure ``exc`` of an attempt on ``node`` means, unless the
-        command may be sent once more: not ``last``, and the connection died or nsqd
+        command may be sent again: not ``last``, and the connection died or nsqd
         failed to store it."""
         if isinstance(exc, NSQDError):
             if exc.code in RETRYABLE and not last:

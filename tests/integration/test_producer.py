@@ -167,18 +167,23 @@ async def test_oversized_body_is_learned_and_the_producer_keeps_working(
 async def test_publishes_pipelined_behind_a_fatal_error_are_retried(
     nsqd_factory: NsqdFactory,
 ) -> None:
+    """nsqd closes the connection after the oversized one, and resets it, as our writes
+    of the 2,000 behind it are still arriving: the error frame is then often lost with
+    the connection. Every other publish still arrives, and only the bad one fails (its
+    second attempt goes alone, so its error is read)."""
     nsqd = nsqd_factory(extra_args=["--max-msg-size=1024"])
+    total = 2050
     async with Producer([nsqd.tcp_address], timeout=5) as producer:
         good = [producer.publish("t", b"%d" % i) for i in range(50)]
         bad = producer.publish("t", b"x" * 2000)
-        more = [producer.publish("t", b"%d" % i) for i in range(50, 100)]
+        more = [producer.publish("t", b"%d" % i) for i in range(50, total)]
         results = await asyncio.gather(*good, bad, *more, return_exceptions=True)
     errors = [r for r in results if r is not None]
-    assert len(errors) == 1
+    assert len(errors) == 1, errors[:3]
     assert isinstance(errors[0], PublishError)
     assert errors[0].code == "E_BAD_MESSAGE"
-    assert message_count(nsqd, "t") >= 100  # at least once: every good one arrived
-    assert set(await read_all(nsqd, "t")) == {b"%d" % i for i in range(100)}
+    assert message_count(nsqd, "t") >= total  # at least once: every good one arrived
+    assert set(await read_all(nsqd, "t")) == {b"%d" % i for i in range(total)}
 
 
 async def test_oversized_mpub_body_is_learned_then_split(nsqd_factory: NsqdFactory) -> None:
