@@ -36,6 +36,9 @@ FRAME_MAX = 1024 * 1024
 """The frame size we ask for; a body must fit in one (with its AMQP envelope)."""
 ENVELOPE = 512
 """Bytes a message's AMQP 1.0 envelope and the publish frame may take beyond its body."""
+CREATE_WAIT = 30.0
+"""Seconds a stream creation is retried while RabbitMQ's stream coordinator is not
+elected yet (just after a restart it answers "internal error" or "not available")."""
 _differ_logged: set[tuple[str, str]] = set()
 """Streams found with other arguments than the worker's, logged once per process."""
 
@@ -221,8 +224,8 @@ class StreamConnections:
                         " rabbitmq_stream_create on"
                     )
             else:
-                await self._create(locator, stream, arguments)
-        except ConfigurationError:
+                await self._create_when_ready(locator, stream, arguments, where)
+        except (ConfigurationError, NoConnection):
             raise
         except Exception as exc:
             if isinstance(exc, OSError | TimeoutError | ConnectionError):
@@ -236,6 +239,40 @@ class StreamConnections:
     def forget(self, stream: str) -> None:
         """Check ``stream`` again before its next use (it was refused: maybe deleted)."""
         self._streams.discard(stream)
+
+    async def _create_when_ready(
+        self, locator: Any, stream: str, arguments: dict[str, Any], where: str
+    ) -> None:
+        """:meth:`_create`, retried for :data:`CREATE_WAIT` seconds while RabbitMQ's stream
+        coordinator is not running yet (a node just restarted answers a creation with
+        "internal error" or "stream not available" until it has elected one).
+
+        Raises:
+            NoConnection: the coordinator did not come up in time.
+        """
+        from rstream import exceptions
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CREATE_WAIT
+        delay = 0.25
+        while True:
+            try:
+                await self._create(locator, stream, arguments)
+                return
+            except (exceptions.InternalError, exceptions.StreamNotAvailable) as exc:
+                if loop.time() + delay > deadline:
+                    raise NoConnection(
+                        f"{where} cannot create stream {stream!r}: its stream coordinator"
+                        f" is not running ({reason(exc)}, for {CREATE_WAIT:g} s); is the"
+                        " node still starting, or did it lose its coordinator (see"
+                        " docs/rabbitmq-streams.md, When RabbitMQ crashes)?"
+                    ) from None
+                log.warning(
+                    "%s is not ready to create stream %r yet (%s); retrying in %g s",
+                    where, stream, reason(exc), delay,
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def _create(self, locator: Any, stream: str, arguments: dict[str, Any]) -> None:
         """Create ``stream``; an existing one is fine, whatever its arguments: RabbitMQ
