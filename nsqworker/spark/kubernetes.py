@@ -332,10 +332,13 @@ class KubernetesRunner:
         watch = self._watches.get(namespace or self.namespace)
         return dict(watch.stats) if watch is not None else {}
 
-    def interrupt_watches(self) -> None:
-        """Cut every watch's connection, as a network failure would (tests, diagnostics)."""
-        for watch in list(self._watches.values()):
-            watch.interrupt()
+    def interrupt_watches(self) -> int:
+        """Cut every watch's connection, as a network failure would (tests, diagnostics).
+
+        Returns how many open connections were cut: a watch still connecting has none
+        yet, so a caller that needs a cut calls again until this is not 0.
+        """
+        return sum(watch.interrupt() for watch in list(self._watches.values()))
 
     def close(self) -> None:
         """Stop the watch threads and the thread pool."""
@@ -424,15 +427,18 @@ class _NamespaceWatch:
             future.get_loop().call_soon_threadsafe(_set_result, future, (state, error))
         return bool(waiters)
 
-    def interrupt(self) -> None:
+    def interrupt(self) -> bool:
+        """Cut the open watch connection, if there is one; True when one was cut."""
         response = getattr(self._current, "_resp", None)
         connection = getattr(response, "connection", None) or getattr(response, "_connection", None)
         sock = getattr(connection, "sock", None)
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        if sock is None:
+            return False
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            return False
+        return True
 
     def _poll(self) -> str:
         """List the namespace's applications, offer each; the list's resourceVersion."""

@@ -261,7 +261,8 @@ async def test_broken_watch_falls_back_to_polling(
         operator.set_state(app["metadata"]["name"], "RUNNING")
         await wait_until(lambda: runner.watch_stats(namespace), 10, "the watch")
         errors = runner.watch_stats(namespace)["watch_errors"]
-        runner.interrupt_watches()
+        # the watch thread may still be connecting: cut once a connection is open
+        await wait_until(runner.interrupt_watches, 10, "an open watch connection to cut")
         await wait_until(
             lambda: runner.watch_stats(namespace)["watch_errors"] > errors, 10, "the watch error"
         )
