@@ -11,6 +11,9 @@ UV_STAMP := .tools/uv/.uv-$(UV_VERSION)
 VENV_STAMP := .venv/.synced
 EXTRAS := --extra dev --extra snappy --extra uvloop --extra spark --extra kubernetes --extra reload --extra nats --extra rabbitmq --extra console
 PYTEST_ARGS ?=
+# Processes running the tests (pytest-xdist), one test file each at a time: most tests
+# wait on servers, so three keep two cores busy. 0 runs them in this process (-s, --pdb).
+PYTEST_WORKERS ?= 3
 RUN_ARGS ?=
 
 # uv uses the local python3 and never downloads an interpreter.
@@ -56,7 +59,7 @@ image:
 	scripts/build-image $(IMAGE)
 
 test: venv tools
-	.venv/bin/pytest $(PYTEST_ARGS)
+	.venv/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: venv
 	.venv/bin/ruff check $(LINT_DIRS)
