@@ -137,8 +137,16 @@ class RabbitMQProcess(ServerProcess):
             ports = free_ports(4)
             self.amqp_port, self.stream_port, self.dist_port, self.epmd_port = ports
         self._write_config()
+        self.spawn(
+            ["chroot", str(self.rootfs), "/usr/lib/rabbitmq/bin/rabbitmq-server"], env=self._env()
+        )
+        self.wait_ready()
+        return self
+
+    def _env(self) -> dict[str, str]:
+        """The environment of the server and of its ``rabbitmqctl``."""
         home = str(self.home)
-        env = {
+        return {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": home,
             "LANG": "C.UTF-8",
@@ -152,9 +160,27 @@ class RabbitMQProcess(ServerProcess):
             "ERL_EPMD_PORT": str(self.epmd_port),
             "ERL_EPMD_ADDRESS": LOOPBACK,
         }
-        self.spawn(["chroot", str(self.rootfs), "/usr/lib/rabbitmq/bin/rabbitmq-server"], env=env)
-        self.wait_ready()
-        return self
+
+    def ctl(self, *args: str, timeout: float = 60.0) -> str:
+        """Run ``rabbitmqctl`` against this node and return what it printed, e.g.
+        ``server.ctl("eval", "sys:suspend(whereis(rabbit_stream_coordinator)).")``.
+
+        Raises:
+            ServerProcessError: it exited with an error (its output is in the message).
+        """
+        env = self._env()
+        command = ["/usr/lib/rabbitmq/bin/rabbitmqctl", "-n", env["RABBITMQ_NODENAME"], *args]
+        done = subprocess.run(
+            ["chroot", str(self.rootfs), *command],
+            env={k: v for k, v in env.items() if k != _MARK},  # not one of the node's own
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise ServerProcessError(
+                f"rabbitmqctl {' '.join(args)} exited {done.returncode}: "
+                f"{(done.stderr or done.stdout).strip()[-2000:]}"
+            )
+        return done.stdout.strip()
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         """Wait until the stream listener answers a PeerProperties exchange."""
