@@ -243,8 +243,7 @@ class Connection(asyncio.Protocol):
 
     @property
     def connected(self) -> bool:
-        """True between a successful :meth:`connect` and the close (or a fatal error,
-        after which nsqd closes it)."""
+        """True between a successful :meth:`connect` and the close (or a fatal error)."""
         return self._open and not self._closing and self._fatal is None
 
     @property
@@ -444,8 +443,7 @@ class Connection(asyncio.Protocol):
 
     @property
     def write_paused(self) -> bool:
-        """True while the transport's buffer is above its high-water mark: :meth:`drain`
-        would wait."""
+        """True while the transport's buffer is above its high-water mark (drain waits)."""
         return self._write_paused
 
     async def request(self, command: bytes, timeout: float | None = None) -> bytes:
@@ -457,10 +455,9 @@ class Connection(asyncio.Protocol):
         return await self.submit(command, timeout)
 
     def submit(self, command: bytes, timeout: float | None = None) -> asyncio.Future[bytes]:
-        """Send a command nsqd answers; return the future of the answer.
-
-        :meth:`request` without the coroutine: the future fails as :meth:`request`
-        would raise. Cancelling it does not unsend the command.
+        """Send a command nsqd answers; return the future of the answer: :meth:`request`
+        without the coroutine (the future fails as it would raise). Cancelling it does not
+        unsend the command.
 
         Raises:
             ConnectionClosed: not connected.
@@ -569,8 +566,7 @@ class Connection(asyncio.Protocol):
     def _closed_error(self) -> ConnectionClosed:
         reason = self._close_reason
         if reason is None and self._fatal is not None:
-            where = f"nsqd at {self.address}"
-            return ConnectionClosed(f"{where} closes the connection after an error", self._fatal)
+            return ConnectionClosed(f"nsqd at {self.address} closes it after an error", self._fatal)
         if reason is None:
             return ConnectionClosed(f"not connected to nsqd at {self.address}")
         return ConnectionClosed(reason.reason, reason.error)

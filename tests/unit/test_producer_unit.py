@@ -218,7 +218,7 @@ async def test_round_robin(nsqds: dict[str, FakeNsqd]) -> None:
     assert len(pubs(nsqds["b:2"])) == 5
 
 
-async def test_connection_lost_is_retried_once_elsewhere(nsqds: dict[str, FakeNsqd]) -> None:
+async def test_connection_lost_is_retried_elsewhere_twice(nsqds: dict[str, FakeNsqd]) -> None:
     a, b = nsqds["a:1"], nsqds["b:2"]
     async with Producer(["a:1", "b:2"], timeout=1) as producer:
         await up(producer, 2)
@@ -229,8 +229,14 @@ async def test_connection_lost_is_retried_once_elsewhere(nsqds: dict[str, FakeNs
         assert pubs(b) == [b"x", b"x"]
         await up(producer, 2)
         a.script, b.script = ["drop"], ["drop"]
+        await producer.publish("t", b"y")  # dropped twice: the third attempt, alone, stores it
+        assert pubs(a) + pubs(b) == [b"x", b"x", b"y"]
+        await up(producer, 2)
+        a.script, b.script = ["drop", "drop"], ["drop", "drop"]
         with pytest.raises(ConnectionClosed):
-            await producer.publish("t", b"y")  # dropped twice: raised
+            await producer.publish("t", b"w")  # dropped three times: raised
+        assert len(a.script) + len(b.script) == 1  # three attempts, no fourth
+        a.script, b.script = [], []
         await up(producer, 2)
         await producer.publish("t", b"z")  # and the producer still works
 
