@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import deque
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ from nsqworker.errors import (
     PublishError,
 )
 from nsqworker.message import to_bytes
+from nsqworker.nats.acks import JetStreamAcks
 from nsqworker.nats.capabilities import CAPABILITIES
 from nsqworker.nats.client import NatsConnection
 from nsqworker.nats.jetstream import DELAY_TOKEN, check_subject, ensure_schedules, ensure_stream
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["NatsProducer"]
 
 Body = Any
-PIPELINE = 256
+PIPELINE = 1000
 """Publishes awaiting their acknowledgement at once in ``publish_many``."""
 
 
@@ -68,6 +70,7 @@ class NatsProducer(ProducerBase):
         self.connection = connection or NatsConnection(settings, name="nsqworker-producer")
         self._streams: set[str] = set()
         self._scheduled: set[str] = set()
+        self._acks = JetStreamAcks()
 
     @property
     def max_message_size(self) -> int | None:
@@ -87,6 +90,7 @@ class NatsProducer(ProducerBase):
         """Close the connection if this producer made it."""
         if self._owns:
             await asyncio.wait_for(self.connection.close(), timeout)
+            self._acks.fail_all(NoConnection("the producer was closed"))
 
     async def publish(
         self,
@@ -156,19 +160,67 @@ class NatsProducer(ProducerBase):
         with self.instrumentation(call):
             await self._publish(topic, items[0], wait)  # sets the stream up once
             call.nsqd_address = self.connection.address
-            gate = asyncio.Semaphore(PIPELINE)
-
-            async def one(body: bytes) -> None:
-                async with gate:
-                    await self._publish(topic, body, wait)
-
-            results = await asyncio.gather(*(one(b) for b in items[1:]), return_exceptions=True)
-            failed = [r for r in results if isinstance(r, BaseException)]
+            failed = await self._pipelined(topic, items[1:], wait)
             call.published = len(items) - len(failed)
             if failed:
                 error = failed[0]
                 error.add_note(f"{len(failed)} of {len(items)} messages were not stored")
                 raise error
+
+    async def _pipelined(
+        self, subject: str, bodies: list[bytes], timeout: float
+    ) -> list[BaseException]:
+        """Send ``bodies`` with up to :data:`PIPELINE` acknowledgements outstanding (no
+        task per message); what failed, as :meth:`_publish` would raise it."""
+        client = self.connection.client
+        if client is None or client.is_closed:
+            client = await self.connection.get()
+        window: deque[asyncio.Future[bytes]] = deque()
+        failed: list[BaseException] = []
+
+        async def settle(future: asyncio.Future[bytes]) -> None:
+            try:
+                await future
+            except Exception as exc:
+                failed.append(self._mapped(exc, subject, 0, timeout))
+
+        for body in bodies:
+            try:
+                window.append(await self._acks.send(client, subject, body, timeout))
+            except Exception as exc:
+                failed.append(self._mapped(exc, subject, len(body), timeout))
+            if len(window) >= PIPELINE:
+                await settle(window.popleft())
+        while window:
+            await settle(window.popleft())
+        return failed
+
+    def _mapped(self, exc: Exception, subject: str, size: int, timeout: float) -> Exception:
+        """What a publish raises for nats-py's ``exc``."""
+        from nats.errors import MaxPayloadError, NoRespondersError
+        from nats.errors import TimeoutError as NatsTimeout
+        from nats.js.errors import APIError, NoStreamResponseError
+
+        if isinstance(exc, NoRespondersError | NoStreamResponseError):
+            return NoConnection(f"no JetStream stream answered for {subject!r}")
+        if isinstance(exc, MaxPayloadError):
+            client = self.connection.client
+            error = MessageTooLarge(size, client.max_payload if client else 0)
+            error.args = (
+                f"message of {size} bytes for {subject!r} is over the NATS server's"
+                f" max_payload ({error.limit} bytes); split or shrink it",
+            )
+            return error
+        if isinstance(exc, NatsTimeout):
+            return TimeoutError(
+                f"no acknowledgement for {subject!r} within {timeout:g}s (it may be stored)"
+            )
+        if isinstance(exc, APIError):
+            return PublishError(
+                f"JETSTREAM_{exc.err_code}",
+                f"refused the message for {subject!r}: {exc.description}",
+            )
+        return exc
 
     async def _publish(
         self, subject: str, body: bytes, timeout: float, headers: dict[str, str] | None = None
@@ -177,37 +229,27 @@ class NatsProducer(ProducerBase):
         from nats.errors import TimeoutError as NatsTimeout
         from nats.js.errors import APIError, NoStreamResponseError
 
-        js = await self.connection.jetstream()
+        client = self.connection.client
+        if client is None or client.is_closed:
+            client = await self.connection.get()
+        acks = self._acks
         try:
-            await js.publish(subject, body, timeout=timeout, headers=headers)
+            await acks.publish(client, subject, body, timeout, headers)
         except (NoRespondersError, NoStreamResponseError):
             if subject in self._streams:
                 raise NoConnection(f"no JetStream stream answered for {subject!r}") from None
-            await ensure_stream(js, subject, self.settings)
+            await ensure_stream(await self.connection.jetstream(), subject, self.settings)
             self._streams.add(subject)
             deadline = asyncio.get_running_loop().time() + timeout
             while True:  # a new replicated stream answers once it has elected its leader
                 try:
-                    await js.publish(subject, body, timeout=timeout, headers=headers)
+                    await acks.publish(client, subject, body, timeout, headers)
                     break
                 except (NoRespondersError, NoStreamResponseError):
                     if asyncio.get_running_loop().time() > deadline:
                         raise NoConnection(f"stream for {subject!r} does not answer") from None
                     await asyncio.sleep(0.05)
-        except MaxPayloadError:
-            client = self.connection.client
-            error = MessageTooLarge(len(body), client.max_payload if client else 0)
-            error.args = (
-                f"message of {len(body)} bytes for {subject!r} is over the NATS server's"
-                f" max_payload ({error.limit} bytes); split or shrink it",
-            )
-            raise error from None
-        except NatsTimeout:
-            raise TimeoutError(
-                f"no acknowledgement for {subject!r} within {timeout:g}s (it may be stored)"
-            ) from None
-        except APIError as exc:
-            raise PublishError(
-                f"JETSTREAM_{exc.err_code}",
-                f"refused the message for {subject!r}: {exc.description}",
-            ) from None
+                except (NatsTimeout, APIError) as exc:
+                    raise self._mapped(exc, subject, len(body), timeout) from None
+        except (MaxPayloadError, NatsTimeout, APIError) as exc:
+            raise self._mapped(exc, subject, len(body), timeout) from None

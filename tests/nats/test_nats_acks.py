@@ -1,0 +1,99 @@
+"""JetStream publish acknowledgements (nsqworker.nats.acks) against a real nats-server:
+each outcome reaches its own publish at once (stored, refused, no stream), one that never
+comes is a TimeoutError after the publish's timeout, and closing the producer ends the
+publishes still waiting instead of leaving them to time out."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from nsqworker.errors import NoConnection, PublishError
+from nsqworker.nats import NatsProducer
+from nsqworker.settings import Settings
+from nsqworker.testing.nats import NatsServerProcess
+
+
+def settings(url: str) -> Settings:
+    return Settings(transport="nats", nats_servers=[url], health_port=0, log_level="warning")
+
+
+def subject() -> str:
+    return f"acks.{uuid.uuid4().hex[:8]}"
+
+
+async def raw_client(url: str) -> Any:
+    import nats
+
+    return await nats.connect(url)
+
+
+async def test_a_refusal_and_a_stream_named_error_each_get_their_own_answer_at_once(
+    nats_server: NatsServerProcess,
+) -> None:
+    from nats.js.api import StreamConfig
+
+    small, named = subject(), subject()
+    client = await raw_client(nats_server.url)
+    js = client.jetstream()
+    await js.add_stream(StreamConfig(name=f"s_{uuid.uuid4().hex[:8]}", subjects=[small],
+                                     max_msg_size=1024))  # fmt: skip
+    await js.add_stream(StreamConfig(name="error", subjects=[named]))  # '"error"' in its acks
+    try:
+        async with NatsProducer(settings=settings(nats_server.url), timeout=10) as producer:
+            started = time.monotonic()
+            with pytest.raises(PublishError) as refused:
+                await producer.publish(small, b"x" * 2000)
+            assert time.monotonic() - started < 2, "the refusal waited for the timeout"
+            assert refused.value.code == "JETSTREAM_10054"
+            await producer.publish(named, b"stored")
+            # pipelined: the refused ones fail, the rest are stored, the note counts them
+            bodies = [b"y" * (2000 if i % 100 == 7 else 10) for i in range(1000)]
+            with pytest.raises(PublishError) as many:
+                await producer.publish_many(small, bodies)
+            assert "10 of 1000 messages were not stored" in str(many.value.__notes__)
+        assert (await js.stream_info("error")).state.messages == 1
+    finally:
+        await js.delete_stream("error")
+        await client.close()
+    assert (await _messages(nats_server.url, small)) == 990
+
+
+async def test_no_answer_is_a_timeout_and_close_ends_the_waiting_publishes(
+    nats_server: NatsServerProcess,
+) -> None:
+    """A core subscriber on the subject and no stream: the server hands the message to it,
+    and nobody acknowledges."""
+    silent = subject()
+    client = await raw_client(nats_server.url)
+    await client.subscribe(silent)
+    try:
+        producer = NatsProducer(settings=settings(nats_server.url), timeout=30)
+        await producer.connect()
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="no acknowledgement"):
+            await producer.publish(silent, b"x", timeout=0.3)
+        assert 0.3 <= time.monotonic() - started < 2
+        waiting = [asyncio.create_task(producer.publish(silent, b"x")) for _ in range(50)]
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        await producer.close()
+        results = await asyncio.gather(*waiting, return_exceptions=True)
+        assert time.monotonic() - started < 5
+        assert all(isinstance(r, NoConnection) for r in results), results[:3]
+    finally:
+        await client.close()
+
+
+async def _messages(url: str, subject: str) -> int:
+    client = await raw_client(url)
+    try:
+        js = client.jetstream()
+        name = await js.find_stream_name_by_subject(subject)
+        return int((await js.stream_info(name)).state.messages)
+    finally:
+        await client.close()
