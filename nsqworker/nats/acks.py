@@ -42,29 +42,6 @@ class JetStreamAcks:
         self._next = 0
         self._lock = asyncio.Lock()
 
-    @property
-    def pending(self) -> int:
-        """Publishes sent and not acknowledged yet."""
-        return len(self._waiting)
-
-    async def publish(
-        self,
-        client: Client,
-        subject: str,
-        body: bytes,
-        timeout: float,
-        headers: dict[str, str] | None = None,
-    ) -> bytes:
-        """Publish ``body`` to ``subject`` and return the stream's acknowledgement.
-
-        Raises:
-            nats.js.errors.NoStreamResponseError: no stream holds ``subject``.
-            nats.js.errors.APIError: the stream refused the message.
-            nats.errors.TimeoutError: no acknowledgement within ``timeout`` seconds.
-            NoConnection: the connection was closed or replaced while it waited.
-        """
-        return await (await self.send(client, subject, body, timeout, headers))
-
     async def send(
         self,
         client: Client,
@@ -73,8 +50,14 @@ class JetStreamAcks:
         timeout: float,
         headers: dict[str, str] | None = None,
     ) -> asyncio.Future[bytes]:
-        """Publish ``body`` and return the future of its acknowledgement (it fails as
-        :meth:`publish` raises, by ``timeout`` at the latest)."""
+        """Publish ``body`` to ``subject``; the future of the stream's acknowledgement
+        (``await (await acks.send(...))`` publishes and waits).
+
+        The future fails with nats-py's ``NoStreamResponseError`` (no stream holds
+        ``subject``), its ``APIError`` (the stream refused the message), its
+        ``TimeoutError`` (no acknowledgement within ``timeout`` seconds), or
+        ``NoConnection`` (the connection was closed or replaced while it waited).
+        """
         prefix = self._prefix if client is self._client else await self._subscribe(client)
         self._next += 1
         token = str(self._next)

@@ -234,7 +234,7 @@ class NatsProducer(ProducerBase):
             client = await self.connection.get()
         acks = self._acks
         try:
-            await acks.publish(client, subject, body, timeout, headers)
+            await (await acks.send(client, subject, body, timeout, headers))
         except (NoRespondersError, NoStreamResponseError):
             if subject in self._streams:
                 raise NoConnection(f"no JetStream stream answered for {subject!r}") from None
@@ -243,7 +243,7 @@ class NatsProducer(ProducerBase):
             deadline = asyncio.get_running_loop().time() + timeout
             while True:  # a new replicated stream answers once it has elected its leader
                 try:
-                    await acks.publish(client, subject, body, timeout, headers)
+                    await (await acks.send(client, subject, body, timeout, headers))
                     break
                 except (NoRespondersError, NoStreamResponseError):
                     if asyncio.get_running_loop().time() > deadline:
