@@ -41,7 +41,7 @@ def run(broker: Broker, cfg: Config, results: Results, say: Say) -> None:
             say(f"consume run {i + 1}/{cfg.runs}: {label}")
             measure(broker, cfg, results.series[f"consume/{key}"], target, extra)
         say(f"consume run {i + 1}/{cfg.runs}: bench_reader")
-        reader_rate = _measure_reader(
+        reader_rate = measure_reader(
             broker, cfg, results.series["consume/bench_reader"], reader_rate
         )
     _notes(results)
@@ -94,7 +94,7 @@ def measure(
         broker.delete_topic(topic)
 
 
-def _measure_reader(broker: Broker, cfg: Config, series: Series, expected: float) -> float:
+def measure_reader(broker: Broker, cfg: Config, series: Series, expected: float) -> float:
     """bench_reader runs for a fixed time: it gets one that should consume about half
     of the queue (at least MIN_RUNFOR, with more messages queued if needed), and its
     result only counts if the queue never ran dry."""

@@ -31,9 +31,11 @@ worker process sees its first message and stops when nsqd's channel stats show
 {count:,} messages finished (looked at every 3 ms near the end, less often before); SIGTERM must then end the command with
 exit code 0, and every log line must be one JSON object. pynsq's `Reader` with its
 defaults (and `max_in_flight={mif}`, as Consume (d)) drains the same count from the
-same nsqd, interleaved with these runs; this table has {outofbox_runs} runs of each (its
-ratio is the headline, and each side's rate varies by up to a fifth from run to run
-here).
+same nsqd, interleaved with these runs, and so does Go's `bench_reader` (the limit, run
+as in Consume): "vs limit" here is to the `bench_reader` of the same runs, and the
+"in every run" target compares run i with run i, so its worst run decides. This table has
+{outofbox_runs} runs of each (its ratio to pynsq is the headline, and each side's rate
+varies by up to a fifth from run to run here).
 
 **Consume.** {count:,} messages of 100 bytes (and 5% + 2 x max_in_flight more, so the
 queue never runs dry while the clock runs) are pre-loaded into a fresh topic and
@@ -147,7 +149,10 @@ durable consumer, acking after the handler), a bare nats-py loop (`pull_subscrib
 `fetch(100)`, `await msg.ack()` per message, no framework), and the limit, NATS's own
 client: natscli v0.5.0's `nats bench js consume` (nats.go, a durable consumer, explicit
 acks, 500 buffered; its own clock, first to last message received, which is kinder than
-ours). Publishing, {nats_publish_count:,} messages of 100 bytes per case, each in its
+ours). While `nsqworker run` and natscli drain, nats-server's own CPU time (user +
+system, from `/proc/<pid>/stat`, the contender's start included) is divided by the
+messages: the server runs on the same two cores, so each microsecond it spends on a
+message is one the consumer cannot have. Publishing, {nats_publish_count:,} messages of 100 bytes per case, each in its
 own process: our `NatsProducer` one at a time, 1,000 at once and `publish_many` of 100,
 beside natscli's `nats bench js pub sync` (one at a time) and `pub async --batch 1000`.
 Then the latency of `nsqworker run --transport nats`: {nats_rate:,} msg/s for

@@ -18,6 +18,10 @@ floor; looked at every 5 ms). The contenders, interleaved within each run:
 * the limit: natscli v0.5.0's ``nats bench js consume`` (nats.go, explicit acks, 500
   buffered; its own clock, first to last message received; :mod:`bench.nats_limits`).
 
+Beside the rates, nats-server's own CPU per message while ``nsqworker run`` and natscli
+drain (from ``/proc/<pid>/stat``): the server shares the machine's cores with the
+consumer, so what it spends per message bounds what any consumer can reach.
+
 Then the publish shapes of our NatsProducer beside natscli's publishers
 (:mod:`bench.nats_limits`), ``nats_publish_count`` messages each (``python -m bench``).
 
@@ -174,10 +178,28 @@ def _contender(
     return argv, env
 
 
-def drain(kind: str, url: str, count: int, run: int) -> float:
-    """Msgs/s of one contender draining a fresh backlog of ``count``."""
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drain(
+    kind: str, url: str, count: int, run: int, server_pid: int | None = None
+) -> tuple[float, float | None]:
+    """Msgs/s of one contender draining a fresh backlog of ``count``, and with
+    ``server_pid`` nats-server's CPU microseconds per message meanwhile (the contender's
+    start and set-up included; the backlog's publishing not)."""
     subject = f"bench.{kind}.r{run}"
     stream = asyncio.run(_publish(url, subject, count))
+    before = cpu_seconds(server_pid) if server_pid is not None else 0.0
+    rate = _drain(kind, url, subject, stream, count)
+    if server_pid is None:
+        return rate, None
+    return rate, (cpu_seconds(server_pid) - before) / count * 1e6
+
+
+def _drain(kind: str, url: str, subject: str, stream: str, count: int) -> float:
     if kind == "natscli":
         return nats_limits.natscli_consume(url, stream, count)
     durable = {"nsqworker": "bench", "faststream": "fs", "bare": "bare"}[kind]
@@ -250,6 +272,15 @@ def run(broker: Any, cfg: Any, results: Any, say: Any) -> None:
     from nsqworker.testing.nats import NatsServerProcess
 
     rows = {kind: results.row(f"nats/{kind}", "nats", NAMES[kind], "msgs/s") for kind in NAMES}
+    # What the server spends on each message is CPU the consumer cannot have on two cores
+    served = {
+        kind: results.row(
+            f"nats/server-cpu-{kind}", "nats",
+            f"nats-server CPU per message while {kind} drains", "us/msg",
+            higher_is_better=False,
+        )
+        for kind in ("nsqworker", "natscli")
+    }  # fmt: skip
     results.compare("nats/nsqworker", "", "nats/natscli")
     results.compare("nats/faststream", "", "nats/natscli")
     results.compare("nats/bare", "", "nats/natscli")
@@ -262,7 +293,10 @@ def run(broker: Any, cfg: Any, results: Any, say: Any) -> None:
             for kind, series in rows.items():
                 say(f"nats run {i + 1}/{cfg.runs}: {NAMES[kind]}")
                 try:
-                    series.add(drain(kind, server.url, cfg.nats_count, i))
+                    rate, server_us = drain(kind, server.url, cfg.nats_count, i, server.pid)
+                    series.add(rate)
+                    if kind in served and server_us is not None:
+                        served[kind].add(server_us)
                 except Exception as exc:  # one contender failing must not lose the others
                     series.errors.append(f"{type(exc).__name__}: {exc}")
             for key, (series, measure) in pubs.items():
@@ -321,8 +355,10 @@ def main() -> None:
     with NatsServerProcess() as server:
         for run in range(args.runs):
             for kind in rates:
-                rates[kind].append(drain(kind, server.url, args.count, run))
-                print(f"run {run + 1}: {kind} {rates[kind][-1]:,.0f} msgs/s", file=sys.stderr)
+                rate, server_us = drain(kind, server.url, args.count, run, server.pid)
+                rates[kind].append(rate)
+                print(f"run {run + 1}: {kind} {rate:,.0f} msgs/s, nats-server CPU "
+                      f"{server_us:.1f} us/msg", file=sys.stderr)  # fmt: skip
         lat = latency(server.url, args.latency_seconds)
     best = {k: statistics.median(v) for k, v in rates.items()}
     result: dict[str, Any] = {

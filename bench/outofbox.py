@@ -13,7 +13,9 @@ messages (plus headroom); unpause; the clock stops when nsqd has counted
 ``consume_count`` FINs on the channel (looked at sparsely at first, every 3 ms near
 the end); SIGTERM, and the command
 must exit 0. pynsq's Reader (defaults, ``max_in_flight=2500``) drains the same count
-from the same nsqd in the same run, interleaved.
+from the same nsqd in the same run, interleaved, and so does Go's ``bench_reader`` (the
+limit, as in the consume section): each run's ratio to it is that run's own, so "in every
+run" is measured, not inferred from medians taken at different times.
 """
 
 from __future__ import annotations
@@ -67,9 +69,14 @@ def run(broker: Broker, cfg: Config, results: Results, say: Say) -> None:
     for n in WORKERS:
         key = f"outofbox/run-{n}"
         results.row(key, "outofbox", f"nsqworker run --workers {n}, default settings", "msgs/s")
-        results.compare(key, "outofbox/pynsq", "consume/bench_reader")
+        results.compare(key, "outofbox/pynsq", "outofbox/bench_reader")
     results.row("outofbox/pynsq", "outofbox", "pynsq Reader, its defaults", "msgs/s")
-    results.compare("outofbox/pynsq", "", "consume/bench_reader")
+    results.compare("outofbox/pynsq", "", "outofbox/bench_reader")
+    reader = results.row(
+        "outofbox/bench_reader", "outofbox", "bench_reader (Go), the limit, same runs", "msgs/s"
+    )
+    results.compare("outofbox/bench_reader", "outofbox/pynsq")
+    reader_rate = consume.READER_GUESS
     idle = results.row(
         "outofbox/idle-rss",
         "outofbox",
@@ -84,6 +91,8 @@ def run(broker: Broker, cfg: Config, results: Results, say: Say) -> None:
             measure(broker, cfg, results.series[f"outofbox/run-{n}"], n, idle if n == 1 else None)
         say(f"out of the box run {i + 1}/{runs}: pynsq Reader")
         consume.measure(broker, cfg, results.series["outofbox/pynsq"], "consume:pynsq_reader", {})
+        say(f"out of the box run {i + 1}/{runs}: bench_reader")
+        reader_rate = consume.measure_reader(broker, cfg, reader, reader_rate)
     if idle.raw:
         idle.note = "processes: " + ", ".join(idle.raw[0]["processes"])
 

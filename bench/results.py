@@ -138,6 +138,20 @@ def _at_least_ratio(key: str, reference: str, factor: float) -> Check:
     return check
 
 
+def _every_run_ratio(key: str, reference: str, factor: float) -> Check:
+    """``key`` at least ``factor`` of ``reference`` in each run, run i against run i
+    (both measured in the same runs): the worst run decides, not the medians."""
+
+    def check(results: Results) -> tuple[str, bool] | None:
+        ratios = results.ratio_range(key, reference)
+        median = results.ratio(key, reference)
+        if ratios is None or median is None:
+            return None
+        return f"worst run {ratios[0]:.0%} (median {median:.0%})", ratios[0] >= factor
+
+    return check
+
+
 def _at_most(key: str, limit: float, unit: str) -> Check:
     def check(results: Results) -> tuple[str, bool] | None:
         series = results.get(key)
@@ -154,6 +168,12 @@ TARGETS: list[tuple[str, str, str, Check]] = [
         ">= 10x pynsq",
         "outofbox/run-1",
         _at_least_ratio("outofbox/run-1", "outofbox/pynsq", 10),
+    ),
+    (
+        "out of the box: `nsqworker run --workers 1` >= 90% of bench_reader in every run",
+        ">= 90% of Go, every run",
+        "outofbox/run-1",
+        _every_run_ratio("outofbox/run-1", "outofbox/bench_reader", 0.9),
     ),
     (
         "out of the box: idle RSS of supervisor + 1 worker <= 120 MB",
