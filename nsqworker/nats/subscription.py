@@ -279,7 +279,9 @@ class NatsSubscription(SubscriptionKit):
     def _on_msg(
         self, subject: bytes, sid: int, reply: bytes, headers: bytes | None, payload: bytes
     ) -> None:
-        self._heard = now = _monotonic()
+        wire = self._wire
+        assert wire is not None  # messages arrive on the wire this subscription holds
+        now = wire.read_at
         prefix = self._ack_prefix
         if headers is None and sid == SID and reply.startswith(prefix):
             # <delivered>.<stream seq>.<consumer seq>.<timestamp>.<pending>, all numbers:
@@ -302,7 +304,7 @@ class NatsSubscription(SubscriptionKit):
                     message.origin = (self._stream, int(seq))
                     self.in_flight += 1
                     if self._deliver(message):  # type: ignore[misc]
-                        self._send(b"PUB " + reply + b" 4\r\n+ACK\r\n")
+                        wire.acks.append(reply)  # the wire flushes after this read
                         self.in_flight -= 1
                         # _pull() only when it may ask: half the window free, or none asked
                         if (
@@ -311,7 +313,7 @@ class NatsSubscription(SubscriptionKit):
                         ):
                             self._pull()
                     return
-        self._on_other(reply, headers, payload, sid)
+        self._on_other(reply, headers, payload, sid, now)
 
     def _take(
         self, seq: bytes, body: bytes, stamp: int, delivered: int, reply: bytes,
@@ -333,11 +335,13 @@ class NatsSubscription(SubscriptionKit):
         message.origin = (self._stream, int(seq))
         self.in_flight += 1
         if self._deliver(message):  # type: ignore[misc]
-            self._send(b"PUB %s 4\r\n+ACK\r\n" % reply)
+            self._ack(reply)
             self.in_flight -= 1
             self._pull()
 
-    def _on_other(self, reply: bytes, raw: bytes | None, payload: bytes, sid: int) -> None:
+    def _on_other(
+        self, reply: bytes, raw: bytes | None, payload: bytes, sid: int, now: float
+    ) -> None:
         """What is not a plain message of this consumer: one with headers, the other form
         of ack subject (with a domain and an account), a status ending a pull request, or
         something forged."""
@@ -347,7 +351,7 @@ class NatsSubscription(SubscriptionKit):
             tokens = reply.split(b".")
             if all(t.isdigit() for t in tokens[4:9]):
                 self._take(tokens[5], payload, int(tokens[7]), int(tokens[4]), reply, raw,
-                           _monotonic())  # fmt: skip
+                           now)  # fmt: skip
                 return
         if reply.startswith(b"$JS.ACK."):
             tokens = reply.split(b".")
@@ -362,7 +366,7 @@ class NatsSubscription(SubscriptionKit):
                 self._drop(reply, "an ack subject not of this consumer")
                 return
             self._take(tokens[5], payload, int(tokens[7]), int(tokens[4]), reply, raw,
-                       _monotonic())  # fmt: skip
+                       now)  # fmt: skip
             return
         if reply:
             self._drop(reply, "a reply subject that is no JetStream ack")
@@ -431,7 +435,7 @@ class NatsSubscription(SubscriptionKit):
 
     def finish(self, msg: Message) -> None:
         """``+ACK``."""
-        self._send(b"PUB %s 4\r\n+ACK\r\n" % msg.receipt)
+        self._ack(msg.receipt)
         self.in_flight -= 1
         self._pull()
 
@@ -462,6 +466,14 @@ class NatsSubscription(SubscriptionKit):
 
     # --- writing ---------------------------------------------------------------
 
+    def _ack(self, reply: bytes) -> None:
+        """``+ACK`` to ``reply`` on the wire, or kept until a wire is open again."""
+        wire = self._wire
+        if wire is not None and wire.open:
+            wire.ack(reply)
+        else:
+            self._backlog.append(b"PUB %s 4\r\n+ACK\r\n" % reply)
+
     def _send(self, data: bytes) -> None:
         """An ack on the wire, or kept until a wire is open again."""
         wire = self._wire
@@ -483,12 +495,13 @@ class NatsSubscription(SubscriptionKit):
         silent_rounds = 0
         while not self._stopping:
             await asyncio.sleep(HEARTBEAT)
-            silent = _monotonic() - self._heard > 2 * HEARTBEAT + 1
+            wire = self._wire
+            heard = max(self._heard, wire.read_at if wire is not None else 0.0)
+            silent = _monotonic() - heard > 2 * HEARTBEAT + 1
             if not (self._bound and self.requested and silent):
                 silent_rounds = 0
                 continue
             silent_rounds += 1
-            wire = self._wire
             if silent_rounds > 1 and wire is not None and wire.open:
                 log.info("%s: NATS connection went silent; reconnecting", self.name)
                 wire.close()

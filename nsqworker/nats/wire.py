@@ -20,6 +20,7 @@ import asyncio
 import base64
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["Wire", "open_wire"]
 
 log = logging.getLogger("nsqworker.nats")
+
+_monotonic = time.monotonic
 
 OnMsg = Callable[[bytes, int, bytes, bytes | None, bytes], object]
 
@@ -51,6 +54,12 @@ class Wire(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._out: list[bytes] = []
+        #: JetStream ack subjects to publish ``+ACK`` to, written in one piece, first, at
+        #: the next flush: what a subscription appends for each message it finished.
+        self.acks: list[bytes] = []
+        #: When the last read arrived (``time.monotonic``): every message and heartbeat
+        #: of that read was received then.
+        self.read_at = _monotonic()
         self._scheduled = False
         self._pongs: list[asyncio.Future[None]] = []
         self._info_waiter: asyncio.Future[None] | None = self._loop.create_future()
@@ -74,13 +83,24 @@ class Wire(asyncio.Protocol):
             self._scheduled = True
             self._loop.call_soon(self.flush)
 
+    def ack(self, subject: bytes) -> None:
+        """Queue ``+ACK`` to ``subject`` (a JetStream ack subject) for the next flush."""
+        self.acks.append(subject)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
     def flush(self) -> None:
-        """Write what is queued now."""
+        """Write what is queued now: the acks, then the rest in order."""
         self._scheduled = False
-        if not self._out:
+        out, acks = self._out, self.acks
+        if acks:
+            out.insert(0, b"PUB " + b" 4\r\n+ACK\r\nPUB ".join(acks) + b" 4\r\n+ACK\r\n")
+            acks.clear()
+        if not out:
             return
-        data = b"".join(self._out)
-        self._out.clear()
+        data = b"".join(out)
+        out.clear()
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
@@ -106,12 +126,16 @@ class Wire(asyncio.Protocol):
         self._transport = cast("asyncio.Transport", transport)  # uvloop's is no subclass
 
     def data_received(self, data: bytes) -> None:
+        self.read_at = _monotonic()
         try:
             self._decoder.feed_into(data, self.on_msg, self._on_event)
         except RemoteProtocolError as exc:
             log.warning("NATS %s: %s; reconnecting", self.address, exc)
             self.errors.append("protocol")
             self._abort(exc)
+        if self.acks and not self._scheduled:  # once per read, not per message
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
 
     def connection_lost(self, exc: Exception | None) -> None:
         was_ready = self._ready and not self._closing
