@@ -61,6 +61,7 @@ __all__ = ["TaskRunner", "check_needs", "dead_letter_envelope"]
 
 log = get_logger("nsqworker.worker")
 _copy_context = contextvars.copy_context
+_ANSWERED, _SETTLED = Stage.ANSWERED, Stage.SETTLED
 
 
 # --- telemetry seam ------------------------------------------------------------------
@@ -330,7 +331,8 @@ class TaskRunner:
         else:
             self.counts[bisect_left(self.bounds, duration)] += 1
         self.dur_sum += duration
-        outcome = None if msg.answered else FINISH
+        stage = msg.stage  # msg.answered, inline: this runs once per message
+        outcome = None if stage is _ANSWERED or stage is _SETTLED else FINISH
         if self.log_debug:
             if token is not None and context is not None:
                 context.run(self.log_done, msg, outcome, duration)
