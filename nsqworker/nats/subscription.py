@@ -279,9 +279,8 @@ class NatsSubscription(SubscriptionKit):
     def _on_msg(
         self, subject: bytes, sid: int, reply: bytes, headers: bytes | None, payload: bytes
     ) -> None:
-        wire = self._wire
-        assert wire is not None  # messages arrive on the wire this subscription holds
-        now = wire.read_at
+        wire = self._wire  # None only while close() lets it go and its last reads arrive
+        now = wire.read_at if wire is not None else _monotonic()
         prefix = self._ack_prefix
         if headers is None and sid == SID and reply.startswith(prefix):
             # <delivered>.<stream seq>.<consumer seq>.<timestamp>.<pending>, all numbers:
@@ -304,7 +303,10 @@ class NatsSubscription(SubscriptionKit):
                     message.origin = (self._stream, int(seq))
                     self.in_flight += 1
                     if self._deliver(message):  # type: ignore[misc]
-                        wire.acks.append(reply)  # the wire flushes after this read
+                        if wire is not None:
+                            wire.acks.append(reply)  # the wire flushes after this read
+                        else:
+                            self._ack(reply)
                         self.in_flight -= 1
                         # _pull() only when it may ask: half the window free, or none asked
                         if (

@@ -97,3 +97,57 @@ async def _messages(url: str, subject: str) -> int:
         return int((await js.stream_info(name)).state.messages)
     finally:
         await client.close()
+
+
+async def test_messages_read_while_close_lets_the_wire_go_are_handled_not_a_crash(
+    nats_server: NatsServerProcess,
+) -> None:
+    """close() without stop() lets the subscription's wire go, then waits for a round trip
+    on it; messages of the pull that arrive meanwhile are still handed to the receiver and
+    their acks kept (close() logs them as not sent), never an error in the read path that
+    tears the connection down. The backlog is large so that reads do arrive then."""
+    from nsqworker.message import Message
+    from nsqworker.nats.client import NatsConnection
+    from nsqworker.nats.subscription import NatsSubscription
+
+    topic, config = subject(), settings(nats_server.url)
+    async with NatsProducer(settings=config) as producer:
+        for _ in range(6):
+            await producer.publish_many(topic, [b"x" * 1000] * 1000)
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    connection = NatsConnection(config)
+    sub = NatsSubscription(topic, "c", connection, config, name="t/c", max_in_flight=6000)
+    closing = False
+    during_close: list[Message] = []
+
+    async def close_now() -> None:
+        nonlocal closing
+        closing = True
+        await sub.close()
+
+    closed: list[asyncio.Task[None]] = []
+
+    class Receiver:
+        def deliver(self, msg: Message) -> bool:
+            if closing:
+                during_close.append(msg)
+            elif not closed:
+                closed.append(asyncio.ensure_future(close_now()))
+            return True
+
+    try:
+        await sub.start(Receiver())  # type: ignore[arg-type]
+        for _ in range(200):
+            if closed and closed[0].done():
+                break
+            await asyncio.sleep(0.05)
+        assert closed and closed[0].done(), "close() did not finish"
+        closed[0].result()
+    finally:
+        loop.set_exception_handler(None)
+        await connection.close()
+    assert [c.get("message") for c in errors] == []
+    assert during_close, "no read arrived while close() waited: the case was not exercised"
+    assert all(m.body == b"x" * 1000 for m in during_close)
