@@ -80,15 +80,18 @@ class Wire(asyncio.Protocol):
         """Queue ``data``; everything queued in one loop turn goes in one write."""
         self._out.append(data)
         if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self.flush)
+            self._schedule()
 
     def ack(self, subject: bytes) -> None:
         """Queue ``+ACK`` to ``subject`` (a JetStream ack subject) for the next flush."""
         self.acks.append(subject)
         if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self.flush)
+            self._schedule()
+
+    def _schedule(self) -> None:
+        """Flush at the end of this loop turn (once, however much is queued by then)."""
+        self._scheduled = True
+        self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Write what is queued now: the acks, then the rest in order."""
@@ -134,8 +137,7 @@ class Wire(asyncio.Protocol):
             self.errors.append("protocol")
             self._abort(exc)
         if self.acks and not self._scheduled:  # once per read, not per message
-            self._scheduled = True
-            self._loop.call_soon(self.flush)
+            self._schedule()
 
     def connection_lost(self, exc: Exception | None) -> None:
         was_ready = self._ready and not self._closing
