@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -37,7 +36,7 @@ from nsqworker.nsq.handshake import (
 from nsqworker.nsq.options import ConnectionConfig, ServerInfo
 from nsqworker.nsq.protocol import ErrorFrame, Frame, Response
 from nsqworker.nsq.requests import Requests
-from nsqworker.nsq.tls import import_snappy
+from nsqworker.nsq.tls import import_snappy, start_tls
 
 __all__ = ["Connection", "ConnectionConfig", "ServerInfo"]
 
@@ -130,6 +129,7 @@ class Connection(asyncio.Protocol):
         # True from the end of connect() until the connection is lost: commands may go out.
         self._open = False
         self._closing = False
+        self._eof_written = False
         self._lost = False
         self._close_reason: ConnectionClosed | None = None
         self._fatal: NSQDError | None = None
@@ -202,7 +202,13 @@ class Connection(asyncio.Protocol):
                     self._wbuf.append(step.data)
                     self._flush()
                 elif isinstance(step, StartTLS):
-                    await self._start_tls(step)
+                    if len(self._decoder):
+                        raise ConnectionClosed(f"nsqd at {self.address} sent data before TLS")
+                    assert self._transport is not None
+                    self._transport = await start_tls(
+                        self, self._transport, step.context, step.server_hostname,
+                        self.config.dial_timeout, self.address,
+                    )  # fmt: skip
                 elif isinstance(step, Compress):
                     # What came with the last plain answer is already compressed.
                     leftover = self._decoder.take_buffer()
@@ -225,21 +231,6 @@ class Connection(asyncio.Protocol):
                 raise self._closed_error()
             self._waiter = self._loop.create_future()
             await self._waiter
-
-    async def _start_tls(self, step: StartTLS) -> None:
-        if len(self._decoder):
-            raise ConnectionClosed(f"nsqd at {self.address} sent data before the TLS handshake")
-        assert self._transport is not None
-        transport = await self._loop.start_tls(
-            self._transport,
-            self,
-            step.context or ssl.create_default_context(),
-            server_hostname=step.server_hostname,
-            ssl_handshake_timeout=self.config.dial_timeout,
-        )
-        if transport is None:
-            raise ConnectionClosed(f"TLS handshake with nsqd at {self.address} failed")
-        self._transport = transport
 
     @property
     def connected(self) -> bool:
@@ -399,6 +390,8 @@ class Connection(asyncio.Protocol):
         if self._fins:
             self._take_fins()
         buf = self._wbuf
+        if self._eof_written:  # answers to messages sent after CLOSE_WAIT: nsqd times them out
+            buf.clear()
         if not buf or self._transport is None:
             return
         data = buf[0] if len(buf) == 1 else b"".join(buf)
@@ -518,23 +511,30 @@ class Connection(asyncio.Protocol):
             self._transport.abort()
 
     async def close(self, timeout: float = 5.0) -> None:
-        """Close cleanly: CLS and wait for CLOSE_WAIT if subscribed, then close the
-        socket. Safe to call in any state and more than once; bounded by ``timeout``."""
+        """Close cleanly: CLS and wait for CLOSE_WAIT if subscribed, send what is left
+        and wait for nsqd to close (else close the socket). Safe to call in any state and
+        more than once; bounded by ``timeout``."""
         if self._closing or self._lost:
             await self._wait_closed(timeout)
             return
         self._closing = True
         deadline = self._loop.time() + timeout
+        half_close = False
         if self._established and self.subscribed:
             try:
-                await self.request(protocol.cls(), timeout)
+                half_close = await self.request(protocol.cls(), timeout) == protocol.CLOSE_WAIT
             except (NSQWorkerError, TimeoutError) as exc:
                 log.debug("CLS to nsqd at %s: %s", self.address, exc)
         if self._close_reason is None:
             self._close_reason = ConnectionClosed(f"connection to nsqd at {self.address} closed")
         if self._transport is not None:
             self._flush()
-            if self._established:
+            if half_close and self._transport.can_write_eof():
+                # Answers to messages that came with CLOSE_WAIT reach nsqd after it; our end
+                # of the stream follows them, and nsqd closes once it has read them all.
+                self._eof_written = True
+                self._transport.write_eof()
+            elif self._established:
                 self._transport.close()
             else:
                 self._transport.abort()

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import zlib
 from collections.abc import Callable
 from typing import Any
 
-from nsqworker.errors import ConfigurationError
+from nsqworker.errors import ConfigurationError, ConnectionClosed
 
-__all__ = ["compression_codecs", "import_snappy", "ssl_context"]
+__all__ = ["compression_codecs", "import_snappy", "ssl_context", "start_tls"]
 
 Codec = Callable[[bytes], bytes]
 
@@ -56,3 +57,25 @@ def compression_codecs(snappy: Any, deflate_level: int) -> tuple[Codec, Codec]:
         return compressor.compress(data) + compressor.flush(sync)
 
     return deflate, zlib.decompressobj(-zlib.MAX_WBITS).decompress
+
+
+async def start_tls(
+    protocol: asyncio.Protocol,
+    transport: asyncio.Transport,
+    context: ssl.SSLContext | None,
+    server_hostname: str | None,
+    timeout: float,
+    address: str,
+) -> asyncio.Transport:
+    """Upgrade the plain ``transport`` of ``protocol`` (a connection to nsqd at
+    ``address``) to TLS; the new transport."""
+    upgraded = await asyncio.get_running_loop().start_tls(
+        transport,
+        protocol,
+        context or ssl.create_default_context(),
+        server_hostname=server_hostname,
+        ssl_handshake_timeout=timeout,
+    )
+    if upgraded is None:
+        raise ConnectionClosed(f"TLS handshake with nsqd at {address} failed")
+    return upgraded

@@ -483,6 +483,28 @@ async def test_close_sends_cls_and_is_idempotent(nsqd: NsqdProcess) -> None:
     await asyncio.wait_for(conn.wait_closed(), 1)
 
 
+async def test_close_returns_once_nsqd_read_the_answers_sent_after_cls(
+    nsqd: NsqdProcess,
+) -> None:
+    """Messages that come in the same read as CLOSE_WAIT are answered after CLS: close()
+    returns only once nsqd read those answers (our end of the stream follows them, and
+    nsqd closes after reading it), so none is left in flight there to time out."""
+    nsqd.mpublish("t", [b"m%d" % i for i in range(2500)])
+    recorder = Recorder()
+    conn = recorder.connection(nsqd.tcp_address)
+    await conn.connect()
+    await conn.subscribe("t", "c")
+    conn.rdy(2500)
+    held = [await asyncio.wait_for(recorder.messages.get(), 10) for _ in range(2500)]
+    closing = asyncio.ensure_future(conn.close(timeout=5))
+    await asyncio.sleep(0)  # CLS is queued
+    for msg in held:
+        conn.req(msg.id, 0)  # written after CLS, read by nsqd after CLOSE_WAIT
+    await closing
+    stats = nsqd.channel_stats("t", "c") or {}
+    assert (stats.get("in_flight_count"), stats.get("requeue_count")) == (0, 2500)
+
+
 async def test_close_in_every_state(nsqd: NsqdProcess) -> None:
     never = Recorder().connection(nsqd.tcp_address)
     await never.close()
