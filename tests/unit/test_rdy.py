@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 from hypothesis import given, settings
@@ -165,9 +166,10 @@ def simulate(n: int, mif: int, seed: int, steps: int = 600, dt: float = 0.05) ->
         assert committed(s, now) <= mif
         for x in s:
             if crowd[x.key] > mif:
-                # Every connection gets a turn within a bounded number of rotations.
+                # Every connection gets a turn within a bounded number of rotations: whole
+                # ones (a turn is not shared), hence the ceiling (11 among 10 wait 2, not 1.1).
                 rotation = ROTATE_AFTER + RDY_SETTLE + 1.5 + 2 * dt
-                bound = (crowd[x.key] / mif + 1) * rotation + IDLE_AFTER
+                bound = (math.ceil(crowd[x.key] / mif) + 1) * rotation + IDLE_AFTER
                 assert now - last_turn[x.key] <= bound, (x.key, now, last_turn[x.key])
         now += dt
 
