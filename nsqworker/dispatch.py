@@ -34,7 +34,7 @@ from functools import partial
 from typing import Any, Final
 
 from nsqworker.backoff import Alarm, Backoff, Phase
-from nsqworker.eager import finish_in_task
+from nsqworker.eager import start_task
 from nsqworker.message import FINISH, Finish, Message, Outcome, Reject, Retry, Stage, Undecodable
 from nsqworker.policy import Policy, retry_delay
 from nsqworker.slow import SlowWatch
@@ -400,15 +400,11 @@ class Dispatcher:
         tracked if it suspends), a future tracked, DEFERRED noted; else the outcome."""
         try:
             if result.__class__ is _CoroutineType:
-                context = _copy_context()
-                try:
-                    yielded = context.run(result.send, None)
-                except StopIteration as stop:
-                    return stop.value
                 assert self._loop is not None
-                self._track(
-                    msg, self._loop.create_task(finish_in_task(result, yielded), context=context)
-                )
+                task = start_task(self._loop, result, _copy_context())
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    return task.result()  # finished in its first step (nsqworker.eager)
+                self._track(msg, task)
                 return _PENDING
             if result is DEFERRED:
                 if msg.stage is _NEW:  # started on the hot path

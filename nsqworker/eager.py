@@ -1,46 +1,39 @@
-"""Run a coroutine's first step inline; hand it to a Task only if it suspends.
+"""Start a handler's coroutine in its own Task, its first step at once where Python can.
 
-Python 3.12 has eager tasks; 3.11 does not, and a Task per message costs more than
-the handler of a typical message. Callers run the first step with
-``context.run(coro.send, None)`` in a copied contextvars Context (the isolation a Task
-would give); if it suspends, :func:`finish_in_task` lets a Task created with that same
-context carry on from where it stopped.
+A handler runs in an asyncio Task from its first line: ``asyncio.timeout``,
+``asyncio.TaskGroup``, ``asyncio.current_task()`` and the libraries built on them
+(anyio, hence httpx) need one. On Python 3.12 and later the Task starts eagerly: its
+first step runs in the call, so a handler that does not suspend is finished when
+:func:`start_task` returns, in the same read burst, without a loop turn. Python 3.11 has
+no eager start, and a step run outside the Task would have no current task (an early
+version did that: ``asyncio.timeout`` raised and httpx failed with a TypeError in every
+handler that used them before its first suspension), so there the first step waits for
+the loop's next turn.
 """
 
 from __future__ import annotations
 
-import types
-from collections.abc import Coroutine, Generator
-from typing import Any
+import asyncio
+import contextvars
+import sys
+from collections.abc import Coroutine
+from typing import Any, Final, TypeVar
 
-__all__ = ["finish_in_task", "resume"]
+__all__ = ["EAGER", "start_task"]
 
+T = TypeVar("T")
 
-@types.coroutine
-def resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
-    """Carry on a coroutine that already ran its first step and suspended on ``yielded``.
-
-    Re-yielding the same object hands the wait to the Task, exactly as if the Task had
-    run the first step itself (the future keeps its ``_asyncio_future_blocking`` flag).
-    """
-    while True:
-        try:
-            value = yield yielded
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:
-            try:
-                yielded = coro.throw(exc)
-            except StopIteration as stop:
-                return stop.value
-        else:
-            try:
-                yielded = coro.send(value)
-            except StopIteration as stop:
-                return stop.value
+EAGER: Final = sys.version_info >= (3, 12)
+"""True where a Task's first step can run at once (Python 3.12's eager start)."""
 
 
-async def finish_in_task(coro: Coroutine[Any, Any, Any], yielded: Any) -> Any:
-    """A coroutine for ``loop.create_task`` that finishes a suspended ``coro``."""
-    return await resume(coro, yielded)
+def start_task(
+    loop: asyncio.AbstractEventLoop,
+    coro: Coroutine[Any, Any, T],
+    context: contextvars.Context,
+) -> asyncio.Task[T]:
+    """A Task running ``coro`` in ``context``; done already if its first step finished
+    it (Python 3.12 and later)."""
+    if EAGER:
+        return asyncio.Task(coro, loop=loop, context=context, eager_start=True)  # type: ignore[call-arg,unused-ignore]
+    return loop.create_task(coro, context=context)

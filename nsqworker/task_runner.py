@@ -28,7 +28,7 @@ from nsqworker.bodies import typed_handler
 from nsqworker.consumer import open_subscription
 from nsqworker.dead_letters import DeadLetterChain, dead_letter_envelope
 from nsqworker.dispatch import DEFERRED, MAX_ATTEMPTS_REASON, Callback, Dispatcher, Policy
-from nsqworker.eager import resume
+from nsqworker.eager import start_task
 from nsqworker.errors import ConfigurationError
 from nsqworker.hooks import Hooks, run_after, run_on_error, with_hooks
 from nsqworker.logging import TrafficSummary, get_logger, histogram_quantile
@@ -210,29 +210,22 @@ class TaskRunner:
         )  # fmt: skip
 
     def call_async(self, msg: Message) -> Any:
-        """Run an async handler: its first step inline, a Task only if it suspends.
-
-        A handler that never awaits is finished before this returns, in the same read
-        burst; that is the throughput path, so it is kept free of extra coroutines.
-        """
+        """Run an async handler in its own Task (nsqworker.eager): the outcome when its
+        first step finished it (Python 3.12's eager start), else the Task."""
         token = self.inst.start(msg)
         start = perf_counter()
         context = _copy_context()
         if token is not None:
-            # The span is made current in this message's own Context only: the handler,
-            # and the Task that finishes it if it suspends, run in it; nothing to detach.
+            # The span is made current in this message's own Context only: the handler's
+            # Task runs in it; nothing to detach.
             context.run(otel_context.attach, token[1])
         try:
             coro = self.func(msg)
-            yielded = context.run(coro.send, None)
-        except StopIteration as stop:
-            if stop.value is not None and self.publishes(stop.value):
-                publishing = self._publish_then_settle(msg, stop.value, start, token)
-                return self.loop.create_task(publishing, context=context)
-            return self.succeeded(msg, perf_counter() - start, token, context)
-        except (Exception, asyncio.CancelledError) as exc:
+        except Exception as exc:  # a wrapper that fails before making the coroutine
             return self.failed(msg, exc, perf_counter() - start, token, context)
-        task = self.loop.create_task(self._rest(coro, yielded, msg, start, token), context=context)
+        task = start_task(self.loop, self._rest(coro, msg, start, token), context)
+        if task.done():  # finished in its first step: no loop turn, no done callback
+            return task.result()
         if self.timeout is not None:
             left = max(self.timeout - (perf_counter() - start), 0.0)
             timer = self.loop.call_later(left, self._expire, msg, task)
@@ -246,15 +239,12 @@ class TaskRunner:
             task.cancel(TIME_LIMIT)
 
     async def _rest(
-        self,
-        coro: Coroutine[Any, Any, Any],
-        yielded: Any,
-        msg: Message,
-        start: float,
-        token: Any,
+        self, coro: Coroutine[Any, Any, Any], msg: Message, start: float, token: Any
     ) -> Outcome | None:
+        """The handler's coroutine to its end, then its outcome (publishing what it
+        returned first, when there is something to publish)."""
         try:
-            value = await resume(coro, yielded)
+            value = await coro
             if value is not None and self.publishes(value):
                 await self.publish(msg, value)
         except (Exception, asyncio.CancelledError) as exc:
@@ -289,17 +279,6 @@ class TaskRunner:
         plan = planned(value, self.spec.publish_to)
         envelope = self.settings.tracing_envelope
         await publish_results(self.transport, msg, plan, envelope=envelope)
-
-    async def _publish_then_settle(
-        self, msg: Message, value: Any, start: float, token: Any
-    ) -> Outcome | None:
-        """An async handler finished inline with something to publish: publish, then
-        its outcome (a failed publish is a failed attempt)."""
-        try:
-            await self.publish(msg, value)
-        except (Exception, asyncio.CancelledError) as exc:
-            return self.failed(msg, exc, perf_counter() - start, token, None)
-        return self.succeeded(msg, perf_counter() - start, token)
 
     async def _publish_sync_result(
         self, msg: Message, value: Any, duration: float, token: Any
