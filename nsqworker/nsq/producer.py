@@ -2,7 +2,9 @@
 
 :class:`Producer` keeps one connection per nsqd address. Publishes are pipelined: any
 number of concurrent calls share a connection, and the connection matches nsqd's
-answers to them in order, so no lock is held across a round trip. Each call goes to
+answers to them in order, so no lock is held across a round trip. ``publish()`` calls
+made while others are in flight are sent together at the end of the loop turn, as one
+MPUB per topic, each call keeping its own outcome (:mod:`nsqworker.nsq.coalescing`). Each call goes to
 the next healthy connection in turn (round-robin); dead ones are redialled in the
 background with exponential backoff and jitter.
 
@@ -41,6 +43,7 @@ from nsqworker.errors import (
 )
 from nsqworker.nsq import protocol
 from nsqworker.nsq.capabilities import CAPABILITIES
+from nsqworker.nsq.coalescing import Coalescer, Resend
 from nsqworker.nsq.connection import ConnectionConfig
 from nsqworker.nsq.pool import Node, NodePool
 from nsqworker.nsq.publishing import (
@@ -139,6 +142,7 @@ class Producer(ProducerBase):
         self._started = False
         self._closed = False
         self._loop: asyncio.AbstractEventLoop  # set by start(), before any publish
+        self._batches: Coalescer  # likewise
         self._inflight = 0
         # Created by close() when calls are in flight; the last one to end resolves it.
         self._idle: asyncio.Future[None] | None = None
@@ -176,7 +180,13 @@ class Producer(ProducerBase):
         if self._started:
             return
         self._started = True
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
+        self._batches = Coalescer(
+            loop,
+            self._pool.choose,
+            self._check_retry,
+            lambda: self.max_body_size or protocol.DEFAULT_MAX_BODY_SIZE,
+        )
         self._pool.start()
 
     async def connect(self, timeout: float | None = None) -> None:
@@ -198,6 +208,7 @@ class Producer(ProducerBase):
         if not self._started:
             return
         self._pool.begin_close()
+        self._batches.send_all()
         if self._inflight:
             self._idle = asyncio.get_running_loop().create_future()
             try:
@@ -223,7 +234,8 @@ class Producer(ProducerBase):
         # The producer's hot path, hence its shape: the topic is checked once per
         # producer, the first attempt is awaited here rather than in _request (one
         # coroutine less per message), and without a span to record (no SDK) nothing
-        # but the hook's count is called (no context manager, no PublishCall).
+        # but the hook's count is called (no context manager, no PublishCall). A call
+        # made while others are in flight joins the turn's batch (nsqworker.nsq.coalescing).
         line = self._pub_lines.get(topic) if type(topic) is str else None
         if line is None:
             line = self._check_topic(topic)
@@ -247,14 +259,22 @@ class Producer(ProducerBase):
         self._inflight += 1
         try:
             limit = self.max_message_size
-            if body and (limit is None or len(body) <= limit):
-                command = line + SIZE.pack(len(body)) + body
-            else:
-                command = protocol.pub(topic, body, limit)  # raises what is wrong
+            if not body or (limit is not None and len(body) > limit):
+                protocol.pub(topic, body, limit)  # raises what is wrong
             node = self._pool.choose(None)
             if node is None or (conn := node.conn) is None or conn.write_paused:
-                await self._request(command, "PUB", timeout)
+                await self._request(line + SIZE.pack(len(body)) + body, "PUB", timeout)
+            elif self._inflight > 1:
+                again: Resend | None = None
+                try:
+                    await self._batches.add(topic, line, body, timeout)
+                except Resend as resend:
+                    again = resend
+                if again is not None:  # sent alone after the except block: not chained to it
+                    command = line + SIZE.pack(len(body)) + body
+                    await self._request(command, "PUB", timeout, again.deadline, again.avoid)
             else:
+                command = line + SIZE.pack(len(body)) + body
                 deadline = self._loop.time() + timeout
                 answer: bytes | None
                 try:
@@ -312,6 +332,7 @@ class Producer(ProducerBase):
         """Send ``call`` inside the telemetry hook (if any), counting it as in flight."""
         if not self._started or self._closed:
             self.start()
+        self._batches.send_topic(call.topic)  # order: what was published before goes first
         self._inflight += 1
         try:
             hook = self._hook
