@@ -57,8 +57,11 @@ threads, over its timed window: near 100% means the client itself was the bottle
 
 **Publish.** Each client publishes 100-byte bodies for {publish_s:g} s (after 0.2 s of
 warm-up) on one connection and counts what nsqd acknowledged: PUB awaited one at a
-time; {batch:,} PUBs at once (`asyncio.gather` for ours; for pynsq's `Writer`, {batch:,}
-`pub()` calls with callbacks), the next {batch:,} once all were acknowledged; MPUB of
+time; {batch:,} publishes at once (`asyncio.gather` of `publish()` for ours, which sends
+the calls made while others are in flight as one MPUB per loop turn; for pynsq's
+`Writer`, {batch:,} `pub()` calls with callbacks, a PUB each), the next {batch:,} once all
+were acknowledged, with as many PUBs written at once on a bare socket as their limit
+(nsqd answers each PUB with a write of its own); MPUB of
 {mpub} awaited one at a time; and (ours only) MPUBs of {mpub} with up to 4 outstanding
 on the one connection (`asyncio.gather` of 4 `publish_many`, then the next 4). NSQ's
 Go `bench_writer` runs with `GOMAXPROCS=1`, hence one connection, one MPUB at a time

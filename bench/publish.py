@@ -1,7 +1,7 @@
 """Publish: msgs/s acknowledged by nsqd, ours vs pynsq's Writer vs NSQ's bench_writer.
 
 Four shapes (see :mod:`bench.clients.publish`): PUB one at a time, ``concurrent_batch``
-PUBs at once, MPUB of ``mpub_batch`` one at a time, and (ours only) the same MPUBs
+publishes at once (their limit: as many PUBs written at once on a bare socket), MPUB of ``mpub_batch`` one at a time, and (ours only) the same MPUBs
 pipelined, up to ``MPUB_PIPELINE`` outstanding. bench_writer only sends MPUB, so
 it is the Go reference for the MPUB shape (same batch size) and, with a batch of 1,
 for the one-at-a-time shape. It runs with one connection (``GOMAXPROCS=1``), like our
@@ -19,7 +19,7 @@ from bench.results import Results, Series
 
 MODES = (
     ("pub", "PUB, one at a time"),
-    ("concurrent", "PUB, {n} at once"),
+    ("concurrent", "{n} publishes at once"),
     ("mpub", "MPUB of {m}, one at a time"),
     ("mpub4", "MPUB of {m}, up to 4 outstanding"),
 )
@@ -33,10 +33,14 @@ def _clients(mode: str) -> tuple[tuple[str, str], ...]:
 
 
 def _go(mode: str) -> str:
-    """The bench_writer row a shape is compared with ("" for none)."""
-    return {"pub": "publish/pub-go", "mpub": "publish/mpub-go", "mpub4": "publish/mpub-go"}.get(
-        mode, ""
-    )
+    """The limit row a shape is compared with: bench_writer's, or for publishes at once
+    a bare socket's (a PUB each, all written at once)."""
+    return {
+        "pub": "publish/pub-go",
+        "concurrent": "publish/concurrent-raw",
+        "mpub": "publish/mpub-go",
+        "mpub4": "publish/mpub-go",
+    }[mode]
 
 
 def _batch(cfg: Config, mode: str) -> int:
@@ -57,6 +61,10 @@ def run(broker: Broker, cfg: Config, results: Results, say: Say) -> None:
             label = f"bench_writer (Go): MPUB of {_batch(cfg, mode)}, one at a time"
             results.row(go, "publish", label, "msgs/s")
             results.compare(go, f"publish/{mode}-pynsq")
+        elif go == f"publish/{mode}-raw":
+            label = f"bare socket: {cfg.concurrent_batch:,} PUBs per write, the limit of a PUB each"
+            results.row(go, "publish", label, "msgs/s")
+            results.compare(go, f"publish/{mode}-pynsq")
     for i in range(cfg.runs):
         for mode, _ in MODES:
             for client, name in _clients(mode):
@@ -65,6 +73,9 @@ def run(broker: Broker, cfg: Config, results: Results, say: Say) -> None:
             if _go(mode) == f"publish/{mode}-go":
                 say(f"publish run {i + 1}/{cfg.runs}: bench_writer, {mode}")
                 _measure_writer(broker, cfg, results.series[f"publish/{mode}-go"], mode)
+            elif _go(mode) == f"publish/{mode}-raw":
+                say(f"publish run {i + 1}/{cfg.runs}: bare socket, {mode}")
+                _measure(broker, cfg, results.series[f"publish/{mode}-raw"], "raw", mode)
 
 
 def _measure(broker: Broker, cfg: Config, series: Series, client: str, mode: str) -> None:

@@ -206,7 +206,7 @@ TARGETS: list[tuple[str, str, str, Check]] = [
         _at_least_ratio("consume/worker-sync", "consume/pynsq", 3),
     ),
     (
-        "concurrent PUB >= 3x pynsq",
+        "concurrent publishes (1,000 at once) >= 3x pynsq",
         ">= 3x pynsq",
         "publish/concurrent-ours",
         _at_least_ratio("publish/concurrent-ours", "publish/concurrent-pynsq", 3),

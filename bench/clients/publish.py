@@ -4,8 +4,10 @@ Each publishes 100-byte bodies for ``seconds`` and counts what nsqd acknowledged
 one of three shapes (``params["mode"]``):
 
 * ``pub`` - PUB, each awaited before the next;
-* ``concurrent`` - ``batch`` PUBs at once (``asyncio.gather``; for pynsq, ``batch``
-  ``Writer.pub`` calls with callbacks), then the next ``batch`` once all are acked;
+* ``concurrent`` - ``batch`` publishes at once (``asyncio.gather``, which our Producer
+  sends as one MPUB per loop turn; for pynsq, ``batch`` ``Writer.pub`` calls with
+  callbacks, a PUB each; ``raw``: ``batch`` PUBs in one write on a bare socket, the
+  limit of a PUB each), then the next ``batch`` once all are acked;
 * ``mpub`` - MPUB of ``batch`` bodies, each awaited before the next;
 * ``mpub4`` - the same MPUBs, ``pipeline`` (4) sent at once and awaited together (ours).
 """
@@ -85,6 +87,44 @@ async def _repeat(step: Callable[[], Awaitable[int]], seconds: float) -> int:
     while time.perf_counter() < deadline:
         count += await step()
     return count
+
+
+# --- a bare socket: the limit of a PUB each -----------------------------------------
+
+
+def raw(params: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` PUBs written at once on a bare socket, then their answers read and
+    checked, then the next ``batch``: what one connection carries when nsqd answers
+    every PUB with a write of its own (the ``concurrent`` shape's limit)."""
+    loop = params.get("loop", "uvloop")
+    result = run_on(loop, _raw(params))
+    return {**result, **memory_fields(), "loop": loop_label(loop)}
+
+
+async def _raw(params: dict[str, Any]) -> dict[str, Any]:
+    from nsqworker.nsq import protocol
+
+    host, _, port = params["address"].rpartition(":")
+    batch: int = params["batch"]
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(protocol.MAGIC_V2)
+    burst = protocol.pub(params["topic"], BODY) * batch
+    answers = protocol.encode_frame(protocol.Response(protocol.OK)) * batch
+
+    async def step() -> int:
+        writer.write(burst)
+        got = await reader.readexactly(len(answers))
+        if got != answers:
+            raise RuntimeError(f"nsqd did not answer every PUB with OK: {got[:64]!r}")
+        return batch
+
+    try:
+        await _repeat(step, WARMUP)
+        started, cpu = time.perf_counter(), time.process_time()
+        count = await _repeat(step, params["seconds"])
+        return _report(count, started, cpu)
+    finally:
+        writer.close()
 
 
 # --- pynsq --------------------------------------------------------------------------
