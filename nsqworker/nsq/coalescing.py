@@ -88,10 +88,6 @@ class Coalescer:
         self._batches: dict[tuple[str, float], Batch] = {}
         self._scheduled = False
 
-    def __len__(self) -> int:
-        """Calls waiting for the end of the turn."""
-        return sum(len(b.futures) for b in self._batches.values())
-
     def add(self, topic: str, line: bytes, body: bytes, timeout: float) -> asyncio.Future[None]:
         """Join the turn's batch for ``topic``; the future settles with the batch's
         answer (or raises :class:`Resend`). ``body`` is checked already."""

@@ -4,9 +4,9 @@
 number of concurrent calls share a connection, and the connection matches nsqd's
 answers to them in order, so no lock is held across a round trip. ``publish()`` calls
 made while others are in flight are sent together at the end of the loop turn, as one
-MPUB per topic, each call keeping its own outcome (:mod:`nsqworker.nsq.coalescing`). Each call goes to
-the next healthy connection in turn (round-robin); dead ones are redialled in the
-background with exponential backoff and jitter.
+MPUB per topic, each call keeping its own outcome (:mod:`nsqworker.nsq.coalescing`).
+Each command goes to the next healthy connection in turn (round-robin); dead ones are
+redialled in the background with exponential backoff and jitter.
 
 Delivery is at least once. A publish whose connection dies before nsqd answered is
 sent again, on another nsqd when one is up; nsqd may have stored the earlier copy, so a
