@@ -15,11 +15,10 @@ A :class:`Dispatcher` receives deliveries from its transport's
   deadline, retry the rest, close.
 
 Hot path: a delivery goes from the transport's read callback straight into the
-callback. A coroutine callback is started eagerly in its own contextvars Context; if it
-finishes without suspending, its finish is written in the same read burst and no Task is
-ever made. Only coroutines that suspend become Tasks, and only those (plus callbacks
-that answer later, like the sync thread pool) are tracked for keep-alive and drain.
-"""
+callback. A coroutine callback runs its first step at once, as a Task, in its own
+contextvars Context (:mod:`nsqworker.eager`); if that finishes it, its finish is written
+in the same read burst. Those that suspend (and callbacks that answer later, like the
+sync thread pool) are tracked for keep-alive and drain."""
 
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ from functools import partial
 from typing import Any, Final
 
 from nsqworker.backoff import Alarm, Backoff, Phase
-from nsqworker.eager import start_task
+from nsqworker.eager import Starter
 from nsqworker.message import FINISH, Finish, Message, Outcome, Reject, Retry, Stage, Undecodable
 from nsqworker.policy import Policy, retry_delay
 from nsqworker.slow import SlowWatch
@@ -105,12 +104,10 @@ class Dispatcher:
         slow: SlowWatch | None = None,
     ) -> None:
         self.subscription = subscription
-        self.topic = subscription.topic
-        self.channel = subscription.channel
+        self.topic, self.channel = subscription.topic, subscription.channel
         self.name = name or f"{self.topic}/{self.channel}"
         self.policy = policy
-        self.max_in_flight = policy.max_in_flight
-        self.max_attempts = policy.max_attempts
+        self.max_in_flight, self.max_attempts = policy.max_in_flight, policy.max_attempts
         self._callback = callback
         self._on_reject = on_reject
         self._max_retry_delay = capabilities.max_retry_delay
@@ -123,13 +120,11 @@ class Dispatcher:
         self._tasks: dict[Message, asyncio.Future[Any]] = {}
         self._deferred: set[Message] = set()  # callbacks that will call complete()
         self._backlog: deque[Message] = deque()
-        self._in_flight = 0
-        self._running = 0
+        self._in_flight = self._running = 0
         self.finished = self.retried = self.rejected = 0
         # True while a finish needs no bookkeeping beyond counters (see _set_flow).
         self._plain = True
-        self._stopping = False
-        self._started = False
+        self._stopping = self._started = False
         self._drained = asyncio.Event()
         #: Set when :meth:`stop` begins; a handler whose work can continue without it
         #: (a Kubernetes Spark job) waits on it to hand the message back at once.
@@ -137,6 +132,8 @@ class Dispatcher:
         self._sweeper: asyncio.Task[None] | None = None
         self._stop_task: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._starter: Starter | None = None
+        self._in_backlog = False
         self._loop_thread = 0
 
     # --- lifecycle -------------------------------------------------------------
@@ -148,6 +145,7 @@ class Dispatcher:
             return
         self._started = True
         self._loop = asyncio.get_running_loop()
+        self._starter = Starter(self._loop)
         self._loop_thread = threading.get_ident()
         self._set_flow()
         self._sweeper = asyncio.create_task(self._sweep_loop())
@@ -197,6 +195,8 @@ class Dispatcher:
             log.warning("%s: %d messages still in flight at close", self.name, self._in_flight)
         # 5. Close the subscription.
         await self.subscription.close()
+        if self._starter is not None:
+            self._starter.close()
 
     def force_stop(self) -> None:
         """Cut a running drain short: retry what is still running and close now."""
@@ -400,11 +400,11 @@ class Dispatcher:
         tracked if it suspends), a future tracked, DEFERRED noted; else the outcome."""
         try:
             if result.__class__ is _CoroutineType:
-                assert self._loop is not None
-                task = start_task(self._loop, result, _copy_context())
-                if task.done() and not task.cancelled() and task.exception() is None:
-                    return task.result()  # finished in its first step (nsqworker.eager)
-                self._track(msg, task)
+                assert self._starter is not None
+                done, value = self._starter.start(result, _copy_context())
+                if done:  # finished in its first step (nsqworker.eager)
+                    return value
+                self._track(msg, value)
                 return _PENDING
             if result is DEFERRED:
                 if msg.stage is _NEW:  # started on the hot path
@@ -464,9 +464,14 @@ class Dispatcher:
             self._ran_backlog()
 
     def _ran_backlog(self) -> None:
-        backlog = self._backlog
-        while backlog and self._running < self.max_in_flight:
-            self._run(backlog.popleft())
+        if self._in_backlog:  # called again by a message it started: the loop below goes on
+            return
+        self._in_backlog, backlog = True, self._backlog
+        try:
+            while backlog and self._running < self.max_in_flight:
+                self._run(backlog.popleft())
+        finally:
+            self._in_backlog = False
 
     def _settle_now(self, msg: Message, outcome: Outcome) -> None:
         msg.move(_ANSWERED)

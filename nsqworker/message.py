@@ -139,11 +139,11 @@ class Stage(metaclass=_StageType):
     message's bookkeeping.
 
     * ``NEW``: handed to the task layer, not answered. A handler that finishes in its
-      first step on the hot path (an eager Task, Python 3.12+) runs in it and goes
+      first step on the hot path (run at once: nsqworker.eager) runs in it and goes
       straight to SETTLED: one write per message.
     * ``WAITING``: over the task's in-flight bound, waiting in order for a slot.
-    * ``RUNNING``: its handler runs: in a Task past (or, on 3.11, before) its first
-      step, in a thread, or started off the hot path (from the waiting line).
+    * ``RUNNING``: its handler runs: in its Task past its first step, in a thread,
+      or started off the hot path (from the waiting line).
     * ``ANSWERED``: its outcome is decided and being carried out (a handler's own
       answer on its way to the loop, a reject's dead-letter chain). No other answer.
     * ``SETTLED``: its transport was told: finish, retry or reject. The end.

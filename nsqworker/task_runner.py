@@ -28,7 +28,7 @@ from nsqworker.bodies import typed_handler
 from nsqworker.consumer import open_subscription
 from nsqworker.dead_letters import DeadLetterChain, dead_letter_envelope
 from nsqworker.dispatch import DEFERRED, MAX_ATTEMPTS_REASON, Callback, Dispatcher, Policy
-from nsqworker.eager import start_task
+from nsqworker.eager import Starter
 from nsqworker.errors import ConfigurationError
 from nsqworker.hooks import Hooks, run_after, run_on_error, with_hooks
 from nsqworker.logging import TrafficSummary, get_logger, histogram_quantile
@@ -147,6 +147,7 @@ class TaskRunner:
         self.transport = transport
         self._request_recycle = request_recycle
         self.loop = asyncio.get_running_loop()
+        self.starter = Starter(self.loop)
         policy = Policy.from_settings(
             settings, max_in_flight=spec.max_in_flight, max_attempts=spec.max_attempts,
             retry_delay=spec.retry_delay,
@@ -210,8 +211,8 @@ class TaskRunner:
         )  # fmt: skip
 
     def call_async(self, msg: Message) -> Any:
-        """Run an async handler in its own Task (nsqworker.eager): the outcome when its
-        first step finished it (Python 3.12's eager start), else the Task."""
+        """Run an async handler as a Task whose first step runs here (nsqworker.eager):
+        its outcome when that finished it, else the Task."""
         token = self.inst.start(msg)
         start = perf_counter()
         context = _copy_context()
@@ -223,9 +224,9 @@ class TaskRunner:
             coro = self.func(msg)
         except Exception as exc:  # a wrapper that fails before making the coroutine
             return self.failed(msg, exc, perf_counter() - start, token, context)
-        task = start_task(self.loop, self._rest(coro, msg, start, token), context)
-        if task.done():  # finished in its first step: no loop turn, no done callback
-            return task.result()
+        done, task = self.starter.start(self._rest(coro, msg, start, token), context)
+        if done:  # finished in its first step: no loop turn, no done callback
+            return task
         if self.timeout is not None:
             left = max(self.timeout - (perf_counter() - start), 0.0)
             timer = self.loop.call_later(left, self._expire, msg, task)
@@ -482,6 +483,7 @@ class TaskRunner:
         """Drain the dispatcher (pause, let handlers finish within ``timeout``, retry
         the rest) and close the subscription."""
         await self.dispatcher.stop(timeout)
+        self.starter.close()
 
     def force_stop(self) -> None:
         """Cut a running drain short."""

@@ -6,8 +6,8 @@ subscription and :class:`~nsqworker.dispatch.Dispatcher` (the task's policy) and
 handler, turning the result into an outcome (finish, retry or reject: see
 :mod:`nsqworker.outcomes`); its reject hook is the dead-letter chain. The worker only starts and stops the runners and asks them for
 stats and in-flight rows. Async
-handlers run on the loop, each in its own Task (started eagerly on Python 3.12+, so one
-that never suspends finishes in the same call: :mod:`nsqworker.eager`). Sync handlers never run on the loop: each sync task has a small
+handlers run on the loop, each in its own Task whose first step runs at once, so one
+that never suspends finishes in the same call (:mod:`nsqworker.eager`). Sync handlers never run on the loop: each sync task has a small
 thread pool, sized to its max_in_flight and grown on demand, whose threads hand results
 back in batches (one wake-up of the loop per batch, not per message).
 

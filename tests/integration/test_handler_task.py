@@ -1,10 +1,12 @@
 """An async handler runs in its own asyncio Task from its first line, against a real
 nsqd: asyncio.timeout, TaskGroup, current_task() and httpx (anyio) work before the
-handler's first suspension, and a time limit still cancels the right Task."""
+handler's first suspension, the Task and the contextvars Context of the first step are
+those of the rest, and a handler's own timeout cancels the right Task."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 
 import httpx
 
@@ -13,6 +15,8 @@ from nsqworker.settings import Settings
 from nsqworker.task import Registry
 from nsqworker.testing import NsqdProcess, wait_until
 from nsqworker.worker import Worker
+
+BODY: contextvars.ContextVar[bytes | None] = contextvars.ContextVar("body", default=None)
 
 
 def settings(nsqd: NsqdProcess) -> Settings:
@@ -27,12 +31,15 @@ async def test_task_bound_asyncio_and_httpx_work_from_the_handlers_first_line(
 
     @registry.task("first_line", channel="c")
     async def handle(msg: Message) -> None:
+        assert BODY.get() is None, "another message's context"
+        BODY.set(msg.body)
         task = asyncio.current_task()
         async with asyncio.timeout(5):  # RuntimeError outside a Task
             async with httpx.AsyncClient(trust_env=False) as client:  # anyio needs a Task
                 status = (await client.get(f"{nsqd.http_address}/ping")).status_code
         async with asyncio.TaskGroup() as group:
             group.create_task(asyncio.sleep(0))
+        assert BODY.get() == msg.body, "the context changed across a suspension"
         seen.append((msg.body, status, task is asyncio.current_task() is not None))
 
     nsqd.create_channel("first_line", "c")

@@ -64,6 +64,11 @@ REACH_INS_ALLOWED = {
     # docs list it; the underscore marks it implementation-specific), and the only way
     # to read a blocked thread's stack.
     ("nsqworker.watchdog", "sys._current_frames"),
+    # Python 3.11 only: asyncio's own functions that make a Task current for one step
+    # (what Task.__step and 3.12's eager start do); nsqworker.eager runs a handler's
+    # first step as its Task with them. No public way exists on 3.11.
+    ("nsqworker.eager", "asyncio.tasks._enter_task"),
+    ("nsqworker.eager", "asyncio.tasks._leave_task"),
 }
 """``x._name`` reads allowed where ``x`` is not ``self`` or ``cls``: (module, expression)."""
 

@@ -9,7 +9,6 @@ import asyncio
 import pytest
 
 from nsqworker.dispatch import Dispatcher, Policy
-from nsqworker.eager import EAGER
 from nsqworker.errors import AlreadyResponded
 from nsqworker.memory import MemoryTransport
 from nsqworker.message import FINISH, MOVES, Message, Outcome, Reject, Stage, StageError
@@ -61,7 +60,7 @@ def test_answering_moves_to_answered_once() -> None:
 
 
 async def test_the_dispatcher_walks_each_delivery_to_settled() -> None:
-    """Finished in the first step: NEW -> SETTLED; suspended: NEW -> RUNNING -> ANSWERED -> SETTLED; a
+    """Inline: NEW -> SETTLED; suspended: NEW -> RUNNING -> ANSWERED -> SETTLED; a
     reject ends SETTLED once its chain ran; answering itself: ANSWERED -> SETTLED."""
     broker = MemoryTransport()
     seen: dict[bytes, list[Stage]] = {}
@@ -96,14 +95,11 @@ async def test_the_dispatcher_walks_each_delivery_to_settled() -> None:
         await broker.publish("t", body)
     await broker.run_until_idle(until=lambda: dispatcher.received == 4 and not sub.running)
     await dispatcher.stop(0)
-    # Started eagerly in its Task (3.12+), a handler first sees its delivery NEW; on 3.11
-    # its Task's first step comes a loop turn later, once the delivery is RUNNING.
-    first = Stage.NEW if EAGER else Stage.RUNNING
     assert seen == {
-        b"inline": [first],
-        b"slow": [first, Stage.RUNNING],
-        b"bad": [first],
-        b"self": [first, Stage.SETTLED],  # its own answer reaches the loop at once
+        b"inline": [Stage.NEW],
+        b"slow": [Stage.NEW, Stage.RUNNING],
+        b"bad": [Stage.NEW],
+        b"self": [Stage.NEW, Stage.SETTLED],  # its own answer reaches the loop at once
     }
     assert rejected == [Stage.ANSWERED]  # the chain runs before the transport is told
     assert {body: m.stage for body, m in kept.items()} == dict.fromkeys(seen, Stage.SETTLED)
