@@ -54,12 +54,16 @@ class Starter:
         loop = self._loop
         if EAGER:
             task = asyncio.Task(coro, loop=loop, context=context, eager_start=True)  # type: ignore[call-arg,unused-ignore]
-            return (True, task.result()) if task.done() else (False, task)
+            if task.done() and not task.cancelled():
+                return True, task.result()
+            return False, task
         spare, slot = self._spare, self._slot
         if spare is None or slot is None or spare.done() or slot.done():
             self._slot = slot = loop.create_future()
             self._spare = spare = loop.create_task(_carry_on(slot))
         outer = asyncio.current_task(loop)  # called from a Task: it steps aside, as on 3.12
+        if outer is spare:  # started from a first step running as the spare: not that one
+            return False, loop.create_task(coro, context=context)
         if outer is not None:
             asyncio.tasks._leave_task(loop, outer)
         asyncio.tasks._enter_task(loop, spare)
@@ -72,10 +76,8 @@ class Starter:
             if outer is not None:
                 asyncio.tasks._enter_task(loop, outer)
         self._spare = self._slot = None  # the spare is this coroutine's Task now
-        if slot.done():  # its first step cancelled its own Task (the spare's wait)
-            task = loop.create_task(_resume(coro, yielded, context))
-            task.cancel()
-            return False, task
+        if slot.cancelled() or spare.cancelling():  # its first step cancelled its Task
+            return False, loop.create_task(_cancelled(coro, context))  # the spare is lost
         slot.set_result((coro, yielded, context))
         return False, spare
 
@@ -89,6 +91,15 @@ class Starter:
 async def _carry_on(slot: asyncio.Future[Suspended]) -> Any:
     """A spare Task: wait for a coroutine that suspended in its first step, finish it."""
     coro, yielded, context = await slot
+    return await _resume(coro, yielded, context)
+
+
+async def _cancelled(coro: Coroutine[Any, Any, Any], context: contextvars.Context) -> Any:
+    """Carry on a coroutine whose first step cancelled its own Task: the cancel first."""
+    try:
+        yielded = context.run(coro.throw, asyncio.CancelledError())
+    except StopIteration as stop:
+        return stop.value
     return await _resume(coro, yielded, context)
 
 
