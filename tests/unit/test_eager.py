@@ -12,6 +12,8 @@ import pytest
 
 from nsqworker.eager import Starter
 
+pytestmark = pytest.mark.both_loops  # the standard loop too: users may run either
+
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
 
 
