@@ -33,6 +33,11 @@ __all__ = ["EAGER", "Starter"]
 EAGER: Final = sys.version_info >= (3, 12)
 """True where asyncio starts a Task eagerly itself (Python 3.12 and later)."""
 
+# Python 3.11: asyncio's own functions that make a Task current for one of its steps
+# (what Task.__step does; 3.12's eager start does it in C). No public way exists.
+_enter_task = asyncio.tasks._enter_task
+_leave_task = asyncio.tasks._leave_task
+
 Suspended = tuple[Coroutine[Any, Any, Any], Any, contextvars.Context]
 """What a spare Task carries on: the coroutine, what its first step yielded, its Context."""
 
@@ -65,16 +70,16 @@ class Starter:
         if outer is spare:  # started from a first step running as the spare: not that one
             return False, loop.create_task(coro, context=context)
         if outer is not None:
-            asyncio.tasks._leave_task(loop, outer)
-        asyncio.tasks._enter_task(loop, spare)
+            _leave_task(loop, outer)
+        _enter_task(loop, spare)
         try:
             yielded = context.run(coro.send, None)
         except StopIteration as stop:
             return True, stop.value
         finally:
-            asyncio.tasks._leave_task(loop, spare)
+            _leave_task(loop, spare)
             if outer is not None:
-                asyncio.tasks._enter_task(loop, outer)
+                _enter_task(loop, outer)
         self._spare = self._slot = None  # the spare is this coroutine's Task now
         if slot.cancelled() or spare.cancelling():  # its first step cancelled its Task
             return False, loop.create_task(_cancelled(coro, context))  # the spare is lost

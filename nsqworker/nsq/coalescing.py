@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
-from typing import Final
 
 from nsqworker.errors import NSQDError, RemoteProtocolError
 from nsqworker.nsq import protocol
@@ -36,8 +35,6 @@ from nsqworker.nsq.pool import Node
 from nsqworker.nsq.publishing import SIZE
 
 __all__ = ["Batch", "Coalescer", "Resend"]
-
-_COUNTS: Final = SIZE.pack
 
 
 class Resend(Exception):
@@ -143,7 +140,7 @@ class Coalescer:
             start = end
             if len(part) == 1:
                 operation = "PUB"
-                command = batch.line + _COUNTS(len(part[0])) + part[0]
+                command = batch.line + SIZE.pack(len(part[0])) + part[0]
             else:
                 operation = "MPUB"
                 command = protocol.mpub_line(b"M" + batch.line, part)
