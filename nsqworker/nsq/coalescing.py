@@ -32,7 +32,7 @@ from collections.abc import Callable
 from nsqworker.errors import NSQDError, RemoteProtocolError
 from nsqworker.nsq import protocol
 from nsqworker.nsq.pool import Node
-from nsqworker.nsq.publishing import SIZE
+from nsqworker.nsq.publishing import SIZE, split_batches
 
 __all__ = ["Batch", "Coalescer", "Resend"]
 
@@ -129,15 +129,10 @@ class Coalescer:
         if node is None or conn is None:
             _settle(futures, Resend(None, deadline))  # each waits for a connection itself
             return
-        limit = self._body_limit()
         start = 0
-        while start < len(bodies):
-            end, size = start, 4
-            while end < len(bodies) and (end == start or size + 4 + len(bodies[end]) <= limit):
-                size += 4 + len(bodies[end])
-                end += 1
-            part, waiting = bodies[start:end], futures[start:end]
-            start = end
+        for part in split_batches(bodies, self._body_limit()):
+            waiting = futures[start : start + len(part)]
+            start += len(part)
             if len(part) == 1:
                 operation = "PUB"
                 command = batch.line + SIZE.pack(len(part[0])) + part[0]

@@ -179,3 +179,15 @@ async def test_batches_whose_connection_is_lost_are_sent_again_losing_nothing(
     assert cut, "no batch was cut"
     assert len(acked) == 15_000 and set(acked) <= stored
     assert len(on_doomed) >= 1000  # it took its share before it stopped
+
+
+async def test_a_batch_larger_than_max_body_size_goes_as_several_mpubs_in_order(
+    nsqd_factory: NsqdFactory, commands: list[tuple[bytes, int]]
+) -> None:
+    nsqd = nsqd_factory(extra_args=["--max-body-size=4096"])
+    bodies = [b"%03d" % i + b"x" * 97 for i in range(100)]  # 104 bytes each in an MPUB
+    async with Producer([nsqd.tcp_address], timeout=5, max_body_size=4096) as producer:
+        await asyncio.gather(*(producer.publish("split", b) for b in bodies))
+    assert commands == [(b"PUB split", 1), (b"MPUB split", 39), (b"MPUB split", 39),
+                        (b"MPUB split", 21)]  # fmt: skip
+    assert await read_all(nsqd, "split") == bodies
