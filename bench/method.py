@@ -146,10 +146,11 @@ the section. Each contender runs in its own process and drains a backlog of
 the handler is an async no-op. The clock runs from the first message a handler saw to
 the moment the server counts every message acknowledged (the consumer's ack floor,
 looked at every 5 ms near the end, less often before: each look costs the server CPU). Contenders, interleaved in each run: `nsqworker run --transport
-nats --nats URL` with default settings (the task sets no `max_in_flight`: 100 in
-flight), FastStream's NATS JetStream pull subscriber (`PullSub(batch_size=100)`, a
-durable consumer, acking after the handler), a bare nats-py loop (`pull_subscribe`,
-`fetch(100)`, `await msg.ack()` per message, no framework), and the limit, NATS's own
+nats --nats URL` with default settings (the task sets `max_in_flight=500`, the
+window natscli buffers, as the NSQ task sets bench_reader's 2,500), FastStream's NATS
+JetStream pull subscriber (`PullSub(batch_size=500)`, a durable consumer, acking after
+the handler), a bare nats-py loop (`pull_subscribe`, `fetch(500)`, `await msg.ack()` per
+message, no framework), and the limit, NATS's own
 client: natscli v0.5.0's `nats bench js consume` (nats.go, a durable consumer, explicit
 acks, 500 buffered; its own clock, first to last message received, which is kinder than
 ours). While `nsqworker run` and natscli drain, nats-server's own CPU time (user +

@@ -10,11 +10,12 @@ saw to the moment the server counts every message acknowledged (its consumer's a
 floor; looked at every 5 ms near the end, less often before, as each look costs the
 server CPU). The contenders, interleaved within each run:
 
-* ``nsqworker run --transport nats --nats URL`` with default settings (the task sets no
-  ``max_in_flight``, so 100 are in flight);
-* FastStream's NATS JetStream pull subscriber (``PullSub(batch_size=100)``, a durable
+* ``nsqworker run --transport nats --nats URL`` with default settings, the task's
+  ``max_in_flight=500`` (the window natscli buffers; the NSQ bench's task sets
+  bench_reader's 2,500 the same way);
+* FastStream's NATS JetStream pull subscriber (``PullSub(batch_size=500)``, a durable
   consumer, its default acking after the handler);
-* a bare nats-py loop, no framework: ``pull_subscribe`` then ``fetch(100)`` and
+* a bare nats-py loop, no framework: ``pull_subscribe`` then ``fetch(500)`` and
   ``await msg.ack()`` per message;
 * the limit: natscli v0.5.0's ``nats bench js consume`` (nats.go, explicit acks, 500
   buffered; its own clock, first to last message received; :mod:`bench.nats_limits`).
@@ -62,16 +63,16 @@ import os, time
 from nsqworker import task
 
 _first = []
+_LATENCY = os.environ.get("BENCH_LATENCY")
 
-@task(os.environ["BENCH_SUBJECT"], channel="bench")
+@task(os.environ["BENCH_SUBJECT"], channel="bench", max_in_flight=500)
 async def noop(msg):
     if not _first:
         _first.append(time.time())
         with open(os.environ["BENCH_FIRST"], "w") as out:
             out.write(repr(_first[0]))
-    sent = os.environ.get("BENCH_LATENCY")
-    if sent:
-        with open(sent, "a") as out:
+    if _LATENCY:
+        with open(_LATENCY, "a") as out:
             out.write(f"{time.time_ns() - int(msg.body)}\\n")
 """
 
@@ -84,7 +85,7 @@ _first = []
 
 @broker.subscriber(
     os.environ["BENCH_SUBJECT"], stream=os.environ["BENCH_STREAM"], durable="fs",
-    pull_sub=PullSub(batch_size=100),
+    pull_sub=PullSub(batch_size=500),
 )
 async def noop(body: bytes) -> None:
     if not _first:
@@ -113,7 +114,7 @@ async def main() -> None:
     first = False
     while True:
         try:
-            msgs = await sub.fetch(100, timeout=1)
+            msgs = await sub.fetch(500, timeout=1)
         except nats.errors.TimeoutError:
             continue
         if not first:
@@ -353,8 +354,8 @@ def _publish_rows(results: Any) -> dict[str, tuple[Any, Any]]:
 NAMES = {
     "nsqworker": "nsqworker run --transport nats, default settings",
     "natscli": "natscli `nats bench js consume` (explicit acks, batch 500)",
-    "faststream": "FastStream NATS PullSub(batch_size=100)",
-    "bare": "bare nats-py fetch(100) loop",
+    "faststream": "FastStream NATS PullSub(batch_size=500)",
+    "bare": "bare nats-py fetch(500) loop",
 }
 
 

@@ -3,9 +3,9 @@
 The subscription asks the consumer for messages with pull requests sent to an inbox of
 its own, and never asks for more than the receiver's free window: in flight plus
 requested stays at most the window (``max_in_flight``), so no message waits in this
-process while its ``ack_wait`` runs out. A new request goes out when half the window is
-free (or when nothing is requested at all); each asks the server for idle heartbeats, and
-a request that went silent (its server died) is forgotten and asked again.
+process while its ``ack_wait`` runs out. A new request goes out when a quarter of the
+window is free (or when nothing is requested at all); each asks the server for idle
+heartbeats, and a request that went silent (its server died) is forgotten and asked again.
 
 Settling is the JetStream ack protocol on each message's reply subject: ``+ACK``,
 ``-NAK {"delay": ns}``, ``+TERM`` and ``+WPI`` (in progress: the keep-alive).
@@ -13,9 +13,13 @@ Settling is the JetStream ack protocol on each message's reply subject: ``+ACK``
 The inbox, its messages, the acks and the pull requests travel on a connection of the
 subscription's own (:mod:`nsqworker.nats.wire`, the codec of
 :mod:`nsqworker.nats.protocol`), to the server the process's nats-py connection is on;
-nats-py keeps JetStream management (streams, consumers, their checks). Acks and pull
-requests are written once per loop turn, not one per message. A lost wire is opened
-again (acks settled meanwhile are written first; requests to the old inbox die with it).
+nats-py keeps JetStream management (streams, consumers, their checks). Acks are written
+once per loop turn, not one per message; a pull request is written at once, with the
+acks settled before it, even in the middle of a read: the server serves it while the
+rest of the read is handled (at the end of the read, the pipeline would drain while the
+worker is busy and the server idle: about 190k instead of 250k msgs/s with a window of
+500). A lost wire is opened again (acks settled meanwhile are written first; requests to
+the old inbox die with it).
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ class NatsSubscription(SubscriptionKit):
         )  # fmt: skip
         self.settings = settings
         self.connection = connection
-        self._half = max(1, max_in_flight // 2)
+        self._step = max(1, max_in_flight // 4)
         self._stream = ""
         self.stream: str | None = None
         self.consumer: str | None = None
@@ -253,7 +257,7 @@ class NatsSubscription(SubscriptionKit):
     def set_flow(self, flow: Flow, window: int) -> None:
         """The receiver's flow: at most ``window`` (1 when probing, 0 paused) asked for
         or in hand."""
-        self._flow, self.window, self._half = flow, window, max(1, window // 2)
+        self._flow, self.window, self._step = flow, window, max(1, window // 4)
         self._pull()
 
     def _pull(self) -> None:
@@ -261,7 +265,7 @@ class NatsSubscription(SubscriptionKit):
             return
         allowed = self._allowed()
         room = allowed - self.in_flight - self.requested
-        if room <= 0 or (self.requested and room < max(1, allowed // 2)):
+        if room <= 0 or (self.requested and room < max(1, allowed // 4)):
             return
         wire = self._wire
         if wire is None or not self._subbed or not wire.open:
@@ -272,7 +276,7 @@ class NatsSubscription(SubscriptionKit):
             int(EXPIRES * 1e9),
             int(HEARTBEAT * 1e9),
         )
-        wire.send(protocol.pub(self._next, request, self._inbox.encode()))
+        wire.send_now(protocol.pub(self._next, request, self._inbox.encode()))
 
     # --- messages (hot path) ---------------------------------------------------
 
@@ -308,10 +312,11 @@ class NatsSubscription(SubscriptionKit):
                         else:
                             self._ack(reply)
                         self.in_flight -= 1
-                        # _pull() only when it may ask: half the window free, or none asked
+                        # _pull() only when it may ask: a quarter of the window free, or
+                        # none asked
                         if (
                             not self.requested
-                            or self.window - self.in_flight - self.requested >= self._half
+                            or self.window - self.in_flight - self.requested >= self._step
                         ):
                             self._pull()
                     return

@@ -82,6 +82,12 @@ class Wire(asyncio.Protocol):
         if not self._scheduled:
             self._schedule()
 
+    def send_now(self, data: bytes) -> None:
+        """Write what is queued, then ``data``, now rather than at the end of the loop
+        turn (a pull request: the server starts on it while this turn goes on)."""
+        self._out.append(data)
+        self.flush()
+
     def ack(self, subject: bytes) -> None:
         """Queue ``+ACK`` to ``subject`` (a JetStream ack subject) for the next flush."""
         self.acks.append(subject)
