@@ -147,7 +147,8 @@ the handler is an async no-op. The clock runs from the first message a handler s
 the moment the server counts every message acknowledged (the consumer's ack floor,
 looked at every 5 ms near the end, less often before: each look costs the server CPU). Contenders, interleaved in each run: `nsqworker run --transport
 nats --nats URL` with default settings (the task sets `max_in_flight=500`, the
-window natscli buffers, as the NSQ task sets bench_reader's 2,500), FastStream's NATS
+window natscli buffers, as the NSQ task sets bench_reader's 2,500; and again with the
+task setting no window, the default 100), FastStream's NATS
 JetStream pull subscriber (`PullSub(batch_size=500)`, a durable consumer, acking after
 the handler), a bare nats-py loop (`pull_subscribe`, `fetch(500)`, `await msg.ack()` per
 message, no framework), and the limit, NATS's own

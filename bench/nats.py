@@ -12,7 +12,8 @@ server CPU). The contenders, interleaved within each run:
 
 * ``nsqworker run --transport nats --nats URL`` with default settings, the task's
   ``max_in_flight=500`` (the window natscli buffers; the NSQ bench's task sets
-  bench_reader's 2,500 the same way);
+  bench_reader's 2,500 the same way), and again with the task setting no window (the
+  default, 100);
 * FastStream's NATS JetStream pull subscriber (``PullSub(batch_size=500)``, a durable
   consumer, its default acking after the handler);
 * a bare nats-py loop, no framework: ``pull_subscribe`` then ``fetch(500)`` and
@@ -184,8 +185,11 @@ def _contender(
         "BENCH_FIRST": str(tmp / f"first-{kind}"),
         "PYTHONPATH": f"{tmp}{os.pathsep}{ROOT}",
     }
-    if kind == "nsqworker":
-        (tmp / "bench_nats_tasks.py").write_text(NSQWORKER_TASKS)
+    if kind.startswith("nsqworker"):
+        tasks = NSQWORKER_TASKS
+        if kind == "nsqworker-window100":
+            tasks = tasks.replace(", max_in_flight=500", "")
+        (tmp / "bench_nats_tasks.py").write_text(tasks)
         env |= {"NSQWORKER_HEALTH_PORT": "0", "NSQWORKER_LOG_LEVEL": "warning"}
         argv = [sys.executable, "-m", "nsqworker", "run", "bench_nats_tasks",
                 "--transport", "nats", "--nats", url]  # fmt: skip
@@ -220,7 +224,9 @@ def drain(
 def _drain(kind: str, url: str, subject: str, stream: str, count: int) -> float:
     if kind == "natscli":
         return nats_limits.natscli_consume(url, stream, count)
-    durable = {"nsqworker": "bench", "faststream": "fs", "bare": "bare"}[kind]
+    durable = (
+        "bench" if kind.startswith("nsqworker") else {"faststream": "fs", "bare": "bare"}[kind]
+    )
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         argv, env = _contender(kind, url, subject, stream, tmp)
@@ -300,6 +306,7 @@ def run(broker: Any, cfg: Any, results: Any, say: Any) -> None:
         for kind in ("nsqworker", "natscli")
     }  # fmt: skip
     results.compare("nats/nsqworker", "", "nats/natscli")
+    results.compare("nats/nsqworker-window100", "", "nats/natscli")
     results.compare("nats/faststream", "", "nats/natscli")
     results.compare("nats/bare", "", "nats/natscli")
     pubs = _publish_rows(results)
@@ -352,7 +359,8 @@ def _publish_rows(results: Any) -> dict[str, tuple[Any, Any]]:
 
 
 NAMES = {
-    "nsqworker": "nsqworker run --transport nats, default settings",
+    "nsqworker": "nsqworker run --transport nats, default settings, @task max_in_flight=500",
+    "nsqworker-window100": "nsqworker run --transport nats, default settings, @task window unset (100)",
     "natscli": "natscli `nats bench js consume` (explicit acks, batch 500)",
     "faststream": "FastStream NATS PullSub(batch_size=500)",
     "bare": "bare nats-py fetch(500) loop",
