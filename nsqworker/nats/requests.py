@@ -6,6 +6,9 @@ capturing the subject would answer it with its own publish ack, so endpoints rea
 requests with a plain subscription in the queue group ``channel``: the server hands each
 request to one of the group's members. Core NATS delivers at most once: nothing here is
 acknowledged, retried or dead-lettered by the server; the caller's timeout is the retry.
+The reply subject is the caller's word: the endpoint checks it against
+``rpc_reply_subjects`` before answering (nsqworker.rpc.replies), and :meth:`_respond`
+never publishes to a ``$`` subject (the server's API) whatever it is given.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from nsqworker.errors import InvalidName
 from nsqworker.message import Message
 from nsqworker.nats.jetstream import check_channel, check_subject
 from nsqworker.subscription_kit import NoDeliveryDeadline, SubscriptionKit
@@ -137,6 +141,8 @@ class NatsRequestSubscription(SubscriptionKit, NoDeliveryDeadline):
     async def _respond(
         self, reply: str, body: bytes, headers: Mapping[str, str] | None = None
     ) -> None:
+        if reply.startswith("$"):  # the server's API ($JS.API...): never, whoever asks
+            raise InvalidName(f"reply subject {reply!r} is a $ subject: not answered")
         client = await self.connection.get()
         await client.publish(reply, body, headers=dict(headers) if headers else None)
 

@@ -25,6 +25,7 @@ cannot be decoded (frame or body)           dead-lettered (a body error is answe
 in an encoding the endpoint lacks           the 18-byte encoding-255 reply, FIN
 the worker drains before it is answered     REQ 0: another worker answers it
 names a reply nsqd or topic not trusted     dead-lettered, never dialled (replies.py)
+on NATS, a reply subject not allowed        dead-lettered, not answered (replies.py)
 the response cannot be published in 2 s     dead-lettered, no backoff (replies.py)
 ==========================================  ==========================================
 """
@@ -196,10 +197,9 @@ def _bind(endpoint: _Endpoint) -> Callable[[Message], Any]:
         return cast("Callable[[Message], Any]", handler)
 
     def bind_settings(settings: Settings) -> Callable[[Message], Any]:
-        if settings.transport == "nats":  # NATS routes the reply: no frame, no policy
-            details = settings.rpc_error_details
-            return named(functools.partial(_Endpoint.serve_nats, endpoint, details))
         policy = ReplyPolicy.for_settings(settings)
+        if settings.transport == "nats":  # no frame: the reply subject is the address
+            return named(functools.partial(_Endpoint.serve_nats, endpoint, policy))
         return named(functools.partial(_Endpoint.serve, endpoint, policy))
 
     handler: Any = named(functools.partial(_Endpoint.handle, endpoint))
@@ -301,7 +301,7 @@ class _Endpoint:
             return
         await reply.send(codec.encode_response(request.id, request.encoding, body))
 
-    async def serve_nats(self, details: bool, msg: Message) -> None:
+    async def serve_nats(self, policy: ReplyPolicy, msg: Message) -> None:
         """Answer one NATS request (RPC on NATS: docs/rpc.md): no frame, the encoding in
         ``Content-Type``, the reply on the request's reply subject, errors with the NATS
         service error headers (400 decode or Reject, 415 encoding, 500 raised or time
@@ -309,6 +309,10 @@ class _Endpoint:
         respond = getattr(msg, "respond", None)
         if respond is None:
             raise Reject("not a NATS request: no reply subject to answer on")
+        # Before anything runs: a reply subject that is not an inbox (a $JS.API subject,
+        # a stream's subject) is dead-lettered unanswered, and the function not called.
+        policy.check_subject(msg.receipt)
+        details = policy.error_details
         encoding = codec.encoding_of_content_type(msg.headers)
         reply_encoding = codec.JSON if encoding in (None, codec.BINARY) else encoding
 

@@ -21,6 +21,14 @@ untrusted input (docs/security.md):
   reply: the request is dead-lettered, without consumer backoff, and the address is
   not tried again for :data:`DOWN_FOR` seconds (requests naming it are dead-lettered
   at once, before the function runs).
+* **NATS reply subject** (``transport="nats"``): a request names its reply subject, and
+  NATS lets the endpoint publish wherever the worker's own permissions allow: into the
+  JetStream API (``$JS.API.STREAM.DELETE.<stream>``) or into a subject a stream
+  captures. So an endpoint answers only on a subject matching ``rpc_reply_subjects``
+  (``_INBOX.>`` by default: the inboxes NATS clients make for a request; ``*`` matches
+  one token, ``>`` the rest) and never on one starting with ``$``, whatever the
+  setting says. Any other request is dead-lettered before the function runs, with a
+  reason naming the subject, and nothing is published.
 """
 
 from __future__ import annotations
@@ -48,7 +56,14 @@ from nsqworker.task import Reject
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
-__all__ = ["REPLY_TIMEOUT", "ReplyOptions", "ReplyPolicy", "ReplyPool", "normalize_address"]
+__all__ = [
+    "REPLY_TIMEOUT",
+    "ReplyOptions",
+    "ReplyPolicy",
+    "ReplyPool",
+    "normalize_address",
+    "subject_matches",
+]
 
 log = get_logger("nsqworker.rpc")
 
@@ -76,6 +91,18 @@ def normalize_address(host: str, port: int | str) -> str:
 _split = split_address
 
 
+def subject_matches(subject: str, pattern: str) -> bool:
+    """Whether the NATS ``subject`` matches ``pattern``: tokens split on ``.``, ``*``
+    matches one token, ``>`` (last) one or more."""
+    tokens, wanted = subject.split("."), pattern.split(".")
+    for i, want in enumerate(wanted):
+        if want == ">":
+            return len(tokens) > i
+        if i >= len(tokens) or (want != "*" and want != tokens[i]):
+            return False
+    return len(tokens) == len(wanted)
+
+
 class ReplyPolicy:
     """Decides, per request, whether and how its reply may be sent (module docstring).
 
@@ -88,6 +115,7 @@ class ReplyPolicy:
         self.own = {normalize_address(*_split(a)) for a in settings.nsqd_tcp_addresses}
         self.patterns = list(settings.rpc_reply_addresses)
         self.topics = list(settings.rpc_reply_topics)
+        self.subjects = list(settings.rpc_reply_subjects)
         self.error_details = settings.rpc_error_details
         self.lookupd = [a if "://" in a else f"http://{a}" for a in settings.lookupd_http_addresses]
         self.allowed_nsqd = list(settings.lookupd_allowed_nsqd)
@@ -147,6 +175,19 @@ class ReplyPolicy:
             "nsqd_tcp_addresses, not listed by lookupd, not matched by rpc_reply_addresses); "
             "not dialled, not answered"
         )
+
+    def check_subject(self, subject: str) -> None:
+        """Reject a NATS reply ``subject`` that is not an allowed inbox (module docstring)."""
+        if subject.startswith("$"):
+            raise Reject(
+                f"reply subject {subject!r} is a $ subject (the server's API): never "
+                "answered; not handled"
+            )
+        if not any(subject_matches(subject, p) for p in self.subjects):
+            raise Reject(
+                f"reply subject {subject!r} is not allowed (rpc_reply_subjects: "
+                f"{self.subjects}); not handled"
+            )
 
     def failed(self, address: str) -> None:
         """Note that a reply to ``address`` could not be delivered."""
