@@ -8,8 +8,13 @@ leader election does, on the candidate's own monotonic clock (clocks of differen
 machines are never compared):
 
 * a follower reads the record every ``retry_period``; it takes over when the record has
-  no holder, or when neither its holder nor its version changed for ``lease_duration``
-  seconds as measured here since it first saw that version;
+  no holder, or when neither its holder nor its version changed for the record's
+  ``lease_duration`` (the holder's, as client-go reads ``leaseDurationSeconds``) as
+  measured here since it first saw that version. So replicas with different timings
+  (a deploy changing them) never both fire: the follower waits as long as the holder
+  promised, not its own. A record whose duration is not above 0 and at most
+  :data:`MAX_RECORD_DURATION` (a record not written by us, or damaged) is waited for
+  with the follower's own ``lease_duration``;
 * the leader renews every ``retry_period`` (each recorded tick renews too) and fires
   only until ``renew_deadline`` seconds after the start of its last successful renewal:
   a leader that cannot renew stops before any follower may take over, since the
@@ -20,16 +25,18 @@ machines are never compared):
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Final, Protocol
 
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import get_logger
 
 __all__ = [
+    "MAX_RECORD_DURATION",
     "Conflict",
     "Elector",
     "LeaseDenied",
@@ -40,6 +47,10 @@ __all__ = [
 ]
 
 log = get_logger("nsqworker.schedules")
+
+MAX_RECORD_DURATION: Final = 3600.0
+"""The longest lease duration a follower takes from a record (``schedule_lease_duration``'s
+bound): a longer one, like one not above 0, is not sane, and the follower waits its own."""
 
 
 class Conflict(Exception):
@@ -230,6 +241,20 @@ class Elector:
         except Exception as exc:  # it expires on its own
             log.info(f"could not release the schedule lease ({exc}); it expires on its own")
 
+    def _duration_of(self, record: LeaseRecord, *, warn: bool) -> float:
+        """How long the record's holder may hold it unrenewed: the duration it wrote,
+        when sane; else this candidate's own (module docstring), said once per version
+        when ``warn``."""
+        duration = record.lease_duration
+        if math.isfinite(duration) and 0 < duration <= MAX_RECORD_DURATION:
+            return float(duration)
+        if warn and record.holder and record.holder != self.identity:
+            log.warning(
+                f"the schedule lease of {record.holder} says it lasts {duration!r} s; "
+                f"waiting {self.timings.lease_duration:g} s (schedule_lease_duration) instead"
+            )
+        return self.timings.lease_duration
+
     # -- inside ------------------------------------------------------------------------
 
     async def _write(self, record: LeaseRecord, started: float) -> None:
@@ -271,7 +296,8 @@ class Elector:
         self._record, self._version = record, version
         if self._seen is None or self._seen[0] != version:
             self._seen = (version, started)
-        expired = started - self._seen[1] >= self.timings.lease_duration
+        waited = started - self._seen[1]
+        expired = waited >= self._duration_of(record, warn=waited == 0)
         if record.holder and record.holder != self.identity and not expired:
             return False
         taken = replace(
