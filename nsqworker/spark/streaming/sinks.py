@@ -34,7 +34,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import get_logger
-from nsqworker.spark.streaming.options import refuse_secrets
+from nsqworker.spark.streaming.options import check_sink_options
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -63,7 +63,7 @@ class BrokerStreamWriter(DataSourceStreamArrowWriter):
     """The sink of ``format`` (``rabbitmq-stream``, ``nats`` or ``nsq``)."""
 
     def __init__(self, format: str, options: Mapping[str, str], settings: Settings) -> None:
-        refuse_secrets(options, format)
+        check_sink_options(options, format)  # credentials, unknown (misspelt) options
         lowered = {k.lower(): str(v) for k, v in options.items()}
         key = _TARGET[format]
         target = lowered.get(key) or (lowered.get("topic") if format == "rabbitmq-stream" else None)
