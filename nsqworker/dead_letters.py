@@ -12,10 +12,12 @@ when the broker still refuses it for its size, it is sent once more without a bo
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from nsqworker.errors import MessageTooLarge, PublishError
@@ -45,6 +47,42 @@ class DeadLetterChain:
         self.log = log
         self.count = 0
         self._logged: set[str] = set()  # rejected by their handler: line written then
+        self._early: asyncio.Future[None] | None = None
+        self._told: set[str] = set()
+        self._quiet_until = 0.0  # after a failure to keep: not tried again before
+
+    def start(self) -> None:
+        """Begin keeping the dead-letter topic for the tools now, in the background (on
+        NSQ: the tools' channel, :meth:`NsqTransport.keep_dead_letters`), so it is there
+        before the first dead letter; :meth:`run` makes sure again before each."""
+        if self.spec.dead_letter_topic is not None and self._keeper() is not None:
+            self._early = asyncio.ensure_future(self._keep(None))
+
+    def close(self) -> None:
+        """Stop keeping in the background."""
+        if self._early is not None:
+            self._early.cancel()
+
+    def _keeper(self) -> Callable[[str, Message | None], Awaitable[None]] | None:
+        return getattr(self.transport, "keep_dead_letters", None)
+
+    async def _keep(self, msg: Message | None) -> None:
+        """Keep the topic for the tools; a failure is logged (once per kind), never
+        raised: the dead letter is published all the same."""
+        keep, topic = self._keeper(), self.spec.dead_letter_topic
+        if keep is None or topic is None or time.monotonic() < self._quiet_until:
+            return
+        try:
+            await keep(topic, msg)
+        except Exception as exc:
+            self._quiet_until = time.monotonic() + KEEP_RETRY
+            text = one_line(f"{type(exc).__name__}: {exc}", 300)
+            if text not in self._told:
+                self._told.add(text)
+                self.log.warning(
+                    "dead-letter topic not kept for the tools", dead_letter_topic=topic,
+                    error=text,
+                )  # fmt: skip
 
     def handler_rejected(self, msg: Message, reason: str, exc: BaseException | None) -> None:
         """The handler's failure gives the message up: its line now, in the handler's
@@ -76,6 +114,7 @@ class DeadLetterChain:
         else:  # past max_attempts on arrival, undecodable...
             self.log_line(msg, reason, None)
         if spec.dead_letter_topic is not None:
+            await self._keep(msg)
             producer = self.transport.publisher(msg)
             await publish_dead_letter(producer, spec.dead_letter_topic, msg, reason, spec.name)
         if spec.on_dead_letter is not None:
@@ -85,6 +124,9 @@ class DeadLetterChain:
         self.count += 1
 
 
+#: Seconds before keeping a dead-letter topic for the tools is tried again after it
+#: failed (the secret may not subscribe there, say): not one failed try per dead letter.
+KEEP_RETRY: Final = 10.0
 #: Bytes a copy may take when nsqd's --max-msg-size is not known (its default).
 DEAD_LETTER_LIMIT: Final = 1024 * 1024
 #: Refusals of a message for its size: nsqd's, and JetStream's (a stream's max_msg_size).

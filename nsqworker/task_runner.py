@@ -477,6 +477,7 @@ class TaskRunner:
 
     async def start(self) -> None:
         """Subscribe and connect; returns once the subscription tried once."""
+        self.dead_letters.start()
         await self.dispatcher.start()
 
     async def stop(self, timeout: float) -> None:
@@ -484,6 +485,7 @@ class TaskRunner:
         the rest) and close the subscription."""
         await self.dispatcher.stop(timeout)
         self.starter.close()
+        self.dead_letters.close()
 
     def force_stop(self) -> None:
         """Cut a running drain short."""

@@ -1,17 +1,23 @@
 """Dead letters on NSQ: read through a channel of the tool's own, handed back unchanged.
 
 nsqd has no peek. The tools read a dead-letter topic through the durable channel
-:data:`CHANNEL` (created on first use: from then on nsqd keeps a copy of every new dead
-letter there, whatever other channels of the topic do with theirs). A read subscribes
-on every nsqd that has the topic (the settings' nsqd, or those nsqlookupd names), takes
-every message into flight (RDY up to nsqd's ``max_rdy_count``), and stops when nothing
-new came for ``quiet`` seconds; RDY drops to 0 at once, so nothing comes back to us.
+:data:`CHANNEL`, which workers make on each task's dead-letter topic when they start:
+from then on nsqd keeps a copy of every new dead letter there, whatever other channels
+of the topic do with theirs. Reading never makes a topic or a channel: the nsqd to read
+are found as the worker finds them (:func:`~nsqworker.nsq.transport.find_topic_nsqd`:
+the settings' nsqd and those nsqlookupd lists for the topic, with the worker's trust
+rules for each), each one's HTTP ``/stats`` (which creates nothing) says whether it has
+the topic and the channel, and a read subscribes only where both exist. A topic that
+exists nowhere lists empty, with a note; one that exists only without the channel is
+refused (:class:`DeadLetterChannelMissing`).
 
-Leaving the store hands back every message not removed with ``REQ 0``, oldest first,
-then closes with CLS (whose CLOSE_WAIT answer follows every FIN and REQ before it). A
-removal is a FIN. A tool that dies holding messages leaves them in flight: nsqd puts
-them back after the connection's message timeout (``msg_timeout``). Listings are
-sorted by the time nsqd took each dead letter (its message timestamp, kept across
+A read takes every message into flight (RDY up to nsqd's ``max_rdy_count``) and stops
+when nothing new came for ``quiet`` seconds; RDY drops to 0 at once, so nothing comes
+back to us. Leaving the store hands back every message not removed with ``REQ 0``,
+oldest first, then closes with CLS (whose CLOSE_WAIT answer follows every FIN and REQ
+before it). A removal is a FIN. A tool that dies holding messages leaves them in flight:
+nsqd puts them back after the connection's message timeout (``msg_timeout``). Listings
+are sorted by the time nsqd took each dead letter (its message timestamp, kept across
 requeues), so the order shown never depends on how nsqd's queue was rotated.
 """
 
@@ -28,18 +34,29 @@ from nsqworker.admin.stores import QUIET, Stored
 from nsqworker.errors import ConfigurationError, NoConnection, NSQDError, NSQWorkerError
 from nsqworker.nsq import protocol
 from nsqworker.nsq.connection import Connection, ConnectionConfig
-from nsqworker.nsq.lookupd import get_json, parse_producers
+from nsqworker.nsq.lookupd import default_http_address, get_json
 from nsqworker.nsq.producer import Producer
+from nsqworker.nsq.transport import DEAD_LETTER_CHANNEL, TopicNsqd, find_topic_nsqd
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
-__all__ = ["CHANNEL", "NsqStore"]
+__all__ = ["CHANNEL", "DeadLetterChannelMissing", "NsqStore", "TopicUncheckable"]
 
 log = logging.getLogger("nsqworker.admin")
 
-CHANNEL: Final = "nsqworker-dead-letters"
+CHANNEL: Final = DEAD_LETTER_CHANNEL
 """The channel the dead-letter tools read a topic through (durable: it keeps them)."""
+
+
+class DeadLetterChannelMissing(ConfigurationError):
+    """The dead-letter topic exists on nsqd, but not the tools' channel :data:`CHANNEL`:
+    nothing was kept for the tools there, and a read would make the channel."""
+
+
+class TopicUncheckable(ConfigurationError):
+    """Whether the topic and :data:`CHANNEL` exist on an nsqd of the settings cannot be
+    told (its HTTP API did not answer): nothing was subscribed."""
 
 
 class _Held:
@@ -80,49 +97,114 @@ class NsqStore:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def addresses(self) -> list[str]:
-        """The nsqd to read: the settings' nsqd, or each that nsqlookupd lists for the topic."""
-        if self.settings.nsqd_tcp_addresses:
-            return list(self.settings.nsqd_tcp_addresses)
-        if not self.settings.lookupd_http_addresses:
+    async def nsqd(self) -> list[TopicNsqd]:
+        """The nsqd to read: those where both the topic and :data:`CHANNEL` exist, of the
+        nsqd the worker would read the topic from (nothing is created to find out)."""
+        settings = self.settings
+        if not settings.nsqd_tcp_addresses and not settings.lookupd_http_addresses:
             raise ConfigurationError(
                 "no nsqd address: pass --nsqd HOST:PORT or --lookupd URL, or set"
                 " NSQWORKER_NSQD_TCP_ADDRESSES"
             )
+        found = await find_topic_nsqd(settings, self.topic)
+        if not found:
+            lookupds = ", ".join(settings.lookupd_http_addresses)
+            self.notes.append(f"{self.topic} does not exist on any nsqd nsqlookupd {lookupds}"
+                              " lists for it: nothing was dead-lettered there")  # fmt: skip
+            return []
         import httpx
 
-        found: set[str] = set()
-        answered = False
-        async with httpx.AsyncClient(timeout=self.settings.dial_timeout) as client:
-            for base in self.settings.lookupd_http_addresses:
-                url = f"{base.rstrip('/')}/lookup"
-                try:
-                    found |= parse_producers(await get_json(client, url, {"topic": self.topic}))
-                    answered = True
-                except httpx.HTTPStatusError as exc:
-                    answered = answered or exc.response.status_code == 404  # no such topic
-                except (httpx.HTTPError, ValueError) as exc:
-                    log.warning("nsqlookupd %s: %s", base, exc)
-        if not answered:
-            raise NoConnection(
-                "no nsqlookupd answered: " + ", ".join(self.settings.lookupd_http_addresses)
+        async with httpx.AsyncClient(timeout=settings.dial_timeout, trust_env=False) as http:
+            states = await asyncio.gather(*(self._state(http, n) for n in found))
+        ready, bare, checked = [], [], []
+        for nsqd, state in zip(found, states, strict=True):
+            if isinstance(state, str):
+                if nsqd.direct:
+                    await self._reachable(nsqd.address)  # down: NoConnection, not this
+                    raise TopicUncheckable(state)
+                self.notes.append(f"nsqd {nsqd.address} (listed by nsqlookupd) was not read: "
+                                  + state)  # fmt: skip
+                continue
+            checked.append(nsqd.address)
+            topic, channel = state
+            if topic and channel:
+                ready.append(nsqd)
+            elif topic:
+                bare.append(nsqd.address)
+        if bare and not ready:
+            raise DeadLetterChannelMissing(_no_channel(self.topic, bare))
+        if bare:
+            self.notes.append(
+                f"{self.topic} exists on nsqd {', '.join(bare)} without the channel {CHANNEL}:"
+                " dead letters there were not kept for the tools and were not read (workers"
+                " make the channel on their dead-letter topics when they start)"
             )
-        return sorted(found)
+        if checked and not ready and not bare:
+            self.notes.append(f"{self.topic} does not exist on nsqd {', '.join(checked)}:"
+                              " nothing was dead-lettered there")  # fmt: skip
+        return ready
+
+    async def _reachable(self, address: str) -> None:
+        """Raise NoConnection unless nsqd's TCP port accepts a connection (closed at
+        once, before any command: nothing is created)."""
+        host, _, port = address.rpartition(":")
+        try:
+            async with asyncio.timeout(self.settings.dial_timeout):
+                _, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        except (OSError, TimeoutError) as exc:
+            raise NoConnection(f"cannot connect to nsqd at {address}: {exc}") from exc
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+    async def _state(self, http: Any, nsqd: TopicNsqd) -> tuple[bool, bool] | str:
+        """Whether ``nsqd`` has the topic and :data:`CHANNEL`, from its ``/stats``; or why
+        that cannot be told."""
+        import httpx
+
+        why = ""
+        if nsqd.http is None:
+            why = "nsqlookupd gave no HTTP port for it"
+        else:
+            # by topic only: nsqd leaves out a topic that lacks the channel asked for
+            params = {"format": "json", "topic": self.topic, "include_clients": "false"}
+            try:
+                return _has(await get_json(http, f"{nsqd.http}/stats", params), self.topic)
+            except (httpx.HTTPError, ValueError) as exc:
+                why = f"its HTTP API {nsqd.http}"
+                if nsqd.direct and nsqd.http == default_http_address(nsqd.address):
+                    why += " (taken as its TCP port + 1, nsqd's default)"
+                why += f" did not answer /stats: {type(exc).__name__}: {exc}"
+        hint = (" Run nsqd with its HTTP port at its TCP port + 1, or reach it through"
+                " nsqlookupd (--lookupd), which tells each nsqd's HTTP port."
+                if nsqd.direct else "")  # fmt: skip
+        return (
+            f"cannot check whether {self.topic} and its channel {CHANNEL} exist on nsqd"
+            f" {nsqd.address}, so nothing was subscribed there (a SUB would create both):"
+            f" {why}.{hint}"
+        )
 
     async def read(self, limit: int | None = None) -> list[Stored]:
         """Every dead letter on every nsqd, oldest first (all are read: nsqd's order is
         not the age order); at most ``max_rdy_count`` per nsqd (2500 by default)."""
         loop = asyncio.get_running_loop()
-        for address in await self.addresses():
+        for nsqd in await self.nsqd():
+            address = nsqd.address
             conn = Connection(
-                address, self.config, on_message=self._taker(address), on_error=self._on_error
+                address,
+                nsqd.config(self.config),  # the worker's trust rules for this nsqd
+                on_message=self._taker(address),
+                on_error=self._on_error,
             )
             try:
                 await conn.connect()
                 await conn.subscribe(self.topic, CHANNEL)
-            except NSQWorkerError:
+            except NSQWorkerError as exc:
                 await conn.close()
-                raise
+                if nsqd.direct:
+                    raise
+                self.notes.append(f"nsqd {address} (listed by nsqlookupd) was not read: {exc}")
+                continue
             self._connections[address] = conn
             conn.rdy(conn.server.max_rdy_count)
         self._last_message = loop.time()
@@ -208,13 +290,20 @@ class NsqStore:
         self._removed.add(held)
 
     def publisher(self, item: Stored) -> Producer:
-        """The settings' nsqd, else the nsqd that holds ``item`` (found through lookupd)."""
+        """The settings' nsqd, else the nsqd that holds ``item`` (found through lookupd,
+        so AUTH goes to it only over TLS, as from the worker)."""
         key = "" if self.settings.nsqd_tcp_addresses else item.where
         if key not in self._producers:
+            config = self.config.for_discovered() if key else self.config
             self._producers[key] = Producer(
-                [key] if key else None, settings=self.settings, envelope=False
-            )
+                [key] if key else None, settings=self.settings, connection_config=config,
+                envelope=False,
+            )  # fmt: skip
         return self._producers[key]
+
+    async def publish(self, item: Stored, topic: str, body: bytes) -> None:
+        """Publish through :meth:`publisher` (nsqd de-duplicates nothing)."""
+        await self.publisher(item).publish(topic, body)
 
     async def close(self) -> None:
         """Hand back every message not removed (REQ 0, oldest first), CLS, close."""
@@ -233,6 +322,36 @@ class NsqStore:
             with contextlib.suppress(Exception):
                 await conn.close()
         await asyncio.gather(*(p.close() for p in producers), return_exceptions=True)
+
+
+def _has(stats: Any, topic: str) -> tuple[bool, bool]:
+    """Whether nsqd's ``/stats?topic=`` answer shows the topic, and in it :data:`CHANNEL`
+    (nsqd 1.x answers at the top level, older ones under ``data``; ``topics`` is null
+    when nsqd has none)."""
+    data = stats.get("data", stats) if isinstance(stats, dict) else None
+    topics = data.get("topics", ()) if isinstance(data, dict) else None
+    topics = [] if topics is None and isinstance(data, dict) else topics
+    if not isinstance(topics, list):
+        raise ValueError(f"not an nsqd /stats answer: {stats!r:.200}")
+    for item in topics:
+        if isinstance(item, dict) and item.get("topic_name") == topic:
+            channels = item.get("channels")
+            names = [c.get("channel_name") for c in channels or () if isinstance(c, dict)]
+            return True, CHANNEL in names
+    return False, False
+
+
+def _no_channel(topic: str, nsqd: list[str]) -> str:
+    return (
+        f"{topic} exists on nsqd {', '.join(nsqd)} but has no channel {CHANNEL}: dead letters"
+        f" are kept for the tools only on topics where that channel was made first, before"
+        f" the dead letters came (those published earlier are only in the topic's other"
+        f" channels). Workers make it on each task's NSQ dead-letter topic when they start;"
+        f" to make it by hand: curl -X POST"
+        f" 'http://NSQD_HTTP/channel/create?topic={topic}&channel={CHANNEL}'. Nothing was"
+        f" subscribed: a read does not make it (it would hold copies of every later message"
+        f" of the topic)"
+    )
 
 
 def _age(held: _Held) -> tuple[int, bytes, str]:

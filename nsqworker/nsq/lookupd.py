@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LookupdPoller",
+    "default_http_address",
     "format_address",
     "get_json",
     "listed_nsqd",
@@ -41,6 +42,13 @@ def format_address(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         return f"[{host}]:{port}"
     return f"{host}:{port}"
+
+
+def default_http_address(tcp_address: str) -> str:
+    """``http://host:port+1`` for nsqd at ``host:port``: its HTTP API by nsqd's default
+    ports (4150 and 4151), for an nsqd known only by its TCP address."""
+    host, _, port = tcp_address.rpartition(":")
+    return f"http://{host}:{int(port) + 1}"
 
 
 #: Bytes of a lookupd answer read at most, and producers taken from one answer: a

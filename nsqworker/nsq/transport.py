@@ -8,21 +8,31 @@ settings' nsqd and lookupd addresses, TLS, AUTH and IDENTIFY options. See
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
 
 from nsqworker.errors import NoConnection
 from nsqworker.message import Message
 from nsqworker.nsq import protocol
 from nsqworker.nsq.capabilities import CAPABILITIES
-from nsqworker.nsq.connection import ConnectionConfig
+from nsqworker.nsq.connection import Connection, ConnectionConfig
 from nsqworker.nsq.producer import Producer
 from nsqworker.nsq.subscription import NsqSubscription
 
 if TYPE_CHECKING:
     from nsqworker.settings.nsq import NsqSettings as Settings
 
-__all__ = ["CAPABILITIES", "NsqTransport"]
+__all__ = ["CAPABILITIES", "DEAD_LETTER_CHANNEL", "NsqTransport", "TopicNsqd", "find_topic_nsqd"]
+
+log = logging.getLogger("nsqworker.nsq")
+
+DEAD_LETTER_CHANNEL: Final = "nsqworker-dead-letters"
+"""The channel the dead-letter tools read an NSQ dead-letter topic through. nsqd gives
+a new channel only the messages published after it exists, so the worker makes it on
+each task's dead-letter topic before its first dead letter
+(:meth:`NsqTransport.keep_dead_letters`), and the tools never make it."""
 
 
 class NsqTransport:
@@ -36,6 +46,8 @@ class NsqTransport:
         self.config = ConnectionConfig.from_settings(settings)
         self._producers: dict[str, Producer] = {}
         self._discovered: DiscoveredPublisher | None = None
+        self._kept: set[tuple[str, str]] = set()  # (nsqd, topic) with the tools' channel
+        self._keeping = asyncio.Lock()
 
     def __repr__(self) -> str:
         return f"<NsqTransport {self.describe()}>"
@@ -70,7 +82,7 @@ class NsqTransport:
         if producer is None:
             producer = self._producers[key] = Producer(
                 [key] if key else None, settings=self.settings,
-                connection_config=self.config, envelope=False,
+                connection_config=self._config_for(key), envelope=False,
             )  # fmt: skip
         return producer
 
@@ -84,9 +96,36 @@ class NsqTransport:
         if producer is None:
             producer = self._producers[name] = Producer(
                 [key] if key else None, settings=self.settings,
-                connection_config=self.config, envelope=envelope,
+                connection_config=self._config_for(key), envelope=envelope,
             )  # fmt: skip
         return producer
+
+    def _config_for(self, key: str) -> ConnectionConfig:
+        """The settings' nsqd (``""``) get the config; one that delivered a message was
+        found through lookupd: AUTH only over TLS (security.md)."""
+        return self.config.for_discovered() if key else self.config
+
+    async def keep_dead_letters(self, topic: str, near: Message | None = None) -> None:
+        """Make :data:`DEAD_LETTER_CHANNEL` on the dead-letter ``topic`` of every nsqd its
+        dead letters may go to (those of the settings; else the one that delivered
+        ``near``; else, with no message, each that nsqlookupd lists), so the tools see
+        every dead letter from the first. A SUB with RDY 0, then CLS: nothing is
+        delivered. Done once per nsqd and topic; raises what the connection raises."""
+        direct = list(self.settings.nsqd_tcp_addresses)
+        if direct:
+            wanted = [(a, self.config) for a in direct]
+        elif near is not None:
+            wanted = [(near.address, self.config.for_discovered())]
+        else:
+            found = await discover_nsqd(
+                self.settings.lookupd_http_addresses, self.settings.lookupd_allowed_nsqd, 5.0
+            )
+            wanted = [(a, self.config.for_discovered()) for a in found]
+        async with self._keeping:
+            for address, config in wanted:
+                if (address, topic) not in self._kept:
+                    await _make_channel(address, config, topic)
+                    self._kept.add((address, topic))
 
     def describe(self) -> dict[str, str]:
         """The nsqd and nsqlookupd addresses of the settings."""
@@ -104,6 +143,16 @@ class NsqTransport:
             producers.append(self._discovered)
         self._producers, self._discovered = {}, None
         await asyncio.gather(*(p.close() for p in producers), return_exceptions=True)
+
+
+async def _make_channel(address: str, config: ConnectionConfig, topic: str) -> None:
+    conn = Connection(address, config)
+    try:
+        await conn.connect()
+        await conn.subscribe(protocol.check_topic(topic), DEAD_LETTER_CHANNEL)
+        log.debug("nsqd %s: channel %s on %s kept", address, DEAD_LETTER_CHANNEL, topic)
+    finally:
+        await conn.close()
 
 
 class DiscoveredPublisher:
@@ -153,8 +202,9 @@ class DiscoveredPublisher:
                 self.timeout,
             )
             self._producer = Producer(
-                addresses, settings=self.settings, connection_config=self.config, envelope=False
-            )
+                addresses, settings=self.settings, envelope=False,
+                connection_config=self.config.for_discovered(),  # found through lookupd
+            )  # fmt: skip
         return self._producer
 
     async def _forget(self) -> None:
@@ -193,3 +243,52 @@ async def discover_nsqd(lookupds: Iterable[str], allow: Iterable[str], timeout: 
         shown = f" ({'; '.join(problems)})" if problems else ""
         raise NoConnection(f"no nsqd found through nsqlookupd {', '.join(lookupds)}{shown}")
     return found
+
+
+@dataclass(frozen=True)
+class TopicNsqd:
+    """One nsqd to read a topic from, and how far it is trusted (as the worker does).
+
+    ``http`` is its HTTP API (``http://host:port``): the ``http_port`` nsqlookupd
+    listed, else, for an nsqd of ``nsqd_tcp_addresses``, its TCP port + 1 (nsqd's
+    defaults); None when neither is known. ``direct``: given in ``nsqd_tcp_addresses``.
+    """
+
+    address: str
+    http: str | None
+    direct: bool
+
+    def config(self, base: ConnectionConfig) -> ConnectionConfig:
+        """``base`` for an nsqd of ``nsqd_tcp_addresses``; for one nsqlookupd listed,
+        the worker's rule (``base.for_discovered()``): AUTH, and so the secret, only
+        over TLS unless ``lookupd_auth_without_tls``."""
+        return base if self.direct else base.for_discovered()
+
+
+async def find_topic_nsqd(settings: Settings, topic: str) -> list[TopicNsqd]:
+    """The nsqd the worker reads ``topic`` from: every nsqd of ``nsqd_tcp_addresses``,
+    then each other nsqd nsqlookupd lists for ``topic``, found by the worker's own poller
+    (answers validated and capped, only nsqd matching ``lookupd_allowed_nsqd``), asked
+    once. ``NoConnection`` when nsqlookupd is the only source and none answered."""
+    from nsqworker.nsq.lookupd import LookupdPoller, default_http_address
+
+    direct = list(settings.nsqd_tcp_addresses)
+    found: set[str] | None = None
+    http: dict[str, str] = {}
+    if settings.lookupd_http_addresses:
+        poller = LookupdPoller(
+            settings.lookupd_http_addresses, topic, lambda _: None,
+            timeout=settings.dial_timeout, allow=settings.lookupd_allowed_nsqd,
+        )  # fmt: skip
+        try:
+            found = await poller.poll()
+            http = dict(poller.http_addresses)
+        finally:
+            await poller.close()
+        if found is None and not direct:
+            raise NoConnection(
+                "no nsqlookupd answered: " + ", ".join(settings.lookupd_http_addresses)
+            )
+    nsqd = [TopicNsqd(a, http.get(a) or default_http_address(a), True) for a in direct]
+    nsqd += [TopicNsqd(a, http.get(a), False) for a in sorted(found or ()) if a not in direct]
+    return nsqd

@@ -30,6 +30,17 @@ def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
         return ports
 
 
+def adjacent_free_ports(host: str = LOOPBACK, tries: int = 50) -> tuple[int, int]:
+    """Two free TCP ports ``(p, p + 1)`` on ``host``, as nsqd's defaults (4150 and 4151)
+    and nsqlookupd's are: tools that know only an nsqd's TCP address find its HTTP API
+    at the next port. Raises OSError when none were found in ``tries``."""
+    for _ in range(tries):
+        port = free_port(host)
+        if port < 65535 and port_is_free(port + 1, host):
+            return port, port + 1
+    raise OSError(f"no two adjacent free ports on {host} in {tries} tries")
+
+
 def port_is_free(port: int, host: str = LOOPBACK) -> bool:
     """Return True when a TCP listener could bind ``host:port`` right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -22,7 +22,7 @@ from typing import Any, NoReturn, Self
 import httpx
 
 from nsqworker.testing.locations import TOOLS_BIN_ENV, nsq_install_hint, user_bin_dir
-from nsqworker.testing.ports import LOOPBACK, free_ports
+from nsqworker.testing.ports import LOOPBACK, adjacent_free_ports
 from nsqworker.testing.server import (
     ServerProcess,
     ServerProcessError,
@@ -220,7 +220,7 @@ class _NsqProcess(ServerProcess):
         attempts = 1 if self._fixed_ports else PORT_ATTEMPTS
         for attempt in range(1, attempts + 1):
             if not self._fixed_ports:
-                self._tcp_port, self._http_port = free_ports(2)
+                self._tcp_port, self._http_port = adjacent_free_ports()
             try:
                 self._spawn_and_wait()
                 return self
@@ -343,7 +343,9 @@ class NsqlookupdProcess(_NsqProcess):
 
 
 class NsqdProcess(_NsqProcess):
-    """An nsqd on 127.0.0.1 with free TCP and HTTP ports and its own data path.
+    """An nsqd on 127.0.0.1 with free TCP and HTTP ports (HTTP at TCP + 1, as nsqd's
+    defaults 4150 and 4151 are, so tools that know only its TCP address find its HTTP
+    API) and its own data path.
 
     Args:
         lookupd: nsqlookupd instances (or their ``host:port`` TCP addresses) to

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from nsqworker.admin.nsq_store import CHANNEL
 from nsqworker.consumer import Consumer
 from nsqworker.message import FINISH, Message, Outcome
 from nsqworker.settings import Settings
@@ -86,12 +87,16 @@ class Broker:
 
 
 class NsqBroker(Broker):
+    """An nsqd (its HTTP port at TCP + 1, where the tools check the topic) on which a
+    worker with this task already ran: the dead-letter topic has the tools' channel."""
+
     name = "nsq"
 
     def __init__(self, nsqd: Any) -> None:
         suffix = uuid.uuid4().hex[:8]
         super().__init__(f"dl_{suffix}", f"dl_{suffix}.dead")
         self.nsqd = nsqd
+        nsqd.create_channel(self.dead, CHANNEL)  # as a worker starting with the task does
 
     def broker_settings(self) -> dict[str, Any]:
         return {"nsqd_tcp_addresses": [self.nsqd.tcp_address]}
@@ -155,6 +160,14 @@ async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
         yield made
     finally:
         await made.close()
+
+
+@pytest.fixture
+def default_ports_nsqd(nsqd_factory: NsqdFactory) -> NsqdFactory:
+    """Starts nsqd whose HTTP port is its TCP port + 1 (nsqd's own defaults, 4150 and
+    4151), where the dead-letter tools look for the HTTP API of an nsqd given in
+    ``nsqd_tcp_addresses``: every nsqd of the testing plugin is started so."""
+    return nsqd_factory
 
 
 @pytest.fixture(params=["nats", "rabbitmq-stream"])

@@ -58,10 +58,13 @@ async def test_listing_leaves_other_channels_alone_and_keeps_its_order(
     wait_for(lambda: channel_stats(nsqd, dead, CHANNEL)["depth"] == 0, timeout=10)
 
 
-async def test_what_the_tool_holds_outlives_the_message_timeout(nsqd_factory: NsqdFactory) -> None:
+async def test_what_the_tool_holds_outlives_the_message_timeout(
+    nsqd_factory: NsqdFactory,
+) -> None:
     nsqd = nsqd_factory()
     settings = settings_for(nsqd, msg_timeout=1.0)
     dead = "slow.dead"
+    nsqd.create_channel(dead, CHANNEL)  # as the worker does when it starts
     for i in range(3):
         body = dead_letter_envelope(make_message(body=b"%d" % i, topic="slow"), "r", "t")
         nsqd.publish(dead, body)
@@ -83,6 +86,7 @@ async def test_a_fin_nsqd_turns_down_is_reported_not_counted_as_removed(
     nsqd = nsqd_factory()
     settings = settings_for(nsqd, msg_timeout=1.0)
     dead = "late.dead"
+    nsqd.create_channel(dead, CHANNEL)
     nsqd.publish(dead, dead_letter_envelope(make_message(body=b"x", topic="late"), "r", "t"))
 
     async def no_touch(self: NsqStore) -> None:  # a tool stalled past the timeout
@@ -108,6 +112,8 @@ async def test_through_lookupd_every_nsqd_is_read_and_each_replay_goes_where_it_
     first, second = nsq_cluster.nsqds
     first.create_channel(target, "watch")
     second.create_channel(target, "watch")
+    first.create_channel(dead, CHANNEL)
+    second.create_channel(dead, CHANNEL)
     for i, nsqd in enumerate([first, second, first, second]):
         body = dead_letter_envelope(make_message(body=b"%d" % i, topic=target), "r", "t")
         nsqd.publish(dead, body)
@@ -122,7 +128,7 @@ async def test_through_lookupd_every_nsqd_is_read_and_each_replay_goes_where_it_
     letters = await list_dead_letters(settings, dead)
     assert [d.body for d in letters] == [b"0", b"1", b"2", b"3"]  # age order across nsqd
 
-    report = await replay_dead_letters(settings, dead)
+    report = await replay_dead_letters(settings, dead, sources=[target])
     assert len(report.replayed) == 4 and report.left == []
     for nsqd in (first, second):  # each went back through the nsqd that held it
         assert channel_stats(nsqd, target, "watch")["depth"] == 2
@@ -135,6 +141,7 @@ async def test_more_than_nsqd_lets_one_client_hold_is_said_and_taken_in_turns(
     nsqd = nsqd_factory(extra_args=["--max-rdy-count=2"])
     settings = settings_for(nsqd)
     dead = "many.dead"
+    nsqd.create_channel(dead, CHANNEL)
     for i in range(3):
         nsqd.publish(dead, dead_letter_envelope(make_message(body=b"%d" % i, topic="m"), "r", "t"))
     notes: list[str] = []

@@ -86,6 +86,9 @@ async def test_a_dead_letter_too_big_for_nsqd_is_fitted_and_never_loops(
 ) -> None:
     extra = [f"--max-msg-size={max_msg_size}"] if max_msg_size else []
     nsqd = nsqd_factory(extra_args=extra)
+    # The worker makes the tools' channel on big_dead when it starts: the reader's own
+    # channel must exist before the dead letters come, or nsqd gives it none of them.
+    nsqd.create_channel("big_dead", "peek")
     limit = max_msg_size or 1024 * 1024
     registry = Registry()
     seen: list[int] = []

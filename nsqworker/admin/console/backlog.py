@@ -74,11 +74,9 @@ class Backlog:
     async def _nsqd_http(self) -> list[str]:
         lookupds = list(self.settings.lookupd_http_addresses)
         if not lookupds:
-            addresses = []
-            for tcp in self.settings.nsqd_tcp_addresses:
-                host, _, port = tcp.rpartition(":")
-                addresses.append(f"http://{host}:{int(port) + 1}")
-            return addresses
+            from nsqworker.nsq.lookupd import default_http_address
+
+            return [default_http_address(tcp) for tcp in self.settings.nsqd_tcp_addresses]
         found: set[str] = set()
         for lookupd in lookupds:
             response = await self.http.get(f"{lookupd.rstrip('/')}/nodes")

@@ -8,20 +8,33 @@ only when Spark commits that batch. A query that stops REQs what it holds; a dri
 dies leaves its messages in flight, and nsqd delivers them again once its message
 timeout (``msg_timeout``) passes: at least once, duplicates only from the batch the
 crash interrupted.
+
+It connects as the worker does, with the worker's code:
+:class:`~nsqworker.nsq.connection.Connection` (TLS, compression, AUTH) on an event loop
+in a thread of its own, to the nsqd of
+``nsqd_tcp_addresses`` and those nsqlookupd lists for the topic
+(:func:`~nsqworker.nsq.transport.find_topic_nsqd`: answers validated and capped,
+``lookupd_allowed_nsqd``), the latter with the worker's trust rule (the AUTH secret
+only over TLS unless ``lookupd_auth_without_tls``). An nsqd that nsqlookupd listed and
+that cannot be read is logged and left out; one of the settings' that cannot be read
+fails the start.
 """
 
 from __future__ import annotations
 
-import json
-import socket
+import asyncio
+import contextlib
+import dataclasses
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nsqworker.errors import NoConnection
+from nsqworker.errors import ConnectionClosed, NoConnection, NSQWorkerError
 from nsqworker.logging import get_logger
-from nsqworker.nsq import protocol
+from nsqworker.nsq.connection import Connection, ConnectionConfig
+from nsqworker.nsq.loop_thread import LoopThread
+from nsqworker.nsq.transport import TopicNsqd, find_topic_nsqd
 
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
@@ -43,108 +56,83 @@ class HeldMessage:
     address: str
 
 
-class _Link:
-    """One nsqd connection: a reader thread, writes under a lock."""
-
-    def __init__(self, address: str, sock: socket.socket, decoder: protocol.Decoder) -> None:
-        self.address = address
-        self.sock = sock
-        self.decoder = decoder
-        self.lock = threading.Lock()
-
-    def send(self, data: bytes) -> None:
-        with self.lock:
-            self.sock.sendall(data)
-
-
 class HeldConsumer:
     """Subscribes to ``topic``/``channel`` on ``addresses``, holding up to ``hold``
     messages per connection until :meth:`finish` is called for them."""
 
-    def __init__(self, settings: Settings, addresses: list[str], topic: str, channel: str,
-                 hold: int) -> None:  # fmt: skip
+    def __init__(self, settings: Settings, addresses: list[str] | None, topic: str,
+                 channel: str, hold: int) -> None:  # fmt: skip
         self.settings, self.topic, self.channel, self.hold = settings, topic, channel, hold
         self.held: dict[int, HeldMessage] = {}
         self.received = 0
         self.error: Exception | None = None
         self._cond = threading.Condition()
-        self._links: dict[str, _Link] = {}
+        self._connections: dict[str, Connection] = {}
         self._closed = False
+        self._toucher: asyncio.Task[None] | None = None
         self.msg_timeout = 60.0
         """nsqd's message timeout (seconds), from its IDENTIFY answer."""
-        for address in addresses:
-            self._links[address] = self._connect(address)
-        for link in self._links.values():
-            threading.Thread(target=self._read, args=(link,), daemon=True,
-                             name=f"nsq-held {link.address}").start()  # fmt: skip
-        threading.Thread(target=self._touch_loop, daemon=True, name="nsq-held touch").start()
-
-    def _connect(self, address: str) -> _Link:
-        host, _, port = address.rpartition(":")
+        self._thread = LoopThread("HeldConsumer", "HeldConsumer", "the NSQ source's consumer",
+                                  self.close)  # fmt: skip
         try:
-            sock = socket.create_connection((host, int(port)), timeout=10)
-        except OSError as exc:
-            raise NoConnection(f"nsqd at {address}: {exc}") from exc
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        decoder = protocol.Decoder()
-        sock.sendall(protocol.MAGIC_V2)
-        sock.sendall(protocol.identify({
-            "client_id": self.settings.client_id, "hostname": socket.gethostname(),
-            "feature_negotiation": True, "user_agent": "nsqworker-spark",
-            "heartbeat_interval": int(self.settings.heartbeat_interval * 1000),
-        } | ({} if self.settings.msg_timeout is None
-             else {"msg_timeout": int(self.settings.msg_timeout * 1000)})))  # fmt: skip
-        answer = json.loads(self._response(sock, decoder, address))
-        limit = int(answer.get("max_rdy_count", self.hold))
-        self.msg_timeout = min(self.msg_timeout, answer.get("msg_timeout", 60_000) / 1000)
-        if self.settings.auth_secret is not None:
-            sock.sendall(protocol.auth(self.settings.auth_secret.get_secret_value()))
-            self._response(sock, decoder, address)
-        sock.sendall(protocol.sub(self.topic, self.channel))
-        self._response(sock, decoder, address)
-        sock.sendall(protocol.rdy(min(self.hold, limit), limit))
-        sock.settimeout(None)
-        return _Link(address, sock, decoder)
+            self._thread.call(self._start(addresses))
+        except BaseException:
+            self.close()
+            raise
 
-    @staticmethod
-    def _response(sock: socket.socket, decoder: protocol.Decoder, address: str) -> bytes:
-        while True:
-            for frame in decoder.feed(sock.recv(65536) or b""):
-                if isinstance(frame, protocol.ErrorFrame):
-                    raise NoConnection(f"nsqd at {address}: {frame.data.decode(errors='replace')}")
-                if isinstance(frame, protocol.Response) and frame.data != b"_heartbeat_":
-                    return frame.data
+    async def _start(self, addresses: list[str] | None) -> None:
+        """Connect and subscribe to each nsqd: ``addresses`` (trusted as far as they are
+        in ``nsqd_tcp_addresses``), else those the worker would find for the topic."""
+        settings = self.settings
+        if addresses is None:
+            found = await find_topic_nsqd(settings, self.topic)
+        else:
+            found = [TopicNsqd(a, None, a in settings.nsqd_tcp_addresses) for a in addresses]
+        base = ConnectionConfig.from_settings(settings)
+        base = dataclasses.replace(base, user_agent="nsqworker-spark")
+        problems = []
+        for nsqd in found:
+            conn = Connection(
+                nsqd.address, nsqd.config(base), on_message=self._keeper(nsqd.address),
+                on_close=self._lost,
+            )  # fmt: skip
+            try:
+                await conn.connect()
+                await conn.subscribe(self.topic, self.channel)
+            except (NSQWorkerError, OSError) as exc:
+                conn.abort()
+                if nsqd.direct:
+                    raise NoConnection(f"nsqd at {nsqd.address}: {exc}") from exc
+                log.warning("nsqd listed by nsqlookupd not read", nsqd=nsqd.address, error=str(exc))
+                problems.append(f"{nsqd.address}: {exc}")
+                continue
+            self._connections[nsqd.address] = conn
+            self.msg_timeout = min(self.msg_timeout, conn.server.msg_timeout)
+            conn.rdy(min(self.hold, conn.server.max_rdy_count))
+        if not self._connections:
+            shown = f" ({'; '.join(problems)})" if problems else ""
+            raise NoConnection(
+                f"no nsqd to read topic {self.topic!r} from{shown}: set nsqd_tcp_addresses, "
+                "or lookupd_http_addresses where the topic is registered"
+            )
+        self._toucher = asyncio.create_task(self._touch_loop())
 
-    def _read(self, link: _Link) -> None:
-        decoder = link.decoder
-        try:
-            while not self._closed:
-                data = link.sock.recv(1 << 20)
-                if not data:
-                    raise ConnectionError("nsqd closed the connection")
-                for frame in decoder.feed(data):
-                    if isinstance(frame, protocol.MessageFrame):
-                        self._keep(frame, link.address)
-                    elif isinstance(frame, protocol.Response) and frame.data == b"_heartbeat_":
-                        link.send(protocol.nop())
-                    elif isinstance(frame, protocol.ErrorFrame):
-                        log.warning(
-                            "nsqd error",
-                            nsqd=link.address,
-                            error=frame.data.decode(errors="replace"),
-                        )
-        except Exception as exc:  # the source reports it at the next latestOffset
-            if not self._closed:
-                with self._cond:
-                    self.error = exc
+    def _keeper(self, address: str) -> Callable[[int, int, bytes, bytes], None]:
+        def keep(timestamp: int, attempts: int, message_id: bytes, body: bytes) -> None:
+            with self._cond:
+                n = self.received
+                self.received += 1
+                self.held[n] = HeldMessage(n, message_id.decode(), body, timestamp, attempts,
+                                           address)  # fmt: skip
+                self._cond.notify_all()
 
-    def _keep(self, frame: protocol.MessageFrame, address: str) -> None:
-        with self._cond:
-            n = self.received
-            self.received += 1
-            self.held[n] = HeldMessage(n, frame.id.decode(), frame.body, frame.timestamp,
-                                       frame.attempts, address)  # fmt: skip
-            self._cond.notify_all()
+        return keep
+
+    def _lost(self, conn: Connection, reason: ConnectionClosed) -> None:
+        """A connection ended: the source reports it at the next ``latestOffset``."""
+        if not self._closed and self._connections.get(conn.address) is conn:
+            with self._cond:  # (one left out at start is no loss)
+                self.error = reason
 
     def messages(self, start: int, end: int) -> list[HeldMessage]:
         """The held messages numbered ``[start, end)``."""
@@ -157,46 +145,50 @@ class HeldConsumer:
             done = [m for n, m in self.held.items() if n < end]
             for m in done:
                 del self.held[m.n]
-        for m in done:
-            self._links[m.address].send(protocol.fin(m.id.encode()))
+        if done:
+            self._thread.loop.call_soon_threadsafe(self._send, "fin", done)
         return len(done)
 
-    def _touch_loop(self) -> None:
+    def _send(self, command: str, messages: list[HeldMessage]) -> None:
+        """``conn.fin`` / ``touch`` / ``req`` (REQ 0) each message on its connection."""
+        for m in messages:
+            conn = self._connections.get(m.address)
+            if conn is None or not conn.connected:
+                continue  # lost: the source reports it; nsqd delivers them again
+            if command == "req":
+                conn.req(m.id.encode(), 0)
+            else:
+                getattr(conn, command)(m.id.encode())
+
+    async def _touch_loop(self) -> None:
         every = max(self.msg_timeout / 2, 0.5)
-        while not self._closed:
-            time.sleep(every)
+        while True:
+            await asyncio.sleep(every)
             with self._cond:
                 held = list(self.held.values())
-            try:
-                for m in held:
-                    self._links[m.address].send(protocol.touch(m.id.encode()))
-            except OSError:
-                pass  # the reader thread reports the broken connection
+            self._send("touch", held)
 
     def close(self) -> None:
         """REQ every message still held (nsqd delivers them again at once), then close
         the connections. A driver that dies instead leaves them to nsqd's message
         timeout."""
-        for link in self._links.values():  # no more, then what was already on the wire
-            try:
-                link.send(protocol.rdy(0))
-            except OSError:
-                pass
-        deadline, last = time.monotonic() + 1.0, -1
-        while time.monotonic() < deadline and last != self.received:
+        self._thread.close(self._close(), timeout=5.0)
+
+    async def _close(self) -> None:
+        for conn in self._connections.values():  # no more, then what was already on the wire
+            if conn.connected:
+                conn.rdy(0)
+        deadline, last = asyncio.get_running_loop().time() + 1.0, -1
+        while asyncio.get_running_loop().time() < deadline and last != self.received:
             last = self.received
-            time.sleep(0.1)
+            await asyncio.sleep(0.1)
         with self._cond:
             held, self.held = list(self.held.values()), {}
-        for m in held:
-            try:
-                self._links[m.address].send(protocol.req(m.id.encode(), 0))
-            except OSError:
-                pass
+        self._send("req", held)
         self._closed = True
-        for link in self._links.values():
-            try:
-                link.sock.shutdown(socket.SHUT_RDWR)  # wakes the reader thread's recv
-            except OSError:
-                pass
-            link.sock.close()
+        if self._toucher is not None:
+            self._toucher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._toucher
+        await asyncio.gather(*(c.close() for c in self._connections.values()),
+                             return_exceptions=True)  # fmt: skip

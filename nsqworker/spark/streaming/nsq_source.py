@@ -11,8 +11,10 @@ is FINed early.
 
 Options: ``topic``, ``channel`` (default ``spark``), ``maxRecordsPerBatch`` (default
 1000), ``maxInFlight`` (messages held per nsqd, default 2500, at most nsqd's
-``--max-rdy-count``). nsqd addresses come from ``nsqd_tcp_addresses`` or, once at start,
-from ``lookupd_http_addresses``.
+``--max-rdy-count``). The nsqd are found as the worker finds them, once at start: those
+of ``nsqd_tcp_addresses`` and those ``lookupd_http_addresses`` list for the topic, with
+the worker's trust rules (AUTH to an nsqd nsqlookupd listed only over TLS, unless
+``lookupd_auth_without_tls``; see :mod:`nsqworker.spark.streaming.nsq_held`).
 """
 
 from __future__ import annotations
@@ -80,32 +82,6 @@ class NsqSource(DataSource):
         return BrokerStreamWriter(FORMAT, self.options, load_settings())
 
 
-def nsqd_addresses(settings: Settings, topic: str) -> list[str]:
-    """The nsqd TCP addresses: the settings' own, else those lookupd knows for ``topic``."""
-    if settings.nsqd_tcp_addresses:
-        return list(settings.nsqd_tcp_addresses)
-    import httpx
-
-    found: set[str] = set()
-    for base in settings.lookupd_http_addresses:
-        try:
-            answer = httpx.get(
-                f"{base}/lookup", params={"topic": topic}, timeout=5, trust_env=False
-            )
-        except httpx.HTTPError as exc:
-            log.warning("lookupd not reachable", lookupd=base, error=str(exc))
-            continue
-        if answer.status_code == 200:
-            for producer in answer.json().get("producers", []):
-                found.add(f"{producer['broadcast_address']}:{producer['tcp_port']}")
-    if not found:
-        raise ConfigurationError(
-            f"{FORMAT}: no nsqd for topic {topic!r}: set nsqd_tcp_addresses, or "
-            "lookupd_http_addresses where the topic is registered"
-        )
-    return sorted(found)
-
-
 class NsqStreamReader(DataSourceStreamReader):
     """Counts and holds messages on the driver; a batch is a range of that count."""
 
@@ -123,9 +99,8 @@ class NsqStreamReader(DataSourceStreamReader):
     @property
     def consumer(self) -> HeldConsumer:
         if self._consumer is None:
-            addresses = nsqd_addresses(self.settings, self.options.topic)
-            self._consumer = HeldConsumer(
-                self.settings, addresses, self.options.topic, self.channel, self.hold
+            self._consumer = HeldConsumer(  # finds the nsqd as the worker does
+                self.settings, None, self.options.topic, self.channel, self.hold
             )
         if self._consumer.error is not None:
             error, self._consumer = self._consumer.error, None
