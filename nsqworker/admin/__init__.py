@@ -11,6 +11,7 @@ from nsqworker.admin.dead_letters import (
     list_dead_letters,
     purge_dead_letters,
     replay_dead_letters,
+    replay_sources,
 )
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "list_dead_letters",
     "purge_dead_letters",
     "replay_dead_letters",
+    "replay_sources",
 ]

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -28,18 +29,25 @@ if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
 __all__ = [
+    "RESERVED_PREFIXES",
     "DeadLetter",
     "PurgeReport",
     "ReplayReport",
+    "check_destination",
     "list_dead_letters",
     "open_store",
     "purge_dead_letters",
     "replay_dead_letters",
+    "replay_plan",
+    "replay_sources",
 ]
 
 log = logging.getLogger("nsqworker.admin")
 
 NOT_FOUND = "no such dead letter"
+RESERVED_PREFIXES = ("$", "_INBOX")
+"""Names a replay never publishes to, on any transport: NATS's system and API subjects
+(``$JS.API.STREAM.DELETE.X`` deletes a stream) and its reply inboxes."""
 
 
 @dataclass(frozen=True)
@@ -91,9 +99,10 @@ class DeadLetter:
 @dataclass
 class ReplayReport:
     """What a replay did: ``replayed`` (published and removed, or with ``dry_run``, would
-    be), ``refused`` (id -> why it is not replayed: a problem, or no such dead letter),
-    ``left`` (replayable but still there: the publish or the removal failed, see
-    ``errors``)."""
+    be), ``refused`` (id -> why it is not replayed: a problem, a destination that is not
+    allowed, or no such dead letter), ``left`` (replayable but still there: the publish
+    or the removal failed, see ``errors``), ``destinations`` (where the replayed ones went,
+    or would go: topic -> how many)."""
 
     replayed: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
@@ -101,11 +110,17 @@ class ReplayReport:
     errors: dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
     notes: list[str] = field(default_factory=list)
+    destinations: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> str:
-        """``replayed 3, refused 1, left 0`` (``would replay`` on a dry run)."""
+        """``replayed 3 (3 to orders), refused 1, left 0`` (``would replay`` on a dry run)."""
         verb = "would replay" if self.dry_run else "replayed"
-        return f"{verb} {len(self.replayed)}, refused {len(self.refused)}, left {len(self.left)}"
+        where = ", ".join(f"{n} to {topic}" for topic, n in sorted(self.destinations.items()))
+        shown = f" ({where})" if where else ""
+        return (
+            f"{verb} {len(self.replayed)}{shown}, refused {len(self.refused)},"
+            f" left {len(self.left)}"
+        )
 
 
 @dataclass
@@ -199,12 +214,42 @@ async def list_dead_letters(
     return [to_dead_letter(item, check) for item in items]
 
 
+def replay_sources(tasks: Iterable[Any], dead_letter_topic: str) -> frozenset[str]:
+    """The topics whose tasks dead-letter to ``dead_letter_topic``: where its dead
+    letters may be replayed. ``tasks``: a :class:`~nsqworker.Registry`'s task specs, or
+    anything with ``topic`` and ``dead_letter_topic`` (the console's rows of the workers'
+    reported tasks)."""
+    return frozenset(
+        t.topic for t in tasks
+        if getattr(t, "dead_letter_topic", None) == dead_letter_topic and t.topic
+    )  # fmt: skip
+
+
+def check_destination(
+    settings: Settings, name: str, check: Callable[[str], object] | None = None
+) -> str:
+    """``name`` if a replay may publish there: the transport's name rules (``check``, or
+    the settings' transport's), and never a reserved name (:data:`RESERVED_PREFIXES`);
+    else ``ConfigurationError`` saying why."""
+    if not isinstance(name, str) or name.startswith(RESERVED_PREFIXES):
+        raise ConfigurationError(
+            f"{name!r} is a reserved name (starting with $ or _INBOX): a replay never"
+            " publishes there"
+        )
+    try:
+        (check or _checker(settings))(name)
+    except NSQWorkerError as exc:
+        raise ConfigurationError(f"{name!r} cannot be a replay's destination: {exc}") from None
+    return name
+
+
 async def replay_dead_letters(
     settings: Settings,
     topic: str,
     *,
     ids: Collection[str] | None = None,
     to: str | None = None,
+    sources: Collection[str] | None = None,
     dry_run: bool = False,
     quiet: float = QUIET,
     on_replayed: Callable[[DeadLetter], None] | None = None,
@@ -212,32 +257,58 @@ async def replay_dead_letters(
     """Publish the original body of each chosen dead letter (``ids``; None: all) to its
     original topic, or to ``to``, oldest first; remove each dead letter only after the
     broker acknowledged its publish. A replayed message is a new message: its attempts
-    start again. Refused (never published): foreign or hostile messages, truncated
-    bodies, invalid topics, unknown ids. With ``dry_run`` nothing is published or
-    removed. ``on_replayed`` is called after each dead letter is replayed.
+    start again.
+
+    A dead letter goes back to its original topic only when that topic is in
+    ``sources``: the topics of the tasks that dead-letter to ``topic``
+    (:func:`replay_sources` of the tasks module, or of the workers' reported tasks), so
+    a crafted envelope cannot choose where the operator publishes. ``to`` is the
+    operator's own choice and replaces them. Neither given: ``ConfigurationError``.
+    Reserved names (``$...``, ``_INBOX...``) are refused even as ``to``.
+
+    Refused (never published): foreign or hostile messages, truncated bodies, topics
+    that are not allowed, unknown ids. With ``dry_run`` nothing is published or
+    removed, and ``destinations`` says where each would go. On NATS and RabbitMQ
+    Streams each publish carries a de-duplication id derived from the dead letter, so a
+    replay run again after a crash, or two at once, store each dead letter once (NATS:
+    within the stream's duplicate window). ``on_replayed`` is called after each dead
+    letter is replayed.
 
     A failure to reach the broker stops the replay (the rest are ``left``); a message
     the broker refuses is left with the broker's reason and the replay goes on.
     """
     check = _checker(settings)
     if to is not None:
-        check(to)
+        check_destination(settings, to, check)
+    elif sources is None:
+        raise ConfigurationError(
+            f"a replay goes only where the messages of {topic} came from, and no task that"
+            " dead-letters there is known: name the tasks module (--tasks myservice.tasks),"
+            " or the destination (--to TOPIC)"
+        )
+    allowed = frozenset(sources or ())
     report = ReplayReport(dry_run=dry_run)
+    where: Counter[str] = Counter()
     async with open_store(settings, topic, quiet=quiet) as store:
         chosen = _choose(await store.read(), ids, report.refused, check)
         stopped: str | None = None
         for item, letter in chosen:
-            if letter.problem is not None or letter.body is None or letter.topic is None:
-                report.refused[letter.id] = letter.problem or "no original body"
+            target = to or letter.topic
+            refusal = _refusal(settings, check, topic, letter, target, to is None, allowed)
+            if refusal is not None:
+                report.refused[letter.id] = refusal
             elif stopped is not None:
                 report.left.append(letter.id)
                 report.errors[letter.id] = stopped
             elif dry_run:
                 report.replayed.append(letter.id)
+                where[str(target)] += 1
             else:
-                stopped = await _replay_one(store, item, letter, to or letter.topic, report)
-                if on_replayed is not None and report.replayed[-1:] == [letter.id]:
-                    on_replayed(letter)
+                stopped = await _replay_one(store, item, letter, str(target), report)
+                if report.replayed[-1:] == [letter.id]:
+                    where[str(target)] += 1
+                    if on_replayed is not None:
+                        on_replayed(letter)
     for letter_id, why in store.failed_removals.items():
         if letter_id in report.replayed:
             report.replayed.remove(letter_id)
@@ -245,8 +316,59 @@ async def replay_dead_letters(
             report.errors[letter_id] = (
                 f"published but not removed ({why}): a second replay would publish it again"
             )
+    report.destinations = dict(where)
     report.notes.extend(store.notes)
     return report
+
+
+def replay_plan(
+    settings: Settings,
+    topic: str,
+    letters: Iterable[DeadLetter],
+    sources: Collection[str],
+    to: str | None = None,
+) -> ReplayReport:
+    """Where a replay of ``letters`` (already read) would send each, with no broker
+    asked: a dry run's report (the console shows it before "Replay all")."""
+    check = _checker(settings)
+    report = ReplayReport(dry_run=True)
+    where: Counter[str] = Counter()
+    allowed = frozenset(sources)
+    for letter in letters:
+        target = to or letter.topic
+        refusal = _refusal(settings, check, topic, letter, target, to is None, allowed)
+        if refusal is None:
+            report.replayed.append(letter.id)
+            where[str(target)] += 1
+        else:
+            report.refused[letter.id] = refusal
+    report.destinations = dict(where)
+    return report
+
+
+def _refusal(
+    settings: Settings,
+    check: Callable[[str], object],
+    topic: str,
+    letter: DeadLetter,
+    target: str | None,
+    original: bool,
+    allowed: frozenset[str],
+) -> str | None:
+    """Why ``letter`` is not replayed to ``target``, or None when it may be."""
+    if letter.problem is not None or letter.body is None or target is None:
+        return letter.problem or "no original body"
+    if original and target not in allowed:
+        known = ", ".join(sorted(allowed)) or "none"
+        return (
+            f"its topic {target!r} is not one whose task dead-letters to {topic}"
+            f" (those: {known}); name a destination with --to if you mean it"
+        )
+    try:
+        check_destination(settings, target, check)
+    except ConfigurationError as exc:
+        return str(exc)
+    return None
 
 
 def _choose(
@@ -272,7 +394,7 @@ async def _replay_one(
     """Publish, then remove; None, or why the replay must stop (the broker is gone)."""
     assert letter.body is not None
     try:
-        await store.publisher(item).publish(target, letter.body)
+        await store.publish(item, target, letter.body)
     except (PublishError, MessageTooLarge) as exc:  # about this message: go on
         report.left.append(letter.id)
         report.errors[letter.id] = f"not published to {target}: {_one_line(exc)}"

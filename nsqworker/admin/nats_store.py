@@ -5,6 +5,12 @@ subject one after the other (``STREAM.MSG.GET`` with ``next_by_subj``): no consu
 created, nothing is acknowledged, and the workers' consumers of the stream see nothing.
 A dead letter's id is its stream sequence; a removal deletes that sequence
 (``STREAM.MSG.DELETE``), answered by the server before it counts as done.
+
+A replay's publish carries ``Nats-Msg-Id: nsqworker-replay:<stream>:<sequence>``, so
+the destination stream stores a dead letter once within its duplicate window (two
+minutes by default), whether two replays ran at once or one ran again after a crash
+between its publish and its removal. Reserved subjects (``$...``, ``_INBOX...``) are
+never read: they are no task's dead-letter subject.
 """
 
 from __future__ import annotations
@@ -20,7 +26,15 @@ from nsqworker.nats.producer import NatsProducer
 if TYPE_CHECKING:
     from nsqworker.settings import Settings
 
-__all__ = ["NatsStore"]
+__all__ = ["NatsStore", "replay_id"]
+
+NO_MESSAGE = frozenset({10037, 10057})
+"""JetStream's error codes for a sequence that holds no message (already deleted)."""
+
+
+def replay_id(stream: str | None, item: Stored) -> str:
+    """The ``Nats-Msg-Id`` of the replay of ``item``: the same for every replay of it."""
+    return f"nsqworker-replay:{stream}:{item.id}"
 
 
 class NatsStore:
@@ -30,6 +44,11 @@ class NatsStore:
         self.settings = settings
         self.notes: list[str] = []  # nothing to say: a read here is complete
         self.topic = check_subject(topic)
+        if topic.startswith(("$", "_INBOX")):
+            raise ConfigurationError(
+                f"{topic!r} is a reserved NATS subject, not a dead-letter subject: the tools"
+                " read only the subjects tasks dead-letter to"
+            )
         self.connection = NatsConnection(settings, name="nsqworker-dead-letters")
         self.stream: str | None = None
         self._producer: NatsProducer | None = None
@@ -82,6 +101,8 @@ class NatsStore:
         try:
             deleted = await js.delete_msg(self.stream, int(item.id))
         except APIError as exc:
+            if exc.err_code in NO_MESSAGE:  # another replay or purge removed it meanwhile
+                return
             raise PublishError(f"JETSTREAM_{exc.err_code}", str(exc.description)) from None
         if not deleted:
             raise PublishError("JETSTREAM", f"the server did not delete sequence {item.id}")
@@ -91,11 +112,11 @@ class NatsStore:
         """None: each removal was answered before :meth:`remove` returned."""
         return {}
 
-    def publisher(self, item: Stored) -> NatsProducer:
-        """A producer on the store's connection."""
+    async def publish(self, item: Stored, topic: str, body: bytes) -> None:
+        """Publish on the store's connection, with the dead letter's ``Nats-Msg-Id``."""
         if self._producer is None:
             self._producer = NatsProducer(settings=self.settings, connection=self.connection)
-        return self._producer
+        await self._producer.publish(topic, body, msg_id=replay_id(self.stream, item))
 
     async def close(self) -> None:
         """Close the connection (after flushing)."""

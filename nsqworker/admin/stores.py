@@ -5,18 +5,15 @@ publisher a replay goes through.
 One module per broker (:mod:`.nsq_store`, :mod:`.nats_store`, :mod:`.streams_store`),
 chosen by ``settings.transport`` (:func:`nsqworker.admin.dead_letters.open_store`). A
 store is used once: ``async with open_store(settings, topic) as store``, :meth:`Store.read`, then any
-:meth:`Store.remove`; leaving the block hands back what was read and not removed (on
-NSQ, where reading takes the messages).
+:meth:`Store.publish` and :meth:`Store.remove`; leaving the block hands back what was
+read and not removed (on NSQ, where reading takes the messages).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from nsqworker.transport import Publisher
+from typing import Any, Protocol
 
 __all__ = ["QUIET", "Store", "Stored"]
 
@@ -56,8 +53,11 @@ class Store(Protocol):
         """Removals the broker turned down after :meth:`remove` returned (NSQ answers a
         FIN only when it fails), id -> why; complete once the store is closed."""
 
-    def publisher(self, item: Stored) -> Publisher:
-        """The publisher a replay of ``item`` uses (owned and closed by the store)."""
+    async def publish(self, item: Stored, topic: str, body: bytes) -> None:
+        """Publish ``body``, the replay of ``item``, to ``topic``; returns once the broker
+        acknowledged it. Where the broker de-duplicates (NATS's ``Nats-Msg-Id``, a
+        stream's publishing id), the id comes from ``item``, so publishing the same dead
+        letter twice stores it once."""
 
     async def __aenter__(self) -> Any: ...
 

@@ -3,8 +3,9 @@ transport (:mod:`nsqworker.admin.dead_letters` does the work).
 
 Output: ``list`` prints a table (or ``--json``) on standard output; ``replay`` and
 ``purge`` print one line per refused or failed dead letter and a summary line on
-standard error. Exit codes: 0 done, 1 some dead letter was left (not replayed or not
-removed) or the broker could not be reached, 2 bad usage or settings, 130 interrupted.
+standard error. Exit codes: 0 done, 1 some dead letter was left or refused (not
+replayed or not removed) or the broker could not be reached, 2 bad usage or settings,
+130 interrupted.
 Every id and body is hostile text: it is printed without markup and with control
 characters escaped.
 """
@@ -32,6 +33,7 @@ from nsqworker.cli.common import (
     NsqdOption,
     RabbitOption,
     TransportOption,
+    load_registry,
     load_settings,
 )
 
@@ -220,6 +222,16 @@ def replay(
             "--to", metavar="TOPIC", help="Publish to this topic instead of the original."
         ),
     ] = None,
+    tasks: Annotated[
+        str | None,
+        typer.Option(
+            "--tasks",
+            metavar="MODULE",
+            help="The tasks module (as for nsqworker run): dead letters go back only to"
+            " the topics of its tasks that dead-letter to this topic.",
+            show_default=False,
+        ),
+    ] = None,
     dry_run: Annotated[
         bool,
         typer.Option("--dry-run", metavar="", help="Say what would be replayed; change nothing."),
@@ -235,19 +247,27 @@ def replay(
 ) -> None:
     """Publish dead letters' original bodies again (fresh attempts), oldest first.
 
-    Each dead letter is removed only after the broker acknowledged its publish; foreign
-    messages and truncated bodies are refused, never replayed. Exit 1 if any was left.
+    A dead letter goes back to its original topic only if a task of --tasks MODULE reads
+    that topic and dead-letters here; --to TOPIC names the destination instead. Each is
+    removed only after the broker acknowledged its publish; foreign messages, truncated
+    bodies and other destinations are refused, never replayed. Exit 1 if any was refused
+    or left.
     """
-    from nsqworker.admin.dead_letters import replay_dead_letters
+    from nsqworker.admin.dead_letters import replay_dead_letters, replay_sources
 
     if all_ == bool(ids):
         raise _fail("say which dead letters: --all, or --id ID (repeatable)")
     settings = _settings(config, transport, nsqd, lookupd, nats, rabbitmq)
-    report = _run(
-        replay_dead_letters(
-            settings, topic, ids=None if all_ else ids, to=to, dry_run=dry_run, quiet=wait
-        )
+    sources = None
+    if tasks is not None:
+        sources = replay_sources(load_registry(tasks), topic)
+        if not sources and to is None:
+            raise _fail(f"no task of {tasks} dead-letters to {_show(topic)}: pass --to TOPIC")
+    chosen = None if all_ else ids
+    replaying = replay_dead_letters(
+        settings, topic, ids=chosen, to=to, sources=sources, dry_run=dry_run, quiet=wait
     )
+    report = _run(replaying)
     err = _err()
     from rich.text import Text
 
@@ -260,7 +280,7 @@ def replay(
     err.print(Text(report.summary()))
     if as_json:
         typer.echo(json.dumps(dataclasses.asdict(report), indent=2, ensure_ascii=True))
-    raise typer.Exit(EXIT_LEFT if report.left else 0)
+    raise typer.Exit(EXIT_LEFT if report.left or report.refused else 0)
 
 
 @app.command(cls=Command)

@@ -72,7 +72,11 @@ function startActions() {
       const topic = letters ? letters.dataset.topic : "";
       const body = { topic };
       let what;
-      if (scope === "all") { body.all = true; what = `every dead letter on ${topic}`; }
+      if (scope === "all") {
+        body.all = true;
+        what = `every dead letter on ${topic}`;
+        if (button.dataset.plan) what += ` (${button.dataset.plan})`;
+      }
       else if (scope === "one") { body.ids = [button.dataset.id]; what = button.dataset.id; }
       else {
         body.ids = picked();
