@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit
 
@@ -13,7 +14,7 @@ from pydantic_settings import NoDecode
 from nsqworker.settings.base import SettingsBase
 from nsqworker.settings.values import split_list
 
-__all__ = ["MIN_TOKEN_LENGTH", "ConsoleSettings", "worker_url"]
+__all__ = ["MIN_TOKEN_LENGTH", "ConsoleSettings", "proxy_address", "worker_url"]
 
 MIN_TOKEN_LENGTH = 16
 
@@ -33,6 +34,21 @@ def worker_url(text: str) -> str:
 
 
 WorkerUrls = Annotated[list[Annotated[str, AfterValidator(worker_url)]], NoDecode]
+
+
+def proxy_address(text: str) -> str:
+    """Check one entry of ``console_forwarded_allow_ips``: an IP address, a CIDR network
+    (``10.0.0.0/8``) or ``*`` (any peer)."""
+    text = text.strip()
+    if text == "*":
+        return text
+    try:
+        return str(ipaddress.ip_network(text, strict=False))
+    except ValueError:
+        raise ValueError("must be an IP address, a network such as 10.0.0.0/8, or *") from None
+
+
+ProxyAddresses = Annotated[list[Annotated[str, AfterValidator(proxy_address)]], NoDecode]
 
 
 class ConsoleSettings(SettingsBase):
@@ -66,12 +82,33 @@ class ConsoleSettings(SettingsBase):
     console_poll_interval: float = Field(
         2.0, ge=0.2, le=60.0, description="Seconds between the console's reads. [0.2..60]"
     )
+    console_session_ttl: float = Field(
+        43200.0,
+        ge=1.0,
+        le=604800.0,
+        description="Seconds a console sign-in lasts before the token must be entered "
+        "again (12 hours). [1..604800]",
+    )
+    console_forwarded_allow_ips: ProxyAddresses = Field(
+        default_factory=list,
+        description="Proxies in front of the console (IP addresses, networks such as "
+        "10.0.0.0/8, or *) whose X-Forwarded-Proto it believes: https from one of them "
+        "makes the session cookie Secure. Empty: none is believed.",
+    )
+    console_dead_letter_topics: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Dead-letter topics the console may read besides those its workers'"
+        " tasks declare (no other name is ever read).",
+    )
 
     if TYPE_CHECKING:  # every field has a default; type checkers see each base's fields
 
         def __init__(self, **values: Any) -> None: ...
 
-    @field_validator("console_workers", mode="before")
+    @field_validator(
+        "console_workers", "console_dead_letter_topics", "console_forwarded_allow_ips",
+        mode="before",
+    )  # fmt: skip
     @classmethod
     def _console_list(cls, value: Any) -> Any:
         return split_list(value)

@@ -131,7 +131,7 @@ def test_the_console_installs_into_a_real_api_server(kube: Any, kube_helm: Any) 
 def test_a_network_policy_lets_the_console_in(helm: Any) -> None:
     values = {**CONSOLE, "networkPolicy": {"enabled": True}}
     manifests = helm.template(values=values)
-    policy = manifests.find("NetworkPolicy")
+    policy = manifests.find("NetworkPolicy", RELEASE + "-nsqworker")
     pod_labels = manifests.find("Deployment", NAME)["spec"]["template"]["metadata"]["labels"]
     (rule,) = policy["spec"]["ingress"]
     assert rule["ports"] == [{"port": "health", "protocol": "TCP"}]

@@ -19,7 +19,8 @@ from nsqworker.settings import Settings, SettingsError
 # The settings of the release before the sections (issue 38), by the names users wrote.
 FIELDS_BEFORE = frozenset(
     """
-auth_secret backoff_multiplier client_id compression console_host
+auth_secret backoff_multiplier client_id compression console_dead_letter_topics
+console_forwarded_allow_ips console_host console_session_ttl
 console_kubernetes_namespace console_kubernetes_selector console_poll_interval
 console_port console_token console_worker_port console_workers deflate_level
 dial_timeout drain_timeout health_host health_port heartbeat_interval hostname
@@ -32,7 +33,8 @@ nats_stream nats_stream_max_age nats_stream_replicas nats_stream_retention nats_
 nats_user nsqd_tcp_addresses output_buffer_size output_buffer_timeout
 rabbitmq_stream_create rabbitmq_stream_max_age rabbitmq_stream_max_length_bytes
 rabbitmq_stream_segment_bytes rabbitmq_stream_uri reconnect_delay requeue_delay
-requeue_multiplier rpc_error_details rpc_reply_addresses rpc_reply_topics sample_rate
+requeue_multiplier rpc_error_details rpc_reply_addresses rpc_reply_subjects
+rpc_reply_topics sample_rate
 schedule_catchup schedule_kv_bucket schedule_leader schedule_lease_duration
 schedule_lease_name schedule_renew_deadline schedule_retry_period slow_handler_after
 spark_app_roots spark_app_uris spark_image spark_master spark_namespace spark_remote

@@ -8,7 +8,6 @@ fragment (``?partial=1``) to keep it live; no front-end build, nothing from a CD
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -25,7 +24,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nsqworker.admin.console import actions
-from nsqworker.admin.console.auth import COOKIE, Guard
+from nsqworker.admin.console.auth import Guard
 from nsqworker.admin.console.fleet import (
     RATE_WINDOW,
     RECENT_WINDOW,
@@ -34,6 +33,7 @@ from nsqworker.admin.console.fleet import (
     TaskRow,
     error_time,
 )
+from nsqworker.admin.dead_letters import replay_plan, replay_sources
 from nsqworker.logging import get_logger
 
 if TYPE_CHECKING:
@@ -199,19 +199,29 @@ class Console:
 
     async def dead_letters(self, request: Request) -> Response:
         view = await self.fleet.view()
-        topics = dead_letter_topics(view)
+        topics = self.readable_topics(view)
         topic = request.query_params.get("topic") or (topics[0] if topics else "")
-        if topic and topic not in topics:
-            topics.append(topic)
         notes: list[str] = []
-        letters, problem = await actions.list_letters(self.settings, topic, notes)
+        letters: list[Any] = []
+        plan = None
+        if topic and topic not in topics:
+            problem: str | None = unknown_topic(topic, topics)
+        else:
+            letters, problem = await actions.list_letters(self.settings, topic, notes)
+            if letters:
+                plan = replay_plan(self.settings, topic, letters, replay_sources(view.tasks, topic))
         chosen = request.query_params.get("id")
         selected = next((x for x in letters if x.id == chosen), None)
         return self.render(
             request, "dead_letters.html", view=view, topics=topics, topic=topic,
             letters=letters, problem=problem, notes=notes, selected=selected, chosen=chosen,
-            transport=self.settings.transport,
+            transport=self.settings.transport, plan=plan, list_limit=actions.LIST_LIMIT,
         )  # fmt: skip
+
+    def readable_topics(self, view: FleetView) -> list[str]:
+        """The dead-letter topics the console reads: its tasks' and the configured ones."""
+        configured = self.settings.console_dead_letter_topics
+        return sorted(set(dead_letter_topics(view)) | set(configured))
 
     async def fleet_json(self, request: Request) -> Response:
         view = await self.fleet.view()
@@ -220,29 +230,26 @@ class Console:
     # -- sign-in and actions ------------------------------------------------------------
 
     async def session(self, request: Request) -> Response:
+        """``POST /api/session`` signs in with the token (a session of
+        ``console_session_ttl`` seconds); ``DELETE`` signs out (that session ends)."""
         if request.method == "DELETE":
             response = JSONResponse({"signed_in": False})
-            response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+            self.guard.end_session(request, response)
             return response
         denied = self.guard.check_origin(request)
         if denied is None and not self.guard.actions_enabled:
-            denied = self.guard.check_action(request)  # says: read-only
+            denied = await self.guard.check_action(request)  # says: read-only
+        if denied is None:  # a wrong token is answered after the guard's delay
+            denied = await self.guard.check_token(str((await _json(request)).get("token") or ""))
         if denied is not None:
             return JSONResponse({"error": denied.message}, denied.status)
-        token = str((await _json(request)).get("token") or "")
-        if not self.guard.token_matches(token):
-            await asyncio.sleep(0.5)  # slows guessing; the token is long anyway
-            return JSONResponse({"error": "wrong token"}, 401)
-        response = JSONResponse({"signed_in": True})
-        response.set_cookie(
-            COOKIE, self.guard.session_value, path="/", httponly=True, samesite="strict",
-            secure=request.url.scheme == "https",
-        )  # fmt: skip
+        response = JSONResponse({"signed_in": True, "expires_in": self.guard.session_ttl})
+        self.guard.start_session(request, response)
         return response
 
     async def act(self, request: Request) -> Response:
         what = request.path_params["action"]
-        denied = self.guard.check_action(request)
+        denied = await self.guard.check_action(request)
         if denied is not None:
             log.warning(f"console {what} refused", reason=denied.message, peer=_peer(request))
             return JSONResponse({"error": denied.message}, denied.status)
@@ -250,9 +257,14 @@ class Console:
             order = actions.Order.parse(what, await _json(request))
         except actions.BadOrder as exc:
             return JSONResponse({"error": str(exc)}, 400)
+        view = await self.fleet.view()
+        topics = self.readable_topics(view)
+        if order.topic not in topics:
+            return JSONResponse({"error": unknown_topic(order.topic, topics)}, 400)
         chosen = "all" if order.ids is None else len(order.ids)
         try:
-            result = await actions.perform(self.settings, order)
+            sources = replay_sources(view.tasks, order.topic)
+            result = await actions.perform(self.settings, order, sources)
         except Exception as exc:  # the broker refused or is away: say so, keep serving
             log.error(f"console {what} failed", topic=order.topic, chosen=chosen,
                       error=str(exc), peer=_peer(request))  # fmt: skip
@@ -284,6 +296,15 @@ def dead_letter_topics(view: FleetView) -> list[str]:
     return sorted({t.dead_letter_topic for t in view.tasks if t.dead_letter_topic})
 
 
+def unknown_topic(topic: str, topics: list[str]) -> str:
+    """Why the console does not read ``topic``: no task dead-letters there."""
+    known = ", ".join(topics) or "none yet"
+    return (
+        f"{topic!r} is not a dead-letter topic of the workers' tasks (those: {known}); the"
+        " console reads no other topic (console_dead_letter_topics adds some)"
+    )
+
+
 def fleet_document(view: FleetView) -> dict[str, Any]:
     """The view as JSON: ``GET /api/fleet``."""
     return {
@@ -301,7 +322,11 @@ def fleet_document(view: FleetView) -> dict[str, Any]:
 def create_app(settings: Settings, fleet: Fleet) -> ASGIApp:
     """The console over ``fleet``, which the app starts and closes with its lifespan."""
     token = settings.console_token
-    guard = Guard(token.get_secret_value() if token is not None else None)
+    guard = Guard(
+        token.get_secret_value() if token is not None else None,
+        settings.console_session_ttl,
+        settings.console_forwarded_allow_ips,
+    )
     console = Console(settings, fleet, guard)
 
     @contextlib.asynccontextmanager

@@ -4,32 +4,45 @@ merged per task, with the broker's backlog and rates computed over the last minu
 :class:`Fleet` reads everything once per ``console_poll_interval`` in the background, so
 a page renders from memory (50 tasks and 20 processes in a few milliseconds) and the
 workers are read once per interval however many people look.
+
+Every answer is checked against :class:`StatusDocument` and :class:`InflightDocument`
+before anything is read from it: a field an older worker lacks is fine, a field of the
+wrong type (a list where a topic goes, an integer too large for a float) makes that
+worker an error row, and the others are shown as ever. A worker that answers slowly or
+at length is cut off after :data:`READ_TIMEOUT` seconds or :data:`MAX_DOCUMENT` bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nsqworker.admin.console.backlog import Backlog, BacklogValue, TaskKey
 from nsqworker.admin.console.discovery import Discovery, Endpoint
 from nsqworker.logging import get_logger
 
 __all__ = [
+    "MAX_DOCUMENT",
     "RATE_WINDOW",
+    "READ_TIMEOUT",
     "RECENT_WINDOW",
     "Fleet",
     "FleetView",
+    "InflightDocument",
+    "StatusDocument",
     "Supervisor",
     "TaskRow",
     "error_time",
+    "problem_of",
 ]
 
 log = get_logger("nsqworker.console")
@@ -38,8 +51,108 @@ log = get_logger("nsqworker.console")
 RATE_WINDOW = 60.0
 #: Seconds over which retries and dead letters are counted ("in the last 5 minutes").
 RECENT_WINDOW = 300.0
-#: Seconds a read of one worker may take.
+#: Seconds a read of one worker (its ``/status`` and ``/inflight``) may take in all.
 READ_TIMEOUT = 3.0
+#: Bytes of one ``/status`` or ``/inflight`` answer at most.
+MAX_DOCUMENT = 4 * 2**20
+#: Largest counter, pid or byte count taken from a worker (a signed 64-bit integer).
+MAX_COUNT = 2**63 - 1
+
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+
+
+class _Document(BaseModel):
+    """Strict about types (no ``"5"`` for 5, no list for a name, finite numbers only),
+    lenient about presence (what an older worker lacks is None), and blind to fields
+    it does not know (a newer worker's)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False, frozen=True)
+
+
+class LastError(_Document):
+    """A task's last handler failure (``last_error`` in ``/status``)."""
+
+    error: str | None = None
+    id: str | None = None
+    attempts: Count | None = None
+    outcome: str | None = None
+    at: float | None = None
+    """Unix seconds."""
+
+
+class TaskStatus(_Document):
+    """One task of one supervisor (``tasks[]`` in ``/status``)."""
+
+    task: str
+    topic: str
+    channel: str
+    system: str | None = None
+    subscribed: bool | None = None
+    dead_letter_topic: str | None = None
+    in_flight: Count | None = None
+    received: Count | None = None
+    finished: Count | None = None
+    requeued: Count | None = None
+    dead_lettered: Count | None = None
+    last_error: LastError | None = None
+
+
+class WorkerStatus(_Document):
+    """One worker process (``workers[]`` in ``/status``)."""
+
+    worker: Count | None = None
+    pid: Count | None = None
+    ready: bool | None = None
+    uptime_s: float | None = None
+    memory_bytes: Count | None = None
+    in_flight: Count | None = None
+
+
+class StatusDocument(_Document):
+    """What the console reads of a supervisor's ``/status``."""
+
+    pid: Count | None = None
+    hostname: str | None = None
+    target: str | None = None
+    transport: str | None = None
+    uptime_s: float | None = None
+    memory_bytes: Count | None = None
+    restarts: Count | None = None
+    stopping: bool | None = None
+    workers: list[WorkerStatus] = Field(default_factory=list)
+    tasks: list[TaskStatus] = Field(default_factory=list)
+
+
+class Held(_Document):
+    """A message a worker process holds (``inflight[]`` in ``/inflight``)."""
+
+    pid: Count | None = None
+    worker: Count | None = None
+    task: str | None = None
+    id: str | None = None
+    attempts: Count | None = None
+    age_s: float | None = None
+    state: str | None = None
+    handler: str | None = None
+
+
+class InflightDocument(_Document):
+    """What the console reads of a supervisor's ``/inflight``."""
+
+    inflight: list[Held] = Field(default_factory=list)
+
+
+def problem_of(path: str, exc: ValidationError) -> str:
+    """One line saying what is wrong with a document: the first bad field and why."""
+    errors = exc.errors(include_url=False, include_input=False)
+    first = errors[0] if errors else {"loc": (), "msg": "not valid"}
+    where = ".".join(str(part) for part in first["loc"]) or "the document"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"malformed {path}: {where}: {first['msg']}{more}"
+
+
+class _Refused(Exception):
+    """A worker's answer that the console will not read."""
 
 
 @dataclass
@@ -175,26 +288,17 @@ class _History:
 def error_time(error: dict[str, Any] | None) -> float:
     """When a last error happened (Unix seconds); 0 when unknown or not a number."""
     at = (error or {}).get("at")
-    return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else 0.0
+    if not isinstance(at, int | float) or isinstance(at, bool):
+        return 0.0
+    try:
+        return float(at)
+    except OverflowError:  # a checked document never has one; a hand-made row may
+        return 0.0
 
 
 def _count(value: Any) -> int:
     """A counter from a worker's JSON; anything but a whole number counts as 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _rows(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(r, dict) for r in value)
-
-
-def _well_formed(status: Any, inflight: Any) -> bool:
-    """``/status`` and ``/inflight`` have the shapes the pages read."""
-    rows = _rows
-    return (
-        isinstance(status, dict) and rows(status.get("tasks", []))
-        and rows(status.get("workers", [])) and isinstance(inflight, dict)
-        and rows(inflight.get("inflight", []))
-    )  # fmt: skip
 
 
 def _delta(now: int, then: int) -> int:
@@ -249,8 +353,12 @@ class Fleet:
         while True:
             try:
                 await self.refresh()
-            except Exception:  # never stop reading: the next turn may work
+            except Exception as exc:  # never stop reading: the next turn may work
                 log.exception("reading the fleet failed")
+                if self._view is None:  # pages wait for a first read: give them one
+                    problem = f"reading the fleet failed: {_one_line(exc)}"
+                    self._view = FleetView([], [], time.time(), problem)
+                    self._first.set()
             await asyncio.sleep(self.interval)
 
     async def refresh(self) -> FleetView:
@@ -275,19 +383,57 @@ class Fleet:
         return self._view
 
     async def _read(self, endpoint: Endpoint) -> Supervisor:
+        """One supervisor: its checked ``/status`` and ``/inflight``, or why not."""
         sup = Supervisor(endpoint)
         try:
-            status, inflight = await asyncio.gather(
-                self.http.get(f"{endpoint.url}/status"), self.http.get(f"{endpoint.url}/inflight")
-            )
-            status.raise_for_status()
-            inflight.raise_for_status()
-            status_doc, inflight_doc = status.json(), inflight.json()
-            if not _well_formed(status_doc, inflight_doc):
-                sup.error = "malformed /status or /inflight (is this nsqworker run's health port?)"
-                return sup
-            sup.status = status_doc
-            sup.inflight = list(inflight_doc.get("inflight") or [])
-        except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
-            sup.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            async with asyncio.timeout(READ_TIMEOUT):
+                status_doc, inflight_doc = await asyncio.gather(
+                    self._get(endpoint.url, "/status"), self._get(endpoint.url, "/inflight")
+                )
+        except TimeoutError:
+            sup.error = f"unreachable: no full answer within {READ_TIMEOUT:g} s"
+            return sup
+        except _Refused as exc:
+            sup.error = str(exc)
+            return sup
+        except Exception as exc:  # refused, reset, not HTTP, not JSON, nested too deep...
+            sup.error = f"unreachable: {_one_line(exc)}"
+            return sup
+        try:
+            StatusDocument.model_validate(status_doc)
+        except ValidationError as exc:
+            sup.error = problem_of("/status", exc)
+            return sup
+        try:
+            InflightDocument.model_validate(inflight_doc)
+        except ValidationError as exc:
+            sup.error = problem_of("/inflight", exc)
+            return sup
+        # the documents as sent (a field an older worker lacks stays absent), now that
+        # every field the pages read is known to have its type
+        sup.status = status_doc
+        sup.inflight = list(inflight_doc.get("inflight") or [])
         return sup
+
+    async def _get(self, url: str, path: str) -> Any:
+        """``url + path`` as JSON, at most :data:`MAX_DOCUMENT` bytes."""
+        async with self.http.stream("GET", url + path) as response:
+            if response.status_code != 200:
+                raise _Refused(f"{path} answered HTTP {response.status_code}, not 200 "
+                               "(is this nsqworker run's health port?)")  # fmt: skip
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_DOCUMENT:
+                    raise _Refused(f"malformed {path}: more than {MAX_DOCUMENT // 2**20} MiB")
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise _Refused(f"malformed {path}: not JSON ({_one_line(exc)})") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line, at most 300 characters."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:300] + "..."
