@@ -13,6 +13,7 @@ import pytest
 import structlog
 
 from nsqworker import logging as nsqworker_logging
+from nsqworker.health import HealthServer, WorkerMetrics
 
 
 @pytest.fixture
@@ -35,6 +36,26 @@ def log_lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[dic
     root.setLevel(level)
     logging.captureWarnings(False)
     structlog.reset_defaults()
+
+
+@pytest.fixture
+def health() -> Iterator[Callable[[dict[str, Any], list[dict[str, Any]]], str]]:
+    """``health(status, inflight)`` serves them from a real HealthServer (a worker's
+    health port, as the console reads it); its URL."""
+    servers: list[HealthServer] = []
+
+    def start(doc: dict[str, Any], inflight: list[dict[str, Any]]) -> str:
+        server = HealthServer(
+            "127.0.0.1", 0, lambda: True, lambda: (True, {}), WorkerMetrics(),
+            lambda: {"inflight": inflight}, lambda: doc,
+        )  # fmt: skip
+        server.start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.port}"
+
+    yield start
+    for server in servers:
+        server.stop()
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:

@@ -4,65 +4,42 @@ about (what an attacker who got an nsqd listed by nsqlookupd would collect)."""
 
 from __future__ import annotations
 
-import http.server
-import json
-import threading
-import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from nsqworker.testing import NsqdFactory, NsqdProcess, NsqlookupdProcess, wait_for
+from tests.json_server import json_server
 
 SECRET = "the-operators-secret"
 
 
-class AuthRecorder(http.server.HTTPServer):
+class AuthRecorder:
     """nsqd's auth server (``GET /auth?secret=&tls=``): grants everything, keeps each
-    query in ``calls``."""
+    query in ``calls``; ``address`` is ``host:port`` for ``--auth-http-address``."""
 
-    calls: list[dict[str, list[str]]]
-
-    @property
-    def address(self) -> str:
-        """``host:port`` for nsqd's ``--auth-http-address``."""
-        return f"127.0.0.1:{self.server_address[1]}"
+    def __init__(self) -> None:
+        self.calls: list[dict[str, list[str]]] = []
+        self.address = ""
 
     @property
     def secrets(self) -> list[str]:
         """Every secret nsqd was given, in order."""
         return [c.get("secret", [""])[0] for c in self.calls]
 
-
-class _Grant(http.server.BaseHTTPRequestHandler):
-    server: AuthRecorder
-
-    def do_GET(self) -> None:
-        self.server.calls.append(urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query))
+    def answer(self, path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
+        self.calls.append(query)
         allowed = [{"topic": ".*", "channels": [".*"], "permissions": ["subscribe", "publish"]}]
-        body = json.dumps({"ttl": 3600, "identity": "anyone", "authorizations": allowed}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        return 200, {"ttl": 3600, "identity": "anyone", "authorizations": allowed}
 
 
 @contextmanager
 def auth_recorder() -> Iterator[AuthRecorder]:
     """A running :class:`AuthRecorder`, shut down at the end of the block."""
-    server = AuthRecorder(("127.0.0.1", 0), _Grant)
-    server.calls = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
+    recorder = AuthRecorder()
+    with json_server(recorder.answer) as address:
+        recorder.address = address
+        yield recorder
 
 
 def auth_nsqd(

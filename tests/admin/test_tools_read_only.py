@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -23,7 +23,6 @@ from nsqworker.admin.console.app import create_app
 from nsqworker.admin.console.discovery import StaticWorkers
 from nsqworker.admin.console.fleet import Fleet
 from nsqworker.dead_letters import dead_letter_envelope
-from nsqworker.health import HealthServer, WorkerMetrics
 from nsqworker.nsq.transport import DEAD_LETTER_CHANNEL
 from nsqworker.settings import Settings
 from nsqworker.testing import NsqdFactory, make_message, wait_until
@@ -47,25 +46,6 @@ def status(system: str, topic: str, dead: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-@pytest.fixture
-def worker_status() -> Iterator[Any]:
-    """``worker_status(doc)``: a real HealthServer serving ``doc`` as /status; its URL."""
-    servers: list[HealthServer] = []
-
-    def start(doc: dict[str, Any]) -> str:
-        server = HealthServer(
-            "127.0.0.1", 0, lambda: True, lambda: (True, {}), WorkerMetrics(),
-            lambda: {"inflight": []}, lambda: doc,
-        )  # fmt: skip
-        server.start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.port}"
-
-    yield start
-    for server in servers:
-        server.stop()
-
-
 @contextlib.asynccontextmanager
 async def console(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     fleet = Fleet(StaticWorkers(list(settings.console_workers)), None, 0.2)
@@ -78,11 +58,11 @@ async def console(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def test_a_page_view_creates_no_topic_and_no_channel_on_nsq(
-    default_ports_nsqd: NsqdFactory, worker_status: Any
+    default_ports_nsqd: NsqdFactory, health: Any
 ) -> None:
     nsqd = default_ports_nsqd()
     nsqd.mpublish("orders", [b'{"order": %d}' % i for i in range(3)])  # no consumer yet
-    url = worker_status(status("nsq", "orders", "orders.dead"))
+    url = health(status("nsq", "orders", "orders.dead"), [])
     settings = Settings(nsqd_tcp_addresses=[nsqd.tcp_address], console_workers=[url],
                         console_token=TOKEN, log_level="warning")  # fmt: skip
     async with console(settings) as web:
@@ -103,14 +83,14 @@ async def test_a_page_view_creates_no_topic_and_no_channel_on_nsq(
 
 
 async def test_a_page_view_never_reads_a_reserved_nats_subject(
-    nats_server: Any, worker_status: Any
+    nats_server: Any, health: Any
 ) -> None:
     import nats
 
     client = await nats.connect(nats_server.url)
     kv = await client.jetstream().create_key_value(bucket="secrets")
     await kv.put("db", b"password-hunter2")
-    url = worker_status(status("nats", "orders.created", "orders.dead"))
+    url = health(status("nats", "orders.created", "orders.dead"), [])
     settings = Settings(transport="nats", nats_servers=[nats_server.url],
                         console_workers=[url], log_level="warning")  # fmt: skip
     try:
@@ -170,7 +150,7 @@ async def test_a_streams_listing_stops_at_its_limit(broker: Broker) -> None:
 
 
 async def test_the_console_runs_two_listings_at_once_and_one_per_topic(
-    default_ports_nsqd: NsqdFactory, worker_status: Any
+    default_ports_nsqd: NsqdFactory, health: Any
 ) -> None:
     """Nine page views of three topics at once: each sees its topic's one dead letter
     (on NSQ two reads of one topic at once would split it), and nsqd never had more
@@ -180,7 +160,7 @@ async def test_the_console_runs_two_listings_at_once_and_one_per_topic(
     for topic in topics:
         nsqd.create_channel(topic, DEAD_LETTER_CHANNEL)
         nsqd.publish(topic, dead_letter_envelope(make_message(topic="orders"), "r", "t"))
-    url = worker_status(status("nsq", "orders", "a.dead"))
+    url = health(status("nsq", "orders", "a.dead"), [])
     settings = Settings(nsqd_tcp_addresses=[nsqd.tcp_address], console_workers=[url],
                         console_dead_letter_topics=topics[1:], log_level="warning")  # fmt: skip
     most = 0

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from nsqworker.testing import NsqdProcess, wait_for
+from tests.json_server import json_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -242,31 +243,10 @@ HOSTILE_ROWS = [
 
 
 @pytest.fixture
-def hostile_inflight() -> Any:
+def hostile_inflight() -> Iterator[str]:
     """A health server whose /inflight lists what a hostile broker and operator chose."""
-    import http.server
-    import threading
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = json.dumps({"inflight": HOSTILE_ROWS}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with json_server(lambda path, query: (200, {"inflight": HOSTILE_ROWS})) as address:
+        yield f"http://{address}"
 
 
 def test_inflight_prints_what_the_server_sent_as_text(hostile_inflight: str) -> None:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.server
 import json
 import ssl
 import struct
-import threading
 import time
-import urllib.parse
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,6 +31,7 @@ from nsqworker.nsq.connection import Connection, ConnectionConfig, ServerInfo
 from nsqworker.nsq.handshake import forget_adapted
 from nsqworker.nsq.protocol import MessageFrame, Response, encode_frame
 from nsqworker.testing import NsqdFactory, NsqdProcess
+from tests.json_server import json_server
 
 pytestmark = pytest.mark.integration
 
@@ -326,57 +325,42 @@ async def test_compression_round_trip(nsqd: NsqdProcess, compression: str) -> No
 # --- AUTH -------------------------------------------------------------------------------------
 
 
-class _AuthHandler(http.server.BaseHTTPRequestHandler):
-    """nsqd's auth protocol: GET /auth?remote_ip=&tls=&secret=&common_name=."""
+@dataclass
+class AuthServer:
+    """nsqd's auth protocol: GET /auth?remote_ip=&tls=&secret=&common_name=; each
+    query kept in ``calls``."""
 
-    def do_GET(self) -> None:
-        url = urllib.parse.urlsplit(self.path)
-        query = urllib.parse.parse_qs(url.query)
+    address: str = ""
+    calls: list[dict[str, list[str]]] = field(default_factory=list)
+
+    def answer(self, path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
+        self.calls.append(query)
         secret = query.get("secret", [""])[0]
-        self.server.calls.append(query)  # type: ignore[attr-defined]
-        if url.path == "/auth" and secret in ("good", "empty"):
-            allowed = [{"topic": ".*", "channels": [".*"], "permissions": ["subscribe", "publish"]}]
-            body = json.dumps(
-                {
-                    "ttl": 3600,
-                    "identity": "alice",
-                    "identity_url": "https://example.invalid/alice",
-                    "authorizations": allowed if secret == "good" else [],
-                }
-            ).encode()
-            self.send_response(200)
-        else:
-            body = b"denied"
-            self.send_response(403)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        if path != "/auth" or secret not in ("good", "empty"):
+            return 403, "denied"
+        allowed = [{"topic": ".*", "channels": [".*"], "permissions": ["subscribe", "publish"]}]
+        return 200, {
+            "ttl": 3600,
+            "identity": "alice",
+            "identity_url": "https://example.invalid/alice",
+            "authorizations": allowed if secret == "good" else [],
+        }
 
 
 @pytest.fixture
-def auth_server() -> Iterator[http.server.HTTPServer]:
-    server = http.server.HTTPServer(("127.0.0.1", 0), _AuthHandler)
-    server.calls = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+def auth_server() -> Iterator[AuthServer]:
+    server = AuthServer()
+    with json_server(server.answer) as address:
+        server.address = address
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture
-def auth_nsqd(nsqd_factory: NsqdFactory, auth_server: http.server.HTTPServer) -> NsqdProcess:
-    port = auth_server.server_address[1]
-    return nsqd_factory(extra_args=[f"--auth-http-address=127.0.0.1:{port}"])
+def auth_nsqd(nsqd_factory: NsqdFactory, auth_server: AuthServer) -> NsqdProcess:
+    return nsqd_factory(extra_args=[f"--auth-http-address={auth_server.address}"])
 
 
-async def test_auth_granted(auth_nsqd: NsqdProcess, auth_server: http.server.HTTPServer) -> None:
+async def test_auth_granted(auth_nsqd: NsqdProcess, auth_server: AuthServer) -> None:
     config = ConnectionConfig(auth_secret="good")
     async with connected(auth_nsqd.tcp_address, config) as conn:
         assert conn.server.auth_required
@@ -384,7 +368,7 @@ async def test_auth_granted(auth_nsqd: NsqdProcess, auth_server: http.server.HTT
         assert conn.server.auth_identity_url == "https://example.invalid/alice"
         assert conn.server.auth_permission_count == 1
         assert await conn.request(protocol.pub("guarded", b"x")) == protocol.OK
-    call = auth_server.calls[0]  # type: ignore[attr-defined]
+    call = auth_server.calls[0]
     assert call["secret"] == ["good"] and call["tls"] == ["false"]
 
 
@@ -399,13 +383,11 @@ async def test_auth_refused(auth_nsqd: NsqdProcess, secret: str, code: str) -> N
     assert conn.closed
 
 
-async def test_auth_without_secret(
-    auth_nsqd: NsqdProcess, auth_server: http.server.HTTPServer
-) -> None:
+async def test_auth_without_secret(auth_nsqd: NsqdProcess, auth_server: AuthServer) -> None:
     conn = Recorder().connection(auth_nsqd.tcp_address)
     with pytest.raises(AuthError, match="NSQWORKER_AUTH_SECRET"):
         await conn.connect()
-    assert auth_server.calls == []  # type: ignore[attr-defined]
+    assert auth_server.calls == []
 
 
 async def test_secret_without_auth_warns(

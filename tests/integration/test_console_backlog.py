@@ -12,6 +12,7 @@ from nsqworker.admin.console.backlog import Backlog
 from nsqworker.admin.console.fleet import RATE_WINDOW, TaskRow, _History
 from nsqworker.settings import Settings
 from nsqworker.testing import NsqBinaries, NsqdProcess, NsqlookupdProcess
+from tests.json_server import json_server
 
 
 def adjacent_ports() -> tuple[int, int]:
@@ -114,28 +115,10 @@ def test_rates_and_recent_counts() -> None:
 
 
 async def test_a_hostile_lookupd_is_a_note_not_a_crash() -> None:
-    import http.server
-    import threading
-
-    class Lookupd(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # a list where an object belongs
-            body = b'["producers", {"broadcast_address": 1}]'
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Lookupd)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        settings = Settings(lookupd_http_addresses=[f"http://127.0.0.1:{server.server_port}"])
+    hostile = ["producers", {"broadcast_address": 1}]  # a list where an object belongs
+    with json_server(lambda path, query: (200, hostile)) as address:
+        settings = Settings(lookupd_http_addresses=[f"http://{address}"])
         async with httpx.AsyncClient(trust_env=False, timeout=2) as http_client:
             key = ("nsq", "t", "c")
             value = (await Backlog(settings, http_client).measure([key]))[key]
-    finally:
-        server.shutdown()
-        server.server_close()
     assert value.count is None and "nsqd stats unavailable" in value.note

@@ -4,9 +4,7 @@ message (nsqd's own counts), never retrying them in a loop or crashing."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,36 +13,24 @@ import pytest
 from nsqworker import Message, Registry, Reject, Worker
 from nsqworker.settings import Settings
 from nsqworker.testing import NsqdFactory, wait_until
+from tests.json_server import json_server
 
 SECRET = "publish-only-on-the-dead-letters"
 
 
-class _Grant(http.server.BaseHTTPRequestHandler):
+def grant(path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
     """nsqd's auth server: ``orders`` to read and write, ``orders.dead`` to write only."""
-
-    def do_GET(self) -> None:
-        allowed = [
-            {"topic": "^orders$", "channels": [".*"], "permissions": ["subscribe", "publish"]},
-            {"topic": "^orders\\.dead$", "channels": [".*"], "permissions": ["publish"]},
-        ]
-        body = json.dumps({"ttl": 3600, "identity": "worker", "authorizations": allowed})
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def log_message(self, *args: Any) -> None:
-        pass
+    allowed = [
+        {"topic": "^orders$", "channels": [".*"], "permissions": ["subscribe", "publish"]},
+        {"topic": "^orders\\.dead$", "channels": [".*"], "permissions": ["publish"]},
+    ]
+    return 200, {"ttl": 3600, "identity": "worker", "authorizations": allowed}
 
 
 @pytest.fixture
 def auth_server() -> Iterator[str]:
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Grant)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with json_server(grant) as address:
+        yield address
 
 
 async def test_without_subscribe_rights_dead_letters_still_go_out(
@@ -55,9 +41,10 @@ async def test_without_subscribe_rights_dead_letters_still_go_out(
                         health_port=0, retry_delay=0.05)  # fmt: skip
     reg = Registry()
 
-    @reg.task("orders", channel="billing", max_attempts=1, dead_letter_topic="orders.dead")
-    async def bill(msg: Message) -> None:
-        raise Reject("no invoice")
+    def refuse(msg: Message) -> None:  # a sync handler: run in the pool
+        raise Reject(f"order {msg.body!r} refused")
+
+    reg.task("orders", channel="billing", max_attempts=1, dead_letter_topic="orders.dead")(refuse)
 
     async with Worker(reg, settings):
         nsqd.mpublish("orders", [b"1", b"2", b"3"])

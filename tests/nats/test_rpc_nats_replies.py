@@ -21,28 +21,15 @@ import pytest
 
 from nsqworker.message import Message
 from nsqworker.rpc import rpc
-from nsqworker.settings import Settings
 from nsqworker.task import Registry
 from nsqworker.testing import wait_until
 from nsqworker.testing.nats import NatsServerProcess
 from nsqworker.worker import Worker
+from tests.nats.test_rpc_nats import settings
 
 pytestmark = pytest.mark.integration
 
 DELETE_ORDERS = "$JS.API.STREAM.DELETE.ORDERS"
-
-
-def settings(url: str, **overrides: Any) -> Settings:
-    values: dict[str, Any] = {
-        "transport": "nats",
-        "nats_servers": [url],
-        "retry_delay": 0.05,
-        "backoff_multiplier": 0.0,
-        "drain_timeout": 5.0,
-        "health_port": 0,
-        "log_level": "warning",
-    }
-    return Settings(**(values | overrides))
 
 
 @dataclass

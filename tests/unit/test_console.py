@@ -7,7 +7,7 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -16,7 +16,6 @@ import pytest
 from nsqworker.admin.console.app import create_app
 from nsqworker.admin.console.discovery import StaticWorkers, discovery_for
 from nsqworker.admin.console.fleet import Fleet
-from nsqworker.health import HealthServer, WorkerMetrics
 from nsqworker.settings import Settings, SettingsError
 
 TOKEN = "s3cret-console-token-1234"
@@ -41,25 +40,6 @@ def task(name: str, **fields: Any) -> dict[str, Any]:
            "dead_letter_topic": None, "last_error": None}  # fmt: skip
     row.update(fields)
     return row
-
-
-@pytest.fixture
-def health() -> Iterator[Callable[[dict[str, Any], list[dict[str, Any]]], str]]:
-    """``health(status, inflight)`` serves them from a real HealthServer; its URL."""
-    servers: list[HealthServer] = []
-
-    def start(doc: dict[str, Any], inflight: list[dict[str, Any]]) -> str:
-        server = HealthServer(
-            "127.0.0.1", 0, lambda: True, lambda: (True, {}), WorkerMetrics(),
-            lambda: {"inflight": inflight}, lambda: doc,
-        )  # fmt: skip
-        server.start()
-        servers.append(server)
-        return f"http://127.0.0.1:{server.port}"
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 @contextlib.asynccontextmanager
