@@ -254,7 +254,8 @@ async def replay_dead_letters(
     quiet: float = QUIET,
     on_replayed: Callable[[DeadLetter], None] | None = None,
 ) -> ReplayReport:
-    """Publish the original body of each chosen dead letter (``ids``; None: all) to its
+    """Publish the original body of each chosen dead letter (``ids``, each a dead
+    letter's id or its original message's, as :func:`pick` reads them; None: all) to its
     original topic, or to ``to``, oldest first; remove each dead letter only after the
     broker acknowledged its publish. A replayed message is a new message: its attempts
     start again.
@@ -379,13 +380,32 @@ def _choose(
 ) -> list[tuple[Stored, DeadLetter]]:
     """The stored dead letters ``ids`` names (all when None), oldest first; unknown
     ids go to ``refused``."""
-    by_id = {item.id: item for item in items}
-    if ids is not None:
-        wanted = set(ids)
-        for missing in sorted(wanted - set(by_id)):
-            refused[missing] = NOT_FOUND
-        items = [item for item in items if item.id in wanted]
-    return [(item, to_dead_letter(item, check)) for item in items]
+    chosen = [(item, to_dead_letter(item, check)) for item in items]
+    if ids is None:
+        return chosen
+    picked, missing = pick(chosen, ids)
+    for letter_id in missing:
+        refused[letter_id] = NOT_FOUND
+    return picked
+
+
+def pick(
+    letters: list[tuple[Stored, DeadLetter]], ids: Collection[str]
+) -> tuple[list[tuple[Stored, DeadLetter]], list[str]]:
+    """The dead letters an id names, oldest first, and the ids that name none. An id
+    is the dead letter's own (what ``list`` shows) or the original message's, which the
+    worker's ``dead-letter`` log line shows (the envelope's ``id``: every dead letter of
+    that message)."""
+    wanted = set(ids)
+    found: set[str] = set()
+    picked = []
+    for item, letter in letters:
+        original = (letter.envelope or {}).get("id")
+        hits = wanted & {item.id, original if isinstance(original, str) else item.id}
+        if hits:
+            found |= hits
+            picked.append((item, letter))
+    return picked, sorted(wanted - found)
 
 
 async def _replay_one(
@@ -424,20 +444,21 @@ async def purge_dead_letters(
     older_than: float | None = None,
     quiet: float = QUIET,
 ) -> PurgeReport:
-    """Remove dead letters for good: those ``ids`` names, or those rejected more than
-    ``older_than`` seconds ago, or (neither given) all. Foreign messages are removed
-    like any other; a dead letter with no known time never matches ``older_than``."""
+    """Remove dead letters for good: those ``ids`` names (as :func:`pick` reads them),
+    or those rejected more than ``older_than`` seconds ago, or (neither given) all.
+    Foreign messages are removed like any other; a dead letter with no known time never
+    matches ``older_than``."""
     if older_than is not None and not older_than >= 0:
         raise ConfigurationError(f"older_than must be seconds >= 0, got {older_than!r}")
     report = PurgeReport()
     async with open_store(settings, topic, quiet=quiet) as store:
         items = await store.read()
         if ids is not None:
-            wanted = set(ids)
-            for missing in sorted(wanted - {i.id for i in items}):
-                report.left.append(missing)
-                report.errors[missing] = NOT_FOUND
-            items = [item for item in items if item.id in wanted]
+            picked, missing = pick([(i, to_dead_letter(i, None)) for i in items], ids)
+            for letter_id in missing:
+                report.left.append(letter_id)
+                report.errors[letter_id] = NOT_FOUND
+            items = [item for item, _ in picked]
         if older_than is not None:
             cutoff = time.time() - older_than
             items = [

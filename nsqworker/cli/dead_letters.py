@@ -65,7 +65,12 @@ DeadTopic = Annotated[
 ]
 Ids = Annotated[
     list[str] | None,
-    typer.Option("--id", metavar="ID", help="A dead letter's id (from list); repeat for several."),
+    typer.Option(
+        "--id",
+        metavar="ID",
+        help="A dead letter's id (from list), or the original message's id (from the"
+        " worker's dead-letter log line); repeat for several.",
+    ),
 ]
 All = Annotated[bool, typer.Option("--all", metavar="", help="Every dead letter on the topic.")]
 Wait = Annotated[
@@ -310,7 +315,8 @@ def purge(
 ) -> None:
     """Remove dead letters for good: --all, --id ID ..., or --older-than DURATION.
 
-    Asks for confirmation on a terminal unless --yes. Exit 1 if any was left.
+    Asks for confirmation on a terminal unless --yes; off a terminal, --all and
+    --older-than need --yes. Exit 1 if any was left.
     """
     from rich.text import Text
 
@@ -327,6 +333,11 @@ def purge(
         except ValueError as exc:
             raise _fail(f"--older-than: {exc}") from None
     settings = _settings(config, transport, nsqd, lookupd, nats, rabbitmq)
+    if not yes and not ids and not _interactive():
+        raise _fail(
+            "purge --all or --older-than removes dead letters for good, and nobody is here"
+            " to confirm (standard input is not a terminal): add --yes"
+        )
     if not yes and _interactive():
         which = (
             "every dead letter" if all_ else f"{len(ids or [])} dead letters by id"

@@ -30,12 +30,17 @@ def envelope(topic: str, body: bytes) -> bytes:
     return dead_letter_envelope(make_message(body=body, topic=topic), "boom", "bill")
 
 
-async def put_dead_letters(broker: Broker, items: list[tuple[str, bytes]]) -> list[Any]:
-    """Write envelopes (original topic, body) to the dead-letter topic, as a worker (or
-    an attacker who may write there) would; returns them once listed."""
+async def put_dead_letters(
+    broker: Broker, items: list[tuple[str, bytes]], raw: list[bytes] | None = None
+) -> list[Any]:
+    """Write envelopes (original topic, body), or ``raw`` messages, to the dead-letter
+    topic, as a worker (or an attacker who may write there) would; returns them once
+    listed."""
     if broker.name == "nsq":  # what the worker does at start: the tools' channel first
         broker.nsqd.create_channel(broker.dead, DEAD_LETTER_CHANNEL)  # type: ignore[attr-defined]
-    await broker.publish(broker.dead, [envelope(topic, body) for topic, body in items])
+    bodies = raw if raw is not None else [envelope(topic, body) for topic, body in items]
+    await broker.publish(broker.dead, bodies)
+    items = items or [("", b"")] * len(bodies)
     settings = broker.settings()
     deadline = asyncio.get_running_loop().time() + 30
     while len(found := await list_dead_letters(settings, broker.dead)) < len(items):
@@ -174,3 +179,22 @@ async def test_a_replay_after_a_crash_or_two_at_once_deliver_each_once(
     await wait_until(lambda: b"end" in seen(), timeout=30, message="the end marker")
     assert sorted(seen()) == sorted([*bodies, b"end"])  # each once
     assert await list_dead_letters(settings, broker.dead) == []
+
+
+async def test_the_id_in_the_workers_log_names_the_dead_letter(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """The worker's dead-letter line shows the original message's id; the tools take it
+    as well as the dead letter's own. An id that names nothing exits 1."""
+    seen = await broker.watch(broker.target)
+    message = make_message(body=b"logged", topic=broker.topic)
+    raw = [dead_letter_envelope(message, "boom", "bill")]
+    (letter,) = await put_dead_letters(broker, [], raw=raw)
+    assert letter.id != message.id and letter.envelope is not None
+    cwd = tmp_path
+    nothing = await command(broker, cwd, "purge", broker.dead, "--id", "no-such-id", "--yes")
+    assert nothing.returncode == 1 and "no such dead letter" in nothing.stderr
+    done = await command(broker, cwd, "replay", broker.dead, "--id", message.id,
+                         "--to", broker.target)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    await wait_until(lambda: seen() == [b"logged"], timeout=30, message="the replay")

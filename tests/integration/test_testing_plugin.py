@@ -75,8 +75,11 @@ def test_mpublish_text_mode_rejects_newlines(nsqd: NsqdProcess) -> None:
 def test_deferred_publish_is_not_in_depth(nsqd: NsqdProcess) -> None:
     nsqd.create_channel("later", "c")
     nsqd.publish("later", b"x", defer_ms=60_000)
-    channel = wait_for(lambda: nsqd.channel_stats("later", "c"))
-    assert channel["deferred_count"] == 1
+    # the channel exists before nsqd has moved the deferred message into it: wait for it
+    channel = wait_for(
+        lambda: (c := nsqd.channel_stats("later", "c")) and c["deferred_count"] == 1 and c,
+        message="the deferred message in the channel",
+    )
     assert channel["depth"] == 0
 
 

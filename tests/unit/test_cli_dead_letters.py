@@ -52,3 +52,13 @@ def test_a_purge_on_a_terminal_asks_and_no_removes_nothing(
                            input="n\n")  # fmt: skip
     assert "Remove every dead letter on t.dead for good?" in result.output
     assert result.exit_code == 1 and "nothing removed" in result.stderr
+
+
+def test_a_bulk_purge_off_a_terminal_needs_yes(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dead_letters, "_interactive", lambda: False)
+    for chosen in (["--all"], ["--older-than", "7d"]):
+        result = runner.invoke(app, ["dead-letters", "purge", "t.dead", *chosen, *UNREACHABLE])
+        assert result.exit_code == 2, result.output  # refused before any connection
+        assert "add --yes" in " ".join(result.stderr.split())
