@@ -74,6 +74,7 @@ def tasks(
     table.add_column("retry", justify="right", no_wrap=True)
     table.add_column("dead letter", overflow="fold", min_width=11)
     table.add_column("publishes", overflow="fold")
+    table.add_column("timeout", justify="right", no_wrap=True)
     table.add_column("kind", no_wrap=True, min_width=5)
     for row in rows:
         defaults = set(row["defaults"])
@@ -85,7 +86,9 @@ def tasks(
         kind = row["kind"] if row["body"] is None else f"{row['kind']}, {row['body']}"
         publishes = cell(f"→ {row['publish_to']}" if row["publish_to"] else "-")
         cells = [cell(row["topic"]), cell(row["channel"]), *resolved, _dead_letter_text(row)]
-        table.add_row(cell(name), *cells, publishes, cell(kind))
+        timeout = "-" if row["timeout"] is None else f"{row['timeout']:g}s"
+        limit = Text(timeout, style="dim" if "timeout" in defaults else "")
+        table.add_row(cell(name), *cells, publishes, limit, cell(kind))
     console = Console()
     console.print(table)
     for edge in pipeline_edges(rows):
@@ -99,11 +102,17 @@ def tasks(
         console.print()
         for row in scheduled:
             console.print(_schedule_text(row), highlight=False, soft_wrap=True)
+        from nsqworker.schedules.runner import NO_LEADER, choose_leader
+
+        if choose_leader(settings)[0] == "none":
+            console.print(Text(f"warning: {NO_LEADER}", style="yellow"), soft_wrap=True)
 
 
 def task_row(spec: TaskSpec, settings: Settings) -> dict[str, Any]:
     """One task as plain data, with options left to the settings filled in from them."""
     defaults = [name for name in _DEFAULTED if getattr(spec, name) is None]
+    if spec.timeout is None:
+        defaults.append("timeout")
     hook = spec.on_dead_letter
     return {
         "name": spec.name,

@@ -55,6 +55,14 @@ def lease_name(target: str, settings: Settings) -> str:
     return name[:253].strip("-.")
 
 
+NO_LEADER = (
+    "schedules: no leader (schedule_leader none): every process running these tasks"
+    " fires each tick, so two replicas fire it twice; set NSQWORKER_SCHEDULE_LEADER"
+    " (kubernetes or nats) when more than one runs"
+)
+"""Said at WARNING when schedules start with no leader, and by ``nsqworker tasks``."""
+
+
 def choose_leader(settings: Settings) -> tuple[str, str]:
     """``(leader, why)``: the setting's, else kubernetes in a pod, else none."""
     if settings.schedule_leader:
@@ -223,6 +231,8 @@ class ScheduleRunner:
             f"schedules: leader {self.leader} ({self._why}) on "
             f"{self.elector.store.description}, candidate {self.elector.identity}; {shown}"
         )
+        if self.leader == "none":
+            log.warning(NO_LEADER)
         ready = threading.Event()
         self._thread = threading.Thread(
             target=self._main, args=(ready,), name="nsqworker-schedules", daemon=True

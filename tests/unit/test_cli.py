@@ -88,9 +88,13 @@ def test_tasks_table_shows_resolved_values(runner: CliRunner, module: str) -> No
     assert "2 tasks" in result.stdout
     # max_attempts and requeue from settings
     archive = row(result.stdout, f"{module}.archive")  # in full, as logs and metrics say
-    assert archive[1:] == ["clicks", "archive", "7", "9", "5s", "-", "-", "async"]
+    assert archive[1:] == ["clicks", "archive", "7", "9", "5s", "-", "-", "-", "async"]
     report = row(result.stdout, f"{module}.build_report")
-    assert report[1:] == ["reports", "spark", "100", "3", "2.5s", "alert()", "-", "sync"]
+    assert report[1:] == ["reports", "spark", "100", "3", "2.5s", "alert()", "-", "-", "sync"]
+    timed = runner.invoke(
+        app, ["tasks", f"{module}:registry"], env={"NSQWORKER_TASK_TIMEOUT": "30"}
+    )
+    assert row(timed.stdout, f"{module}.archive")[-2] == "30s"  # the setting, dimmed
     assert row(result.stdout, "→ reports.dead")
 
 
@@ -112,10 +116,10 @@ def test_tasks_json(runner: CliRunner, module: str) -> None:
         "timeout": None,
         "transport": "nsq",
         "publish_to": None,
-        "defaults": ["max_attempts", "retry_delay"],
+        "defaults": ["max_attempts", "retry_delay", "timeout"],
     }
     assert report["on_dead_letter"] == f"{module}.alert"
-    assert report["defaults"] == ["max_in_flight"]
+    assert report["defaults"] == ["max_in_flight", "timeout"]
 
 
 TYPED = """

@@ -7,6 +7,7 @@ import json
 import textwrap
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -73,6 +74,11 @@ def test_tasks_shows_each_schedule_and_its_next_three_fire_times(write) -> None:
     assert line.startswith("daily fires on 0 6 * * * (Europe/Berlin); next: ")
     assert ", ".join(daily["next"]) in line or line.count("T06:00:00") == 3
     assert "tick fires on */10 * * * * * | 0 0 * * *; next: " in text
+    assert "warning: schedules: no leader (schedule_leader none)" in " ".join(text.split())
+    led = CliRunner(env={**ENV, "NSQWORKER_SCHEDULE_LEADER": "nats"}).invoke(
+        app, ["tasks", f"{name}:registry"]
+    )
+    assert led.exit_code == 0 and "no leader" not in led.stdout
 
 
 @pytest.mark.parametrize(
@@ -162,3 +168,26 @@ def test_the_leader_defaults_to_kubernetes_only_in_a_pod_with_a_service_account(
         == "nsqworker-schedules-my-service.tasks"
     )
     assert lease_name("x", Settings(schedule_lease_name="beat")) == "beat"
+
+
+def test_schedules_with_no_leader_warn_at_start(log_lines) -> None:  # type: ignore[no-untyped-def]
+    from nsqworker.schedules.cron import Schedule
+    from nsqworker.schedules.firing import Scheduled
+    from nsqworker.schedules.runner import ScheduleRunner
+    from nsqworker.settings import Settings
+
+    yearly = [Scheduled("app.report", "reports", Schedule.of("0 0 1 1 *"))]  # never fires here
+
+    def warnings() -> list[dict[str, Any]]:
+        said = [x for x in log_lines() if "no leader (schedule_leader none)" in x["event"]]
+        assert all(x["level"] == "warning" for x in said)
+        return said
+
+    for count, leader in enumerate(("none", None), 1):  # said, or the default off Kubernetes
+        settings = Settings(nsqd_tcp_addresses=["127.0.0.1:1"], schedule_leader=leader)
+        runner = ScheduleRunner("app.tasks", settings, yearly)
+        runner.start()
+        runner.stop()
+        assert len(warnings()) == count
+    led = ScheduleRunner("app.tasks", Settings(schedule_leader="nats"), yearly)
+    assert led.leader == "nats" and len(warnings()) == 2  # not started: nothing more said
