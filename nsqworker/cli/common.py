@@ -32,6 +32,7 @@ __all__ = [
     "load_registry",
     "load_settings",
     "print_import_error",
+    "table_console",
 ]
 
 EXIT_USAGE = 2
@@ -215,3 +216,17 @@ _OUR_DIRS = tuple(
 def _ours(filename: str) -> bool:
     """Frames of nsqworker or importlib, which the user did not write."""
     return filename.startswith("<frozen ") or os.path.abspath(filename).startswith(_OUR_DIRS)
+
+
+def table_console(**options: Any) -> Any:
+    """A rich ``Console`` for tables on standard output: the terminal's width on a
+    terminal; piped (``| less``, ``| grep``) with no ``COLUMNS`` set, wide enough that
+    no row wraps, one line a row (rich would squeeze it to 80 columns)."""
+    import os
+
+    from rich.console import Console
+
+    console = Console(**options)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = 10_000  # a table takes its natural width, never this
+    return console

@@ -35,6 +35,7 @@ from nsqworker.cli.common import (
     TransportOption,
     load_registry,
     load_settings,
+    table_console,
 )
 
 if TYPE_CHECKING:
@@ -181,7 +182,6 @@ def list_(
 
 def _print_table(topic: str, letters: list[DeadLetter]) -> None:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
@@ -213,7 +213,7 @@ def _print_table(topic: str, letters: list[DeadLetter]) -> None:
             cell(letter.task), cell(letter.topic), cell(letter.attempts), cell(letter.reason),
             body,
         )  # fmt: skip
-    Console(highlight=False).print(table)
+    table_console(highlight=False).print(table)
 
 
 @app.command(cls=Command)

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nsqworker.cli.common import EXIT_USAGE, AsJson
+from nsqworker.cli.common import EXIT_USAGE, AsJson, table_console
 from nsqworker.cli.safe import cell, markup_safe
 from nsqworker.safe_text import one_line
 
@@ -53,7 +53,6 @@ def inflight(
         typer.echo(json.dumps(rows, indent=2))
         return
     from rich import box
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(
@@ -74,7 +73,7 @@ def inflight(
             cell(row.get("task", "?")), cell(row.get("id", "?")), cell(row.get("attempts", "?")),
             cell(row.get("state", "?")), cell(row.get("handler", "-")),
         )  # fmt: skip
-    Console().print(table)
+    table_console().print(table)
 
 
 def _age(value: Any) -> str:

@@ -17,6 +17,7 @@ from nsqworker.cli.common import (
     TransportOption,
     load_registry,
     load_settings,
+    table_console,
 )
 from nsqworker.cli.safe import cell
 from nsqworker.safe_text import one_line
@@ -54,7 +55,6 @@ def tasks(
         typer.echo(json.dumps(rows, indent=2))
         return
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
@@ -89,7 +89,7 @@ def tasks(
         timeout = "-" if row["timeout"] is None else f"{row['timeout']:g}s"
         limit = Text(timeout, style="dim" if "timeout" in defaults else "")
         table.add_row(cell(name), *cells, publishes, limit, cell(kind))
-    console = Console()
+    console = table_console()
     console.print(table)
     for edge in pipeline_edges(rows):
         console.print(one_line(edge), highlight=False, markup=False)
@@ -226,7 +226,6 @@ def show_settings(config: ConfigFile = None, as_json: AsJson = False) -> None:
         }
         typer.echo(json.dumps(data, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
@@ -238,7 +237,7 @@ def show_settings(config: ConfigFile = None, as_json: AsJson = False) -> None:
     for name, shown, source, doc in described:
         style = "dim" if source == "default" else "bold"
         table.add_row(name, cell(shown, style), Text(source, style=style), doc)
-    Console().print(table)
+    table_console().print(table)
 
 
 def _json_value(settings: Settings, name: str, shown: str) -> Any:

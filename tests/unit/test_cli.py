@@ -423,3 +423,12 @@ def test_tasks_show_the_pipeline_edges(runner: CliRunner, tmp_path: Path, module
     as_json = runner.invoke(app, ["tasks", f"{name}:registry", "--json"])
     edges = {t["name"].rpartition(".")[2]: t["publish_to"] for t in json.loads(as_json.stdout)}
     assert edges == {"price": "priced", "bill": "billed", "audit": None}
+
+
+def test_a_piped_table_keeps_each_row_on_one_line(runner: CliRunner, module: str) -> None:
+    """Off a terminal with no COLUMNS (``nsqworker tasks | less``), rows are not wrapped
+    to 80 columns: each task is one line, whatever its width."""
+    result = runner.invoke(app, ["tasks", f"{module}:registry"], env={"COLUMNS": None})
+    assert result.exit_code == 0, result.output
+    (line,) = [x for x in result.stdout.splitlines() if f"{module}.build_report" in x]
+    assert len(line) > 80 and line.rstrip().endswith("sync") and "alert()" in line
