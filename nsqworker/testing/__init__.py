@@ -251,8 +251,14 @@ def _skip_missing(reason: str) -> NoReturn:
 if _HAVE_PYTEST:
 
     def pytest_addoption(parser: pytest.Parser) -> None:
-        """Add ``--nsqd-bin-dir``."""
+        """Add ``--nsqd-bin-dir`` and ``--nsqworker-shell-env``."""
         group = parser.getgroup("nsqworker", "nsqworker test processes")
+        group.addoption(
+            "--nsqworker-shell-env",
+            action="store_true",
+            default=False,
+            help="keep the shell's NSQWORKER_* settings for the tests (set aside by default)",
+        )
         group.addoption(
             "--nsqd-bin-dir",
             default=None,
@@ -262,6 +268,39 @@ if _HAVE_PYTEST:
                 f"${TOOLS_BIN_ENV}, PATH and .tools/bin"
             ),
         )
+
+    _SHELL_ENV = pytest.StashKey[dict[str, str]]()
+
+    def pytest_configure(config: pytest.Config) -> None:
+        """Set the shell's ``NSQWORKER_*`` settings aside for the run
+        (:mod:`nsqworker.testing.shell_env`), unless ``--nsqworker-shell-env``."""
+        from nsqworker.testing.shell_env import set_aside
+
+        keep = config.getoption("nsqworker_shell_env", default=False)
+        config.stash[_SHELL_ENV] = {} if keep else set_aside()
+
+    def pytest_unconfigure(config: pytest.Config) -> None:
+        """Put the shell's settings back."""
+        from nsqworker.testing.shell_env import restore
+
+        restore(config.stash.get(_SHELL_ENV, {}))
+
+    def pytest_report_header(config: pytest.Config) -> str | None:
+        """Name the variables set aside, if any."""
+        taken = config.stash.get(_SHELL_ENV, {})
+        if not taken:
+            return None
+        return (
+            f"nsqworker.testing: set aside the shell's {', '.join(taken)} for the run"
+            " (tests make their own settings; --nsqworker-shell-env keeps them)"
+        )
+
+    @pytest.fixture
+    def shell_settings_env(pytestconfig: pytest.Config) -> dict[str, str]:
+        """The shell's ``NSQWORKER_*`` settings the plugin set aside (name -> value), for
+        a test that wants them (``monkeypatch.setenv`` each)."""
+        taken: dict[str, str] = pytestconfig.stash.get(_SHELL_ENV, {})
+        return dict(taken)
 
     def pytest_terminal_summary(terminalreporter: Any) -> None:
         """Say why tests were skipped for a missing binary (``pytest -q`` shows only ``s``).
