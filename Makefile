@@ -86,13 +86,15 @@ screenshots: venv tools-nsq
 	NSQWORKER_SCREENSHOTS=$(CURDIR)/docs .venv/bin/pytest -q "tests/e2e/test_console_browser.py::test_the_console_in_a_browser[nsq]"
 
 # Not part of `make test`: nsqworker run for SOAK_MINUTES while nsqd restart and workers
-# are killed; writes its figures to docs/reliability.md and docs/soak.png.
+# are killed; writes its figures and plot under .run/soak/ (SOAK_DOC=1: into
+# docs/reliability.md and docs/soak.png, to publish the run).
 # TRANSPORT=nats or rabbitmq-stream soaks that broker instead of NSQ.
 SOAK_MINUTES ?= 30
+SOAK_DOC ?=
 TRANSPORT ?= nsq
 soak: venv tools-nsq
 	@case "$(TRANSPORT)" in nats) scripts/install-tools nats;; rabbitmq-stream) scripts/install-tools rabbitmq;; esac
-	SOAK_MINUTES=$(SOAK_MINUTES) TRANSPORT=$(TRANSPORT) .venv/bin/python -m bench.soak
+	SOAK_MINUTES=$(SOAK_MINUTES) TRANSPORT=$(TRANSPORT) SOAK_DOC=$(SOAK_DOC) .venv/bin/python -m bench.soak
 
 run: venv tools-nsq
 	.venv/bin/python scripts/run-local $(RUN_ARGS)

@@ -13,9 +13,10 @@ backoff stall reported by the workers; on NSQ, no stretch longer than the longes
 backoff with a backlog, every connection at RDY 0 and nothing handled), and, for runs of 5 minutes or
 more, that resident memory and open file descriptors stayed flat: the mean of the last
 window within 10% of the first window after warm-up (windows of 10 minutes, or a third of
-the run when it is shorter). Unless SOAK_DOC=0 it writes the figures into
-docs/reliability.md (between the transport's ``soak`` markers) and a plot to
-docs/soak.png (docs/soak-<transport>.png), and exits 1 if a check failed.
+the run when it is shorter). It writes the figures into .run/soak/reliability.md
+(between the transport's ``soak`` markers) and a plot to .run/soak/soak.png
+(soak-<transport>.png); with SOAK_DOC=1 into docs/reliability.md and docs/ instead (to
+publish a run), with SOAK_DOC=0 nowhere. It exits 1 if a check failed.
 
     SOAK_MINUTES=3 TRANSPORT=nats .venv/bin/python -m bench.soak
     SOAK_SECONDS=60 SOAK_FAIL=0.05 SOAK_RATE=10 SOAK_DOC=0 .venv/bin/python -m bench.soak
@@ -48,7 +49,10 @@ from nsqworker.settings import Settings
 from nsqworker.testing import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "reliability.md"
+DOCS = ROOT / "docs"
+"""Where SOAK_DOC=1 writes: docs/reliability.md and the plot beside it."""
+RUNS = ROOT / ".run" / "soak"
+"""Where a run writes by default, so the checkout's docs change only when asked."""
 WARMUP = 60.0  # seconds before the first memory window
 SAMPLE_EVERY = 5.0
 STALL_LOOK_EVERY = 1.0
@@ -165,10 +169,13 @@ def get_json(url: str) -> dict[str, object]:
 
 
 class Soak:
-    def __init__(self, run: Run, brokers: Brokers, workdir: Path, write_doc: bool = True) -> None:
+    def __init__(
+        self, run: Run, brokers: Brokers, workdir: Path, report_dir: Path | None = RUNS
+    ) -> None:
         self.run = run
         self.brokers = brokers
-        self.write_docs = write_doc
+        self.report_dir = report_dir  # None: no report
+        self.write_docs = report_dir is not None
         self.workdir = workdir
         self.handled_file = workdir / "handled.txt"
         self.dead_file = workdir / "dead.txt"
@@ -474,7 +481,8 @@ class Soak:
     @property
     def plot_path(self) -> Path:
         name = "soak.png" if self.run.transport == "nsq" else f"soak-{self.run.transport}.png"
-        return DOC.parent / name
+        assert self.report_dir is not None
+        return self.report_dir / name
 
     def write_doc(self, figures: dict[str, object], checks: dict[str, bool]) -> None:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -496,12 +504,16 @@ class Soak:
             f"![RSS and open files of the worker processes during the soak]({self.plot_path.name})",
             end,
         ]
-        text = DOC.read_text() if DOC.exists() else f"# Reliability\n\n{begin}\n{end}\n"
+        assert self.report_dir is not None
+        doc = self.report_dir / "reliability.md"
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        text = doc.read_text() if doc.exists() else f"# Reliability\n\n{begin}\n{end}\n"
         if begin not in text:
             text += f"\n{begin}\n{end}\n"
         head, _, rest = text.partition(begin)
         _, _, tail = rest.partition(end)
-        DOC.write_text(head + "\n".join(lines) + tail)
+        doc.write_text(head + "\n".join(lines) + tail)
+        print(f"soak: figures in {doc.relative_to(ROOT)}, plot in {self.plot_path.name}")
 
     def plot(self, first: list[Sample], last: list[Sample]) -> None:
         import matplotlib
@@ -533,6 +545,7 @@ class Soak:
             "red = worker SIGKILL, green = compared windows"
         )
         fig.tight_layout()
+        self.plot_path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(self.plot_path, dpi=90)
 
 
@@ -574,7 +587,8 @@ def main() -> int:
         fail=float(env.get("SOAK_FAIL", "0.01")),
     )
     with tempfile.TemporaryDirectory(prefix="nsqworker-soak-") as workdir:
-        soak = Soak(run, BROKERS[transport](), Path(workdir), env.get("SOAK_DOC", "1") != "0")
+        where = {"0": None, "1": DOCS}.get(env.get("SOAK_DOC", ""), RUNS)
+        soak = Soak(run, BROKERS[transport](), Path(workdir), where)
         return soak.main()
 
 
