@@ -11,9 +11,21 @@ from typing import Any
 
 import pytest
 import structlog
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from nsqworker import logging as nsqworker_logging
 from nsqworker.health import HealthServer, WorkerMetrics
+from nsqworker.testing.ci import in_ci
+
+# Property tests on a loaded 2-core CI machine: no per-example deadline (the default 200 ms
+# fails a test for the machine's load, not for the code) and the same examples every run
+# (a CI failure is reproducible; exploring new examples is what local runs do).
+hypothesis_settings.register_profile(
+    "ci", deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+if in_ci():
+    hypothesis_settings.load_profile("ci")
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from nsqworker.consumer import Consumer
 from nsqworker.message import FINISH, Message, Outcome
 from nsqworker.settings import Settings
 from nsqworker.testing import NsqdFactory
+from nsqworker.testing.ci import in_ci
 
 TRANSPORTS = ["nsq", "nats", "rabbitmq-stream"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,7 +191,7 @@ def official_tool(path: Path, what: str) -> Path:
     if path.exists():
         return path
     message = f"{what} is missing at {path}: run scripts/install-tools"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    if in_ci():
         pytest.fail(f"CI=true and {message}", pytrace=False)
     pytest.skip(message)
 

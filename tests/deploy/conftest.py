@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from nsqworker.testing import find_binary
+from nsqworker.testing.ci import in_ci
 from nsqworker.testing.kube import KubeControlPlane
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ RELEASE = "orders"
 
 
 def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"true", "1"}
+    return in_ci()
 
 
 class HelmError(AssertionError):

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from nsqworker.testing import free_port, wait_for
+from nsqworker.testing.ci import in_ci
 
 from .conftest import Supervised
 
@@ -118,7 +119,7 @@ def browser() -> Iterator[Any]:
     """Debian's chromium under Playwright (never Playwright's own browser download)."""
     if not os.path.exists(BROWSER):
         message = f"{BROWSER} is missing: scripts/install-tools browser installs it"
-        if os.environ.get("CI", "").lower() in ("1", "true"):
+        if in_ci():
             pytest.fail(f"CI=true and {message}", pytrace=False)
         pytest.skip(message)
     from playwright.sync_api import sync_playwright

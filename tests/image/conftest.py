@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import shlex
 import shutil
 import subprocess
@@ -28,6 +27,7 @@ import httpx
 import pytest
 
 from nsqworker.testing import find_binary, wait_for
+from nsqworker.testing.ci import in_ci
 
 ROOT = Path(__file__).resolve().parents[2]
 PODMAN = ROOT / "scripts" / "podman"
@@ -45,7 +45,7 @@ _skipped: set[str] = set()  # why the image tests were skipped, said once at the
 
 
 def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"true", "1"}
+    return in_ci()
 
 
 def _unavailable(reason: str) -> NoReturn:

@@ -27,6 +27,7 @@ from nsqworker.memory import MemoryTransport
 from nsqworker.message import Message
 from nsqworker.settings import Settings
 from nsqworker.task import Registry, Retry
+from nsqworker.testing.ci import in_ci
 from nsqworker.testing.rabbitmq import find_rootfs
 from nsqworker.worker import Worker
 
@@ -97,7 +98,7 @@ def test_the_short_soak_handles_every_message(
 ) -> None:
     soak = short_soaks[transport]
     if isinstance(soak, str):
-        if os.environ.get("CI") == "true":
+        if in_ci():
             pytest.fail(f"CI=true and the {transport} broker is missing: {soak}", pytrace=False)
         pytest.skip(soak)
     process, log = soak

@@ -22,6 +22,7 @@ from nsqworker.spark.local import find_java
 from nsqworker.spark.session import SessionHolder
 from nsqworker.task import Registry
 from nsqworker.testing import NsqdProcess, wait_until
+from nsqworker.testing.ci import in_ci
 from nsqworker.worker import Worker
 
 TOPIC = "spark_sessions"
@@ -33,10 +34,6 @@ CONF = {
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
 }
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in {"true", "1"}
 
 
 def need_java() -> None:
