@@ -110,7 +110,8 @@ class NsqTransport:
         dead letters may go to (those of the settings; else the one that delivered
         ``near``; else, with no message, each that nsqlookupd lists), so the tools see
         every dead letter from the first. A SUB with RDY 0, then CLS: nothing is
-        delivered. Done once per nsqd and topic; raises what the connection raises."""
+        delivered. Done once per nsqd and topic; every nsqd is tried, then the first
+        failure is raised."""
         direct = list(self.settings.nsqd_tcp_addresses)
         if direct:
             wanted = [(a, self.config) for a in direct]
@@ -121,11 +122,18 @@ class NsqTransport:
                 self.settings.lookupd_http_addresses, self.settings.lookupd_allowed_nsqd, 5.0
             )
             wanted = [(a, self.config.for_discovered()) for a in found]
+        failed: list[BaseException] = []
         async with self._keeping:
-            for address, config in wanted:
+            for address, config in wanted:  # each: one nsqd down leaves the others kept
                 if (address, topic) not in self._kept:
-                    await _make_channel(address, config, topic)
-                    self._kept.add((address, topic))
+                    try:
+                        await _make_channel(address, config, topic)
+                    except Exception as exc:
+                        failed.append(exc)
+                    else:
+                        self._kept.add((address, topic))
+        if failed:
+            raise failed[0]
 
     def describe(self) -> dict[str, str]:
         """The nsqd and nsqlookupd addresses of the settings."""
