@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import yaml  # type: ignore[import-untyped]
 
 from nsqworker.schedules.cron import format_tick, parse_tick
 from nsqworker.testing import _in_ci, wait_for
+from nsqworker.testing.holds import holds
 from nsqworker.testing.kube import KubeControlPlane, find_kube_binaries
 from nsqworker.testing.processes import find_binary
 
@@ -228,8 +228,8 @@ def test_a_lease_the_worker_may_not_write_is_an_error_and_nothing_fires(
         and "grant its service account get, create and update on leases.coordination.k8s.io"
         in errors[0]["event"]
     ), errors[0]["event"]
-    time.sleep(3)  # a few more tries (retry period 0.5 s): still nothing may fire
-    assert handled(tmp_path / "handled.txt") == {}
+    # a few more tries (retry period 0.5 s): still nothing may fire
+    holds(lambda: handled(tmp_path / "handled.txt") == {}, 3.0, "a tick fired without a Lease")
     assert lease_holder(rbac_kube, "denied", "d") is None
     assert run.output().count("schedules will not fire") == 1
     run.signal(signal.SIGTERM)

@@ -20,6 +20,7 @@ from nsqworker.settings import Settings
 from nsqworker.task import Registry
 from nsqworker.testing import NsqdFactory, NsqdProcess, NsqlookupdProcess, wait_until
 from nsqworker.testing.faults import AuthAskingServer, SilentServer
+from nsqworker.testing.holds import window
 from nsqworker.worker import Worker
 
 SECRET = "top-secret-token"
@@ -122,7 +123,7 @@ async def test_a_flood_naming_a_hanging_reply_nsqd_does_not_starve_the_endpoint(
                 )
             took = time.monotonic() - started
             assert answers == [{"ok": n} for n in range(5)]
-            assert took < 5.0, f"good calls waited {took:.1f} s behind the flood"
+            assert took < window(5.0), f"good calls waited {took:.1f} s behind the flood"
             await wait_until(lambda: len(letters) == 300, timeout=20, message="300 dead letters")
         assert fake.accepted <= 3  # dialled once (and its retry), not once per request
     assert all("unreachable" in r or "failed less than" in r for r in letters)

@@ -19,6 +19,7 @@ from nsqworker.nats import NatsProducer
 from nsqworker.settings import Settings
 from nsqworker.task import Registry, Reject
 from nsqworker.testing import wait_until
+from nsqworker.testing.holds import holds_async
 from nsqworker.testing.nats import NatsServerProcess
 from nsqworker.worker import Worker
 
@@ -205,7 +206,8 @@ async def test_a_dead_letter_refused_by_the_streams_max_msg_size_is_sent_without
                 if (await js.stream_info(stream)).state.messages >= 1:
                     break
                 await asyncio.sleep(0.1)
-            await asyncio.sleep(1.0)  # a requeue loop would call the handler again
+            # a requeue loop would call the handler again
+            await holds_async(lambda: calls == 1, 1.5, "the handler called again")
         assert (await js.stream_info(stream)).state.messages == 1
         copy = json.loads((await js.get_msg(stream, 1)).data or b"")
     finally:
