@@ -32,7 +32,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Self
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     import kubernetes.client
 
 __all__ = [
+    "Daemon",
     "KubeBinaries",
     "KubeControlPlane",
     "KubeControlPlaneError",
@@ -102,7 +103,7 @@ def find_kube_binaries(bin_dir: str | os.PathLike[str] | None = None) -> KubeBin
         raise FileNotFoundError(str(exc).replace(nsq_install_hint(), KUBE_INSTALL_HINT)) from None
 
 
-_LIVE: set[_Daemon] = set()
+_LIVE: set[Daemon] = set()
 
 
 @atexit.register
@@ -113,8 +114,13 @@ def _kill_leftovers() -> None:
             daemon.stop(timeout=1.0)
 
 
-class _Daemon:
-    """One child process with its output in a log file."""
+class Daemon:
+    """One child process with its output in a log file (appended to), in its own session.
+
+    Stopped by :meth:`stop` (SIGTERM, then SIGKILL after ``timeout``), and at the latest
+    when the interpreter exits. :mod:`nsqworker.testing.kube_cluster` starts the cluster's
+    other processes with it.
+    """
 
     def __init__(self, name: str, argv: list[str], log_path: Path, cwd: Path) -> None:
         self.name = name
@@ -132,15 +138,18 @@ class _Daemon:
         _LIVE.add(self)
 
     def exited(self) -> bool:
+        """True once the process has ended."""
         return self.proc.poll() is not None
 
     def log_tail(self, lines: int = 25) -> str:
+        """The last ``lines`` lines it logged since it started."""
         with contextlib.suppress(OSError), self.log_path.open("rb") as log:
             log.seek(self._offset)
             return "\n".join(log.read().decode("utf-8", "replace").splitlines()[-lines:])
         return ""
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL; close the log."""
         try:
             if self.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -178,6 +187,13 @@ class KubeControlPlane:
             every request but the administrator's (``system:masters``), so a test can
             act as a service account with only the rules it grants (ready about a
             second later: the bootstrap roles are written first).
+        command_prefix: put before each process's command line (a cluster in a network
+            namespace passes ``nsenter --net=... --``).
+        apiserver_args: more kube-apiserver flags, after the usual ones (a flag given
+            twice takes the later value).
+        forward: called with each port etcd and kube-apiserver will listen on, before it
+            is polled from this process (a cluster in a network namespace forwards the
+            same port of the host's loopback into it).
     """
 
     def __init__(
@@ -187,15 +203,21 @@ class KubeControlPlane:
         work_dir: str | os.PathLike[str] | None = None,
         ready_timeout: float = READY_TIMEOUT,
         authorization_mode: str = "AlwaysAllow",
+        command_prefix: Sequence[str] = (),
+        apiserver_args: Sequence[str] = (),
+        forward: Callable[[int], object] | None = None,
     ) -> None:
         self.binaries = binaries
+        self.command_prefix = list(command_prefix)
+        self.apiserver_args = list(apiserver_args)
+        self.forward = forward
         self.authorization_mode = authorization_mode
         self.ready_timeout = ready_timeout
         self._owns_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir is not None else None
         self.token = secrets.token_hex(16)
-        self._etcd: _Daemon | None = None
-        self._apiserver: _Daemon | None = None
+        self._etcd: Daemon | None = None
+        self._apiserver: Daemon | None = None
         self._port: int | None = None
         self._etcd_url = ""
 
@@ -370,7 +392,10 @@ class KubeControlPlane:
         peer = f"http://{LOOPBACK}:{peer_port}"
         data = self._dir / "etcd"
         shutil.rmtree(data, ignore_errors=True)
+        if self.forward is not None:
+            self.forward(client_port)
         argv = [
+            *self.command_prefix,
             self.binaries.etcd,
             "--name=test",
             f"--data-dir={data}",
@@ -382,13 +407,16 @@ class KubeControlPlane:
             "--unsafe-no-fsync",  # throwaway data: no fsync makes writes ~10x faster
             "--log-level=warn",
         ]
-        self._etcd = _Daemon("etcd", argv, self._dir / "etcd.log", self._dir)
+        self._etcd = Daemon("etcd", argv, self._dir / "etcd.log", self._dir)
         self._wait(self._etcd, f"{self._etcd_url}/health", deadline, headers={})
 
     def _start_apiserver(self, deadline: float) -> None:
         assert self.binaries is not None
         (port,) = free_ports(1)
+        if self.forward is not None:
+            self.forward(port)
         argv = [
+            *self.command_prefix,
             self.binaries.kube_apiserver,
             f"--etcd-servers={self._etcd_url}",
             f"--bind-address={LOOPBACK}",
@@ -405,15 +433,16 @@ class KubeControlPlane:
             "--service-cluster-ip-range=10.0.0.0/24",
             "--enable-priority-and-fairness=false",  # one client; starts sooner
             "--profiling=false",
+            *self.apiserver_args,
         ]
-        self._apiserver = _Daemon(
+        self._apiserver = Daemon(
             "kube-apiserver", argv, self._dir / "kube-apiserver.log", self._dir
         )
         self._port = port
         headers = {"Authorization": f"Bearer {self.token}"}
         self._wait(self._apiserver, f"https://{LOOPBACK}:{port}/readyz", deadline, headers=headers)
 
-    def _wait(self, daemon: _Daemon, url: str, deadline: float, headers: dict[str, str]) -> None:
+    def _wait(self, daemon: Daemon, url: str, deadline: float, headers: dict[str, str]) -> None:
         """Poll ``url`` until it answers 200, ``daemon`` exits or ``deadline`` passes."""
         last = "no answer"
         # the serving certificate does not exist before the server made it: only
@@ -433,7 +462,7 @@ class KubeControlPlane:
                     self._fail(daemon, f"not ready within {self.ready_timeout:g}s ({url}: {last})")
                 time.sleep(0.1)
 
-    def _fail(self, daemon: _Daemon, what: str) -> None:
+    def _fail(self, daemon: Daemon, what: str) -> None:
         tail = daemon.log_tail()
         error = _PortInUse if "address already in use" in tail else KubeControlPlaneError
         raise error(f"{daemon.name} {what}; log {daemon.log_path}:\n{tail}")
