@@ -62,7 +62,7 @@ def test_the_nats_scaled_object_speaks_of_the_nats_trigger(helm: Helm) -> None:
         *helm.value_args([], values),
     )  # fmt: skip
     assert "nsq trigger" not in out
-    assert "the nats-jetstream trigger counts the consumer's pending" in out
+    assert "counts the\n  # consumer's pending + ack-pending messages" in out
     nsq = helm.run(
         "template", "orders", str(CHART), "-s", "templates/scaledobject.yaml",
         *helm.value_args([], {"keda": {"enabled": True, "channels": ONE_CHANNEL}}),
