@@ -39,6 +39,7 @@ async def test_after_failures_in_a_row_the_backlog_drains(broker: Harness) -> No
     settings = broker.settings(backoff_multiplier=0.05, max_backoff_duration=0.3)
     async with Worker(reg, settings, transport=broker.transport()) as worker:
         await broker.until(lambda: len(handled) == 60, 45, "all 60 handled after the failures")
+        await broker.until_settled(broker.topic, "liveness", 60, retried=None)
         stats = worker.stats().tasks[handle.spec.name]
         await broker.until(
             lambda: worker.stats().tasks[handle.spec.name].backoff_level == 0, 10, "level 0"

@@ -1,7 +1,9 @@
 """The behaviour every transport must show under the same task code (issue: the transport
 seam). Each test runs once per transport in ``conftest.TRANSPORTS``, through a real
 ``Worker``: the in-flight bound, ack, retry with a delay, dead letter at the last attempt,
-reject, keep-alive of a long handler, drain without loss, one span per delivery."""
+reject, keep-alive of a long handler, drain without loss or double, one span per delivery.
+Each checks what the broker itself settled (``Harness.until_settled``), not only what the
+worker counted: a FIN, ack or offset store lost on the way fails it."""
 
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ async def test_handlers_at_once_never_exceed_max_in_flight(broker: Harness) -> N
     await broker.publish(broker.topic, bodies(30))
     async with worker(broker, reg):
         await broker.until(lambda: len(done) == 30, 20, "30 handled")
+        await broker.until_settled(broker.topic, CHANNEL, 30)
     assert peak == 3  # the window was used, and never exceeded
     assert set(done.values()) == {1}
 
@@ -73,8 +76,14 @@ async def test_a_returning_handler_acks_each_message_once(broker: Harness) -> No
     async with worker(broker, reg) as w:
         await broker.until(lambda: sum(seen.values()) == 50, 20, "50 handled")
         await broker.until(lambda: w.stats().tasks[handle.spec.name].finished == 50, 5, "acked")
-        await asyncio.sleep(0.3)  # anything unacked would come back meanwhile on nsq
+        await broker.until_settled(broker.topic, CHANNEL, 50)  # by the broker's count
+    # Nothing comes back: not to a worker on the same channel within three message
+    # timeouts (nsqd and JetStream redeliver after one; a stream restarts a reader at
+    # the offset it stored), and the broker's counts stay.
+    async with worker(broker, reg):
+        await broker.quiet()
     assert set(seen.values()) == {1} and set(attempts) == {1}
+    await broker.until_settled(broker.topic, CHANNEL, 50)
 
 
 async def test_retry_waits_its_delay_and_counts_an_attempt(broker: Harness) -> None:
@@ -91,6 +100,7 @@ async def test_retry_waits_its_delay_and_counts_an_attempt(broker: Harness) -> N
     started = time.monotonic()
     async with worker(broker, reg):
         await broker.until(lambda: len(arrivals) == 2, 15, "the retry")
+        await broker.until_settled(broker.topic, CHANNEL, 1, retried=1)
     assert [a for a, _ in arrivals] == [1, 2]
     waited = arrivals[1][1] - arrivals[0][1]
     if broker.virtual_time:
@@ -120,7 +130,7 @@ async def test_after_max_attempts_a_message_is_dead_lettered_once(broker: Harnes
     await broker.publish(broker.topic, [b"doomed"])
     async with worker(broker, reg):
         await broker.until(lambda: len(hooked) == 1 and len(dead()) == 1, 20, "the dead letter")
-        await asyncio.sleep(0.2)
+        await broker.until_settled(broker.topic, CHANNEL, 1, retried=2)  # nothing left
     assert calls[b"doomed"] == 3  # the handler ran max_attempts times, no more
     (body, reason, attempts) = hooked[0]
     assert body == b"doomed" and reason == "max attempts exceeded" and attempts == 3
@@ -149,6 +159,7 @@ async def test_a_retried_messages_dead_letter_names_the_original(broker: Harness
     await broker.publish(broker.topic, [b"traced"])
     async with worker(broker, reg):
         await broker.until(lambda: len(dead()) == 1, 20, "the dead letter")
+        await broker.until_settled(broker.topic, CHANNEL, 1, retried=1)
     (msg_id, timestamp, origin) = first[0]
     letter = json.loads(dead()[0])
     assert later == [msg_id]  # the retry is the same message, by its id
@@ -179,10 +190,14 @@ async def test_the_last_failed_attempt_is_dead_lettered_then_without_a_retry_del
     await broker.publish(broker.topic, [b"once"])
     async with worker(broker, reg) as w:
         await broker.until(lambda: bool(hooked), 20, "the dead letter")
-        await asyncio.sleep(0.2)
-        stats = w.stats().tasks[handle.spec.name]
+        await broker.until_settled(broker.topic, CHANNEL, 1, retried=1)  # nothing left
+
+        def counted() -> tuple[int, int]:
+            stats = w.stats().tasks[handle.spec.name]
+            return stats.requeued, stats.dead_lettered
+
+        await broker.until(lambda: counted() == (1, 1), 5, "1 requeued, 1 dead-lettered")
     assert hooked == [("max attempts exceeded", 2)]  # with the attempts it had
-    assert stats.requeued == 1 and stats.dead_lettered == 1
 
 
 async def test_reject_dead_letters_at_once_without_a_retry(broker: Harness) -> None:
@@ -202,10 +217,14 @@ async def test_reject_dead_letters_at_once_without_a_retry(broker: Harness) -> N
     await broker.publish(broker.topic, [b"bad"])
     async with worker(broker, reg) as w:
         await broker.until(lambda: len(hooked) == 1, 10, "the dead letter")
-        await asyncio.sleep(0.3)
-        stats = w.stats().tasks[handle.spec.name]
+        await broker.until_settled(broker.topic, CHANNEL, 1, retried=0)  # no retry, none left
+
+        def counted() -> tuple[int, int]:
+            stats = w.stats().tasks[handle.spec.name]
+            return stats.requeued, stats.dead_lettered
+
+        await broker.until(lambda: counted() == (0, 1), 5, "0 requeued, 1 dead-lettered")
     assert hooked == [(b"bad", "malformed", 1)] and calls == 1
-    assert stats.requeued == 0 and stats.dead_lettered == 1
 
 
 async def test_a_long_handler_is_kept_alive_and_delivered_once(broker: Harness) -> None:
@@ -226,7 +245,10 @@ async def test_a_long_handler_is_kept_alive_and_delivered_once(broker: Harness) 
     await broker.publish(f"{broker.topic}_sync", [b"long sync"])
     async with worker(broker, reg, **broker.deadline_settings()):
         await broker.until(lambda: len(done) == 2, 15, "both long handlers")
-        await asyncio.sleep(1.5)  # a delivery that timed out would come back meanwhile
+        # Settled once each, never timed out (nsqd's timeout_count, JetStream's
+        # redeliveries): nothing is left to come back.
+        await broker.until_settled(broker.topic, CHANNEL, 1, retried=0)
+        await broker.until_settled(f"{broker.topic}_sync", CHANNEL, 1, retried=0)
     assert len(done) == 2, done
     assert all(attempts == 1 for _, attempts, _ in done), done
     if broker.capabilities.keep_alive:  # kept alive past the deadline, not redelivered
@@ -236,6 +258,8 @@ async def test_a_long_handler_is_kept_alive_and_delivered_once(broker: Harness) 
 
 
 async def test_a_drain_loses_nothing_and_a_new_worker_takes_the_rest(broker: Harness) -> None:
+    """Each body handled exactly once across the two workers (what the first drained is
+    not handled again), and the broker settled all 60."""
     seen: Counter[bytes] = Counter()
     reg = Registry()
 
@@ -252,7 +276,10 @@ async def test_a_drain_loses_nothing_and_a_new_worker_takes_the_rest(broker: Har
     assert first < len(expected)  # stopped mid-way
     async with worker(broker, reg):
         await broker.until(lambda: len(seen) == len(expected), 30, "all handled")
+        # Handed back by the drain (nsqd counts a REQ) is not a retry of the handler's.
+        await broker.until_settled(broker.topic, CHANNEL, len(expected), retried=None)
     assert set(seen) == set(expected)
+    assert {body: n for body, n in seen.items() if n != 1} == {}  # none handled twice
 
 
 @pytest.fixture
@@ -281,6 +308,7 @@ async def test_one_process_span_per_delivery(broker: Harness, spans: InMemorySpa
     await broker.publish(broker.topic, [*bodies(4), b"fail"])
     async with worker(broker, reg) as w:
         await broker.until(lambda: len(handled) == 6, 15, "6 deliveries")
+        await broker.until_settled(broker.topic, CHANNEL, 5, retried=1)
         caps = w.transport.capabilities
     process = [s for s in spans.get_finished_spans() if s.name == f"process {broker.topic}"]
     assert len(process) == 6

@@ -70,7 +70,8 @@ async def test_a_typed_body_is_validated_and_an_invalid_one_dead_lettered_at_onc
         await broker.publish(broker.topic, [good, b'{"id": "x"}', b"not json"])
         await broker.until(lambda: len(clicks) == 1 and len(dead) == 2, 15, "1 handled, 2 dead")
         await broker.until(lambda: len(pairs) == 1, 15, "the pair")
-        await asyncio.sleep(0.2)
+        await broker.until_settled(broker.topic, CHANNEL, 3)  # 1 handled, 2 dead: no retry
+        await broker.until_settled(broker.topic, f"{CHANNEL}_both", 3)
     assert clicks == [Click(id=1, url="https://example.com/a")]
     reasons = {body: reason for body, reason, _ in dead}
     assert "body is not a valid Click" in reasons[b'{"id": "x"}']
@@ -102,6 +103,7 @@ async def test_an_async_handler_past_its_time_limit_is_cancelled_and_retried(
     async with worker(broker, reg) as w:
         await broker.until(lambda: attempts == [1, 2], 15, "the retry after the time limit")
         await broker.until(lambda: w.stats().tasks[slow_once.spec.name].finished == 1, 5, "fin")
+        await broker.until_settled(broker.topic, CHANNEL, 1, retried=1)
         stats = w.stats().tasks[slow_once.spec.name]
     assert cancelled == [1]
     assert stats.requeued == 1 and stats.dead_lettered == 0
@@ -126,6 +128,7 @@ async def test_a_sync_handler_past_its_limit_is_retried_and_keeps_its_slot(
     await broker.publish(broker.topic, [b"x"])
     async with worker(broker, reg) as w:
         await broker.until(lambda: len(runs) == 2, 15, "both runs")
+        await broker.until_settled(broker.topic, CHANNEL, 1, retried=1)
         recycle = w.recycle
     (first, second) = sorted(runs)
     assert [first[0], second[0]] == [1, 2]
@@ -172,6 +175,7 @@ async def test_hooks_run_in_order_and_one_that_raises_changes_nothing(
         await broker.until(lambda: "after ok Finish" in events, 10, "ok done")
         await broker.publish(broker.topic, [b"bad"])
         await broker.until(lambda: any(e.startswith("dead bad") for e in events), 10, "dead")
+        await broker.until_settled(broker.topic, CHANNEL, 2)
     assert events[:3] == ["before ok", "handle ok", "after ok Finish"]
     assert events[3:] == [
         "before bad",
@@ -214,6 +218,7 @@ async def test_a_model_published_is_what_a_typed_handler_reads(broker: Harness, 
     await publisher.publish(broker.topic, bad)
     async with worker(broker, reg):
         await broker.until(lambda: len(got) == 1 and len(dead) == 1, 10, "both")
+        await broker.until_settled(broker.topic, CHANNEL, 2)
     assert got == [Click(id=7, url="u")]
     assert json.dumps(got[0].model_dump()) == '{"id": 7, "url": "u"}'
 
@@ -247,7 +252,14 @@ async def test_running_handlers_are_in_flight_and_a_slow_one_logged_once(
         assert rows[waits.spec.name]["handler"].startswith("task ")
         assert rows[blocks.spec.name]["handler"].startswith("thread nsqworker-blocks-")
         assert {row["state"] for row in rows.values()} == {"running"}
-        await asyncio.sleep(0.6)  # more sweeps: still one warning per message
+
+        def warned() -> int:
+            return sum(line["event"] == "handler still running" for line in log_lines())
+
+        await broker.until(lambda: warned() == 2, 10, "both handlers warned of")
+        # The negative check, after that sync point: a stated window of some four more
+        # sweeps (one every 0.25 s), and still one warning per message.
+        await asyncio.sleep(1.0)
         release_async.set()
         release_sync.set()
         await broker.until(lambda: not w.inflight(), 10, "both done")
@@ -289,6 +301,7 @@ async def test_other_typed_bodies_are_validated_too(
     async with worker(broker, reg):
         await broker.publish(broker.topic, [good, bad])
         await broker.until(lambda: len(got) == 1 and len(dead) == 1, 15, "1 handled, 1 dead")
+        await broker.until_settled(broker.topic, CHANNEL, 2)
     assert got == [TypeAdapter(body_type).validate_json(good)]
     ((reason, attempts),) = dead
     assert reason.startswith(error) and attempts == 1
@@ -306,6 +319,7 @@ async def test_a_dataclass_published_is_what_a_typed_handler_reads(broker: Harne
     await publisher.publish(broker.topic, View(id=7, url="u"))
     async with worker(broker, reg):
         await broker.until(lambda: len(got) == 1, 10, "the view")
+        await broker.until_settled(broker.topic, CHANNEL, 1)
     assert got == [View(id=7, url="u")]
 
 
@@ -333,6 +347,8 @@ async def test_on_error_hooks_see_a_time_limit_async_and_sync(broker: Harness) -
         await broker.until(lambda: len(seen) == 2, 15, "both time limits reported")
         release.set()
         await broker.until(lambda: not w.inflight(), 10, "the thread returned")
+        await broker.until_settled(broker.topic, CHANNEL, 1)  # max_attempts 1: dead at once
+        await broker.until_settled(broker.topic, f"{CHANNEL}_sync", 1)
     assert sorted(seen) == [("x", "TaskTimeout", 0.2)] * 2
 
 
@@ -371,7 +387,15 @@ async def test_hooks_that_raise_around_a_sync_handler_change_nothing(
         await broker.publish(broker.topic, [b"ok", b"bad"])
         await broker.until(lambda: dead == [b"bad"], 15, "bad dead-lettered")
         await broker.until(lambda: w.stats().tasks[handle.spec.name].finished == 1, 10, "ok")
-        await asyncio.sleep(0.2)  # the async after-hooks have run
+        await broker.until_settled(broker.topic, CHANNEL, 2)
+
+        def after_failures() -> int:
+            return sum(
+                line["event"].startswith("hook failed") and line["hook"].endswith(".after")
+                for line in log_lines()
+            )
+
+        await broker.until(lambda: after_failures() == 2, 10, "the async after-hooks ran")
     assert sorted(handled) == [b"bad", b"ok"]
     failures = sorted(
         (line["hook"].rpartition(".")[2], line["id"])

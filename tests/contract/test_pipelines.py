@@ -79,15 +79,18 @@ async def test_results_flow_from_task_to_task_before_the_ack(broker: Harness) ->
     )
     async with worker(broker, reg) as w:
         await broker.until(lambda: len(watched_out()) == 2 and len(watched_big()) == 1, 20, "out")
-        await asyncio.sleep(0.2)
-        stats = w.stats().tasks
+        for topic, count in ((broker.topic, 3), (totals, 3), (out, 2)):
+            await broker.until_settled(topic, CHANNEL, count)  # by the broker's count
+
+        def finished() -> dict[str, int]:
+            return {name.rpartition(".")[2]: s.finished for name, s in w.stats().tasks.items()}
+
+        expected = {"price": 3, "total": 3, "route": 2}
+        await broker.until(lambda: finished() == expected, 5, f"finished {expected}")
     assert sorted(map(json.loads, watched_out()), key=lambda v: v["id"]) == [
         {"id": 1, "total": 10}, {"id": 2, "total": 20},
     ]  # fmt: skip  # id 3 returned None: nothing published
     assert [json.loads(b) for b in watched_big()] == [{"id": 2, "total": 20}]
-    assert {name.rpartition(".")[2]: s.finished for name, s in stats.items()} == {
-        "price": 3, "total": 3, "route": 2,
-    }  # fmt: skip
 
 
 async def test_a_failed_publish_is_a_failed_attempt_retried_and_nothing_lost(
@@ -114,12 +117,17 @@ async def test_a_failed_publish_is_a_failed_attempt_retried_and_nothing_lost(
     await broker.publish(broker.topic, [b"flaky", b"doomed"])
     async with worker(broker, reg) as w:
         await broker.until(lambda: watched() and letters(), 20, "the result and the dead letter")
-        await asyncio.sleep(0.2)
-        stats = w.stats().tasks[handle.spec.name]
+        # Both settled by the broker, after one retry each (a failed publish is no ack).
+        await broker.until_settled(broker.topic, CHANNEL, 2, retried=2)
+
+        def counted() -> tuple[int, int, int]:
+            stats = w.stats().tasks[handle.spec.name]
+            return stats.finished, stats.requeued, stats.dead_lettered
+
+        await broker.until(lambda: counted() == (1, 2, 1), 5, "1 finished, 2 requeued, 1 dead")
     assert watched() == [b"flaky"]
     assert attempts == {b"flaky": 2, b"doomed": 2}
     assert json.loads(letters()[0])["body"] == "doomed"
-    assert (stats.finished, stats.requeued, stats.dead_lettered) == (1, 2, 1)
 
 
 async def test_a_chain_of_three_tasks_is_one_trace(
@@ -145,6 +153,8 @@ async def test_a_chain_of_three_tasks_is_one_trace(
     settings = {"tracing_envelope": True, "trace_parent_mode": "parent"}
     async with worker(broker, reg, **settings):
         await broker.until(lambda: bool(done), 20, "the end of the chain")
+        for topic in (broker.topic, second, third):
+            await broker.until_settled(topic, CHANNEL, 1)
     assert done == ["x12"]
     names = [f"process {t}" for t in (broker.topic, second, third)]
     process = {s.name: s for s in spans.get_finished_spans() if s.name in names}

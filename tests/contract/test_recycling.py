@@ -49,3 +49,5 @@ async def test_each_worker_starts_at_most_max_tasks_per_child(broker: Harness) -
         assert worker.recycle == "started 50 messages (max_tasks_per_child 50)"
     assert len(per_worker) >= 6 and max(per_worker) <= 50, per_worker
     assert set(handled) == set(bodies) and set(handled.values()) == {1}
+    # Handed back past the limit (nsqd counts a REQ) is not a handler's retry.
+    await broker.until_settled(broker.topic, "recycle", 300, retried=None)
