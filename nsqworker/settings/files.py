@@ -26,10 +26,14 @@ ENV_PREFIX = "NSQWORKER_"
 #: config file ``Settings.load()`` reads when it is given none; ``NSQWORKER_TOOLS_BIN``
 #: and ``NSQWORKER_RABBITMQ_ROOTFS`` tell the test fixtures and ``nsqworker dev broker``
 #: where the brokers are (docs/testing.md); ``NSQWORKER_IMAGE`` is the base image a
-#: service's Dockerfile builds on (docs/kubernetes.md).
+#: service's Dockerfile builds on (docs/kubernetes.md); ``NSQWORKER_TEST_SLACK`` widens
+#: the tests' time windows (docs/testing.md).
 RESERVED_ENV_VARS = frozenset(
-    {"NSQWORKER_CONFIG", "NSQWORKER_TOOLS_BIN", "NSQWORKER_RABBITMQ_ROOTFS", "NSQWORKER_IMAGE"}
-)
+    {
+        "NSQWORKER_CONFIG", "NSQWORKER_TOOLS_BIN", "NSQWORKER_RABBITMQ_ROOTFS",
+        "NSQWORKER_IMAGE", "NSQWORKER_TEST_SLACK",
+    }
+)  # fmt: skip
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
