@@ -71,8 +71,9 @@ from nsqworker.testing.processes import (
 )
 from nsqworker.testing.server import ServerProcess, ServerProcessError
 
-# pytest loads this plugin's fixtures too: kube_control_plane (etcd + kube-apiserver)
-pytest_plugins = ["nsqworker.testing.kube"]
+# pytest loads these plugins' fixtures too: kube_control_plane (etcd + kube-apiserver),
+# kube_cluster (a real one-node cluster: nsqworker.testing.kube_cluster_plugin)
+pytest_plugins = ["nsqworker.testing.kube", "nsqworker.testing.kube_cluster_plugin"]
 
 try:
     import pytest
@@ -233,7 +234,9 @@ def _stop_all(processes: Iterable[NsqdProcess | NsqlookupdProcess]) -> None:
 
 
 def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"true", "1"}
+    from nsqworker.testing.ci import in_ci
+
+    return in_ci()
 
 
 _MISSING: set[str] = set()  # why fixtures skipped: a binary or package missing
