@@ -1,0 +1,1 @@
+"""Tasks the cluster tests (tests/cluster) run in the chart's pods."""
