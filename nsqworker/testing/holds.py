@@ -36,18 +36,29 @@ def window(seconds: float) -> float:
     return seconds * slack()
 
 
+class _Watch:
+    """One watch: :meth:`over` checks the condition once, raises if it broke, and says
+    whether the window has passed."""
+
+    def __init__(self, condition: Callable[[], object], seconds: float, message: str) -> None:
+        self.condition, self.message = condition, message
+        self.start = time.monotonic()
+        self.end = self.start + window(seconds)
+
+    def over(self) -> bool:
+        if not self.condition():
+            took = time.monotonic() - self.start
+            raise AssertionError(f"{self.message} (after {took:.2f}s)")
+        return time.monotonic() >= self.end
+
+
 def holds(
     condition: Callable[[], object], seconds: float, message: str, interval: float = 0.05
 ) -> None:
     """Check ``condition`` stays true for :func:`window` (``seconds``); AssertionError
     naming ``message`` and when it broke otherwise."""
-    start = time.monotonic()
-    end = start + window(seconds)
-    while True:
-        if not condition():
-            raise AssertionError(f"{message} (after {time.monotonic() - start:.2f}s)")
-        if time.monotonic() >= end:
-            return
+    watch = _Watch(condition, seconds, message)
+    while not watch.over():
         time.sleep(interval)
 
 
@@ -55,11 +66,6 @@ async def holds_async(
     condition: Callable[[], object], seconds: float, message: str, interval: float = 0.05
 ) -> None:
     """:func:`holds` for async tests: the loop keeps running while it watches."""
-    start = time.monotonic()
-    end = start + window(seconds)
-    while True:
-        if not condition():
-            raise AssertionError(f"{message} (after {time.monotonic() - start:.2f}s)")
-        if time.monotonic() >= end:
-            return
+    watch = _Watch(condition, seconds, message)
+    while not watch.over():
         await asyncio.sleep(interval)

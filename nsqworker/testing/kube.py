@@ -59,6 +59,7 @@ __all__ = [
     "KubeControlPlane",
     "KubeControlPlaneError",
     "find_kube_binaries",
+    "require_kube_packages",
 ]
 
 KUBE_INSTALL_HINT = (
@@ -107,6 +108,19 @@ _LIVE: set[Daemon] = set()
 
 
 @atexit.register
+def require_kube_packages() -> None:
+    """Raise FileNotFoundError naming the first Python package the Kubernetes fixtures
+    need (the ``kubernetes`` client, ``cryptography``, ``yaml``) that is missing."""
+    for module in ("kubernetes", "cryptography", "yaml"):
+        try:
+            __import__(module)
+        except ImportError:
+            raise FileNotFoundError(
+                f"the Python package {module} is missing; install the kubernetes extra"
+                " and cryptography"
+            ) from None
+
+
 def _kill_leftovers() -> None:
     """Never leave etcd or kube-apiserver behind when the interpreter exits."""
     for daemon in list(_LIVE):
@@ -522,14 +536,7 @@ if _HAVE_PYTEST:
 
         try:
             binaries = find_kube_binaries(pytestconfig.getoption("nsqd_bin_dir", None))
-            for module in ("kubernetes", "cryptography", "yaml"):
-                try:
-                    __import__(module)
-                except ImportError:
-                    raise FileNotFoundError(
-                        f"the Python package {module} is missing; install the kubernetes "
-                        "extra and cryptography"
-                    ) from None
+            require_kube_packages()
         except FileNotFoundError as exc:
             if _in_ci():
                 pytest.fail(f"CI=true and the control plane cannot start: {exc}", pytrace=False)

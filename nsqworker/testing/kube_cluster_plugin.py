@@ -36,6 +36,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from nsqworker.testing.kube import require_kube_packages
 from nsqworker.testing.kube_cluster import KubeCluster, find_cluster_binaries
 
 __all__ = ["kube_cluster", "kube_cluster_podman"]
@@ -62,13 +63,7 @@ def kube_cluster(
         binaries = find_cluster_binaries(pytestconfig.getoption("nsqd_bin_dir", None))
         if os.geteuid() != 0:
             raise FileNotFoundError("a kubelet needs root: run the cluster tests as root")
-        for module in ("kubernetes", "cryptography", "yaml"):
-            try:
-                __import__(module)
-            except ImportError:
-                raise FileNotFoundError(
-                    f"the Python package {module} is missing; install the kubernetes extra"
-                ) from None
+        require_kube_packages()
     except FileNotFoundError as exc:
         if _in_ci():
             pytest.fail(f"CI=true and the cluster cannot start: {exc}", pytrace=False)

@@ -190,3 +190,22 @@ def test_every_server_helper_shares_one_base_and_one_error(tmp_path: Path) -> No
     assert not server.running and server.returncode == 1
     assert "--- /bin/false" in server.log_tail()
     server.close()
+
+
+def test_holds_watches_the_whole_window_and_fails_when_it_breaks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time as clock
+
+    from nsqworker.testing.holds import holds, window
+
+    started = clock.monotonic()
+    holds(lambda: True, 0.2, "broke")
+    assert clock.monotonic() - started >= 0.2  # watched the whole window
+    broken_at = clock.monotonic() + 0.1
+    with pytest.raises(AssertionError, match=r"it broke \(after 0\.1"):
+        holds(lambda: clock.monotonic() < broken_at, 5.0, "it broke")
+    monkeypatch.setenv("NSQWORKER_TEST_SLACK", "3")
+    assert window(2.0) == 6.0
+    monkeypatch.setenv("NSQWORKER_TEST_SLACK", "fast")
+    assert window(2.0) == 2.0
