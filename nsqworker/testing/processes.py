@@ -343,9 +343,8 @@ class NsqlookupdProcess(_NsqProcess):
 
 
 class NsqdProcess(_NsqProcess):
-    """An nsqd on 127.0.0.1 with free TCP and HTTP ports (HTTP at TCP + 1, as nsqd's
-    defaults 4150 and 4151 are, so tools that know only its TCP address find its HTTP
-    API) and its own data path.
+    """An nsqd on 127.0.0.1 with free ports, HTTP at TCP + 1 (as nsqd's defaults, so tools
+    that know only its TCP address find its HTTP API), and its own data path.
 
     Args:
         lookupd: nsqlookupd instances (or their ``host:port`` TCP addresses) to

@@ -36,6 +36,7 @@ import pytest
 import yaml
 
 from nsqworker.testing import find_binary, wait_for
+from nsqworker.testing.ci import in_ci
 from nsqworker.testing.kube_cluster import NODE_IP, KubeCluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +58,7 @@ FIGURES: dict[str, str] = {}
 
 
 def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"true", "1"}
+    return in_ci()
 
 
 def _run(argv: list[str], timeout: float = 900) -> str:
