@@ -53,7 +53,7 @@ class DeadLetterChain:
 
     def start(self) -> None:
         """Begin keeping the dead-letter topic for the tools now, in the background (on
-        NSQ: the tools' channel, :meth:`NsqTransport.keep_dead_letters`), so it is there
+        NSQ: the tools' channel, :meth:`NsqTransport.retain`), so it is there
         before the first dead letter; :meth:`run` makes sure again before each."""
         if self.spec.dead_letter_topic is not None and self._keeper() is not None:
             self._early = asyncio.ensure_future(self._keep(None))
@@ -64,7 +64,7 @@ class DeadLetterChain:
             self._early.cancel()
 
     def _keeper(self) -> Callable[[str, Message | None], Awaitable[None]] | None:
-        return getattr(self.transport, "keep_dead_letters", None)
+        return getattr(self.transport, "retain", None)
 
     async def _keep(self, msg: Message | None) -> None:
         """Keep the topic for the tools; a failure is logged (once per kind), never

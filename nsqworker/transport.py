@@ -206,7 +206,12 @@ class Publisher(Protocol):
 
 
 class Transport(Protocol):
-    """A broker, as the worker sees it: subscriptions, publishers, capabilities."""
+    """A broker, as the worker sees it: subscriptions, publishers, capabilities.
+
+    Optional: ``async retain(topic, near=None)``, making the broker keep what is
+    published to ``topic`` for a reader that comes later (NSQ: a durable channel made
+    first); the dead-letter chain calls it for each task's dead-letter topic when present.
+    """
 
     capabilities: Capabilities
 

@@ -32,7 +32,7 @@ DEAD_LETTER_CHANNEL: Final = "nsqworker-dead-letters"
 """The channel the dead-letter tools read an NSQ dead-letter topic through. nsqd gives
 a new channel only the messages published after it exists, so the worker makes it on
 each task's dead-letter topic before its first dead letter
-(:meth:`NsqTransport.keep_dead_letters`), and the tools never make it."""
+(:meth:`NsqTransport.retain` on the dead-letter chain's word), and the tools never make it."""
 
 
 class NsqTransport:
@@ -105,13 +105,14 @@ class NsqTransport:
         found through lookupd: AUTH only over TLS (security.md)."""
         return self.config.for_discovered() if key else self.config
 
-    async def keep_dead_letters(self, topic: str, near: Message | None = None) -> None:
-        """Make :data:`DEAD_LETTER_CHANNEL` on the dead-letter ``topic`` of every nsqd its
-        dead letters may go to (those of the settings; else the one that delivered
-        ``near``; else, with no message, each that nsqlookupd lists), so the tools see
-        every dead letter from the first. A SUB with RDY 0, then CLS: nothing is
-        delivered. Done once per nsqd and topic; every nsqd is tried, then the first
-        failure is raised."""
+    async def retain(self, topic: str, near: Message | None = None) -> None:
+        """Keep what is published to ``topic`` for a reader that comes later: make the
+        durable channel :data:`DEAD_LETTER_CHANNEL` on it on every nsqd a publish near
+        ``near`` may go to (those of the settings; else the one that delivered ``near``;
+        else, with no message, each that nsqlookupd lists). A SUB with RDY 0, then CLS:
+        nothing is delivered. Done once per nsqd and topic; every nsqd is tried, then the
+        first failure is raised. Which topics are kept is the task layer's choice (the
+        dead-letter chain's); this is only how NSQ keeps one."""
         direct = list(self.settings.nsqd_tcp_addresses)
         if direct:
             wanted = [(a, self.config) for a in direct]
