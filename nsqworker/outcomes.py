@@ -13,7 +13,9 @@ raises any other exception              retry, exponential delay from      failu
                                         attempts
 fails its last allowed attempt          reject: dead-letter chain at       failure
                                         once, then the final settle (FIN)
-runs past its ``timeout``               retry (``TaskTimeout``)            failure
+runs past its ``timeout``               retry (``TaskTimeout``); reject    failure
+                                        with ``timeout_action``
+                                        ``dead_letter`` (time_limits)
 raises ``Reject(reason)``               reject: dead-letter chain, then    none
                                         the final settle (FIN)
 returns a value, with ``publish_to``    publish it, then finish            success
@@ -26,6 +28,7 @@ cancelled while the worker stops        retry at once                      none
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +46,7 @@ __all__ = [
     "Retry",
     "TaskTimeout",
     "describe_outcome",
+    "last_error",
     "outcome_of_error",
     "outcome_of_return",
 ]
@@ -140,3 +144,19 @@ def describe_outcome(outcome: Outcome | None) -> str:
     if isinstance(outcome, Reject):
         return "rejected"
     return "finished"
+
+
+#: Characters of a failure's message kept for /status (a handler's free text).
+MAX_ERROR_TEXT = 300
+
+
+def last_error(msg: Message, exc: BaseException, outcome: Outcome | None) -> dict[str, Any]:
+    """A handler failure as plain data: what the console shows as a task's last error."""
+    text = str(exc)
+    if len(text) > MAX_ERROR_TEXT:
+        text = text[:MAX_ERROR_TEXT] + "..."
+    kind = "retry" if isinstance(outcome, Retry) else "reject" if outcome else "late"
+    return {
+        "error": f"{type(exc).__name__}: {text}" if text else type(exc).__name__,
+        "id": msg.id, "attempts": msg.attempts, "at": round(time.time(), 3), "outcome": kind,
+    }  # fmt: skip

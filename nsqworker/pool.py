@@ -51,6 +51,9 @@ class ThreadPool:
     thread and grows only when jobs wait while every thread has been inside one handler
     call for ``GROW_CHECK`` seconds (all blocked), at most doubling per check, so fast
     handlers keep few threads and blocking ones get up to ``size``.
+
+    A thread :meth:`abandon`-ed (its handler past its time limit, left running) no
+    longer counts: a new one takes its place, and it exits once its handler returns.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class ThreadPool:
         self._closed = False
         self._busy_since: list[float] = []  # per thread: when its current job began, or 0
         self._current: list[Message | None] = []  # per thread: the message it runs
+        self._abandoned: set[int] = set()  # indexes of threads left to their handler
 
     def submit(self, msg: Message, ctx: contextvars.Context, token: Any) -> None:
         """Queue a job; the batch goes to the threads at the end of this iteration."""
@@ -95,18 +99,20 @@ class ThreadPool:
         with self._cond:
             if self._idle:
                 self._cond.notify(min(len(batch), self._idle))
-        if not self._check_armed and len(self._threads) < self._size:
-            if not self._threads:
+        if not self._check_armed and self._active() < self._size:
+            if not self._active():
                 self._spawn(1)
             self._check_armed = True
             self._loop.call_later(GROW_CHECK, self._grow)
 
     def _grow(self) -> None:
         self._check_armed = False
-        waiting, threads = len(self._jobs), len(self._threads)
+        waiting, threads = len(self._jobs), self._active()
         if waiting and not self._closed and threads < self._size:
             since = perf_counter() - GROW_CHECK
-            if all(0 < began <= since for began in self._busy_since):  # all blocked
+            abandoned = self._abandoned
+            busy = (b for i, b in enumerate(self._busy_since) if i not in abandoned)
+            if all(0 < began <= since for began in busy):  # all blocked
                 self._spawn(min(waiting, threads, self._size - threads))
             self._check_armed = True
             self._loop.call_later(GROW_CHECK, self._grow)
@@ -171,6 +177,8 @@ class ThreadPool:
                     wake(flush)
                 except RuntimeError:  # the loop is closed: nobody waits for results
                     return
+            if index in self._abandoned:  # replaced while it ran: it ends here
+                return
 
     def _flush(self) -> None:
         self._flush_scheduled = False  # before draining, so no result waits unseen
@@ -198,6 +206,22 @@ class ThreadPool:
             for msg, since in zip(list(self._current), list(self._busy_since), strict=False)
             if msg is not None and since
         }
+
+    def _active(self) -> int:
+        """Threads started and not abandoned."""
+        return len(self._threads) - len(self._abandoned)
+
+    def abandon(self, msg: Message) -> bool:
+        """Leave the thread running ``msg`` to its handler, and start another in its
+        place (call on the loop); False if no thread runs ``msg``. The abandoned thread
+        still hands its result back, then exits."""
+        for index, running in enumerate(list(self._current)):
+            if running is msg and index not in self._abandoned:
+                self._abandoned.add(index)
+                if not self._closed:
+                    self._spawn(1)
+                return True
+        return False
 
     def shutdown(self) -> None:
         """Let every thread exit once the jobs it can see are done."""

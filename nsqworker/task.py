@@ -59,6 +59,7 @@ from nsqworker.task_checks import (
 
 if TYPE_CHECKING:
     from nsqworker.schedules.cron import Schedule
+    from nsqworker.time_limits import TimeoutAction
 
 __all__ = [
     "DeadLetterHook",
@@ -115,6 +116,8 @@ class TaskSpec:
     module: str = ""
     timeout: float | None = None
     """Seconds the handler may run (None: the ``task_timeout`` setting, unset = no limit)."""
+    timeout_action: str | None = None
+    """``retry``, ``dead_letter`` or ``abandon`` (None: the ``timeout_action`` setting)."""
     hooks: Hooks = field(default_factory=Hooks)
     """The task's own hooks (the registry's run first)."""
     body: BodySpec | None = None
@@ -214,6 +217,7 @@ class Registry:
         name: str | None = None,
         envelope: bool | None = None,
         timeout: float | None = None,
+        timeout_action: TimeoutAction | None = None,
         hooks: list[object] | tuple[object, ...] | None = None,
         publish_to: str | None = None,
         schedule: str | list[str] | tuple[str, ...] | None = None,
@@ -245,6 +249,10 @@ class Registry:
                 An ``async def`` handler is cancelled; a plain one cannot be, so its
                 thread keeps its slot until it returns and the worker process is
                 replaced after a drain (docs/tasks.md, "Time limits").
+            timeout_action: what the time limit does: ``retry`` (as above),
+                ``dead_letter`` (at the first one) or ``abandon`` (a plain handler's
+                thread is left running, the process kept); default: the
+                ``timeout_action`` setting (``retry``).
             hooks: objects with any of ``before``, ``after``, ``on_error`` and
                 ``on_dead_letter`` methods, run for this task after the registry's.
             publish_to: publish the handler's return value to this topic, on the
@@ -284,6 +292,7 @@ class Registry:
             "name": name,
             "envelope": envelope,
             "timeout": timeout,
+            "timeout_action": timeout_action,
             "hooks": hooks,
             "publish_to": publish_to,
         }
@@ -316,6 +325,7 @@ class Registry:
                 envelope=envelope,
                 module=module,
                 timeout=None if timeout is None else float(timeout),
+                timeout_action=timeout_action,
                 hooks=task_hooks,
                 body=body,
                 publish_to=publish_to,

@@ -13,6 +13,7 @@ from nsqworker.bodies import BodySpec, body_spec
 from nsqworker.errors import ConfigurationError, InvalidName
 from nsqworker.message import MAX_RETRY_DELAY, is_retry_delay
 from nsqworker.names import check_channel, check_topic
+from nsqworker.time_limits import TIMEOUT_ACTIONS
 
 MAX_IN_FLIGHT = 1_000_000
 MAX_ATTEMPTS = 65535
@@ -20,6 +21,7 @@ MAX_TIMEOUT = 7 * 86400.0
 OPTIONS = (
     "channel", "max_in_flight", "max_attempts", "retry_delay", "on_dead_letter", "timezone",
     "dead_letter_topic", "name", "envelope", "timeout", "hooks", "publish_to", "schedule",
+    "timeout_action",
 )  # fmt: skip
 
 
@@ -101,6 +103,10 @@ def check_options(where: str, topic: str, options: dict[str, Any]) -> None:
         or not 0 < timeout <= MAX_TIMEOUT
     ):
         fail(where, f"timeout must be seconds above 0, at most {MAX_TIMEOUT:g}, got {timeout!r}")
+    action = options["timeout_action"]
+    if action is not None and action not in TIMEOUT_ACTIONS:
+        choices = ", ".join(repr(a) for a in TIMEOUT_ACTIONS)
+        fail(where, f"timeout_action must be one of {choices}, got {action!r}")
     publish_to = options["publish_to"]
     if publish_to is not None:
         try:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import time
 from bisect import bisect_left
 from collections.abc import Callable, Coroutine
 from time import perf_counter
@@ -40,6 +39,7 @@ from nsqworker.outcomes import (
     Retry,
     TaskTimeout,
     describe_outcome,
+    last_error,
     outcome_of_error,
 )
 from nsqworker.pool import ThreadPool, run_traced
@@ -55,6 +55,7 @@ from nsqworker.stats import (
     coarse_counts,
 )
 from nsqworker.task import TaskSpec
+from nsqworker.time_limits import AbandonedThreads, timeout_reject
 from nsqworker.transport import Capabilities, Transport
 
 __all__ = ["TaskRunner", "check_needs", "dead_letter_envelope"]
@@ -100,21 +101,6 @@ def check_needs(spec: TaskSpec, caps: Capabilities) -> None:
 
 # --- one task ------------------------------------------------------------------------
 
-#: Characters of a failure's message kept for /status (a handler's free text).
-MAX_ERROR_TEXT = 300
-
-
-def last_error(msg: Message, exc: BaseException, outcome: Outcome | None) -> dict[str, Any]:
-    """A handler failure as plain data: what the console shows as a task's last error."""
-    text = str(exc)
-    if len(text) > MAX_ERROR_TEXT:
-        text = text[:MAX_ERROR_TEXT] + "..."
-    kind = "retry" if isinstance(outcome, Retry) else "reject" if outcome else "late"
-    return {
-        "error": f"{type(exc).__name__}: {text}" if text else type(exc).__name__,
-        "id": msg.id, "attempts": msg.attempts, "at": round(time.time(), 3), "outcome": kind,
-    }  # fmt: skip
-
 
 def _no_recycle(reason: str) -> None:
     log.warning("this worker process should be replaced after a drain", reason=reason)
@@ -127,7 +113,9 @@ class TaskRunner:
     ``hooks``: the registry's, run before the task's own. ``request_recycle(reason)``
     asks for this process to be replaced after a drain (a sync handler outlived its
     time limit). ``wrap_callback`` wraps the dispatcher's callback (the process-wide
-    ``max_tasks_per_child`` budget). Build it on the loop it will run on.
+    ``max_tasks_per_child`` budget). ``abandoned``: the process's count of sync
+    handlers' threads left running past their time limit (``timeout_action``
+    ``abandon``), shared by its tasks. Build it on the loop it will run on.
     """
 
     def __init__(
@@ -139,6 +127,7 @@ class TaskRunner:
         hooks: Hooks | None = None,
         request_recycle: Callable[[str], None] = _no_recycle,
         wrap_callback: Callable[[Callback], Callback] | None = None,
+        abandoned: AbandonedThreads | None = None,
     ) -> None:
         caps = transport.capabilities
         check_needs(spec, caps)
@@ -170,10 +159,15 @@ class TaskRunner:
         self.timeout = spec.timeout if spec.timeout is not None else settings.task_timeout
         #: From this delivery on, a time limit reached dead-letters the message (0: never).
         self.timeout_dead_letter = settings.timeout_dead_letter_attempts
+        #: What a time limit reached does (nsqworker.time_limits).
+        self.timeout_action = spec.timeout_action or settings.timeout_action
+        self.abandoned = abandoned or AbandonedThreads(settings.max_abandoned_threads)
         # Messages whose handler ran past the time limit: cancelled (async) or given back
         # while their thread still runs (sync); and the sync handlers' limit timers.
         self.expired: set[Message] = set()
         self.overdue: dict[Message, asyncio.TimerHandle] = {}
+        #: Sync handlers' messages whose thread was left running (settled, slot freed).
+        self.left_running: set[Message] = set()
         self.inst = _instrumentation(spec, settings, caps)
         self.log = log.bind(task=spec.name, topic=spec.topic, channel=spec.channel)
         self.dead_letters = DeadLetterChain(spec, transport, hooks.on_dead_letter, self.log)
@@ -335,8 +329,9 @@ class TaskRunner:
 
     def _overdue(self, msg: Message, token: Any) -> None:
         """A sync handler ran past its time limit. Its thread cannot be stopped: the
-        message is retried now, the thread keeps its slot until it returns, and the
-        process asks to be replaced after a drain."""
+        message is settled now (retried, or dead-lettered), and either the thread is
+        abandoned (``timeout_action`` ``abandon``, within ``max_abandoned_threads``) or
+        it keeps its slot until it returns and the process asks to be replaced."""
         self.overdue.pop(msg, None)
         if msg.responded:
             return
@@ -346,18 +341,45 @@ class TaskRunner:
         if self.error_hooks:  # on the loop: the handler's thread is still busy
             run_after(self.error_hooks, msg, error, loop=self.loop)
         outcome = self.failed(msg, error, self.timeout, token, None)
-        self.log.warning(
-            "a sync handler ran past its time limit; its thread cannot be stopped, so it "
-            "keeps its slot until it returns, and this worker process is replaced after "
-            "a drain",
-            id=msg.id, limit=self.timeout,
-        )  # fmt: skip
         if isinstance(outcome, Retry):
             msg.retry(outcome.delay, backoff=outcome.backoff)
         elif isinstance(outcome, Reject):  # timed out again: the dead-letter chain, now
             msg.move(Stage.ANSWERED)
             self.dispatcher.settle(msg, outcome)
+        if self.timeout_action == "abandon":
+            if self._abandon(msg):
+                return
+        else:
+            self.log.warning(
+                "a sync handler ran past its time limit; its thread cannot be stopped, so it "
+                "keeps its slot until it returns, and this worker process is replaced after "
+                "a drain (timeout_action abandon would leave the thread and keep the process)",
+                id=msg.id, limit=self.timeout, timeout_action=self.timeout_action,
+            )  # fmt: skip
         self._request_recycle(f"a sync handler of {self.spec.name} outlived its time limit")
+
+    def _abandon(self, msg: Message) -> bool:
+        """Leave ``msg``'s thread running, give its slot to a new one; False (with a
+        warning) past ``max_abandoned_threads``."""
+        assert self.pool is not None
+        if not self.abandoned.take():
+            self.log.warning(
+                "a sync handler ran past its time limit with max_abandoned_threads threads "
+                "already abandoned in this process; replacing the process instead",
+                id=msg.id, limit=self.timeout, max_abandoned_threads=self.abandoned.limit,
+            )  # fmt: skip
+            return False
+        if not self.pool.abandon(msg):  # its thread returned meanwhile: nothing to leave
+            self.abandoned.release()
+            return True
+        self.left_running.add(msg)
+        self.log.warning(
+            "a sync handler ran past its time limit; its thread is left running "
+            "(timeout_action abandon) and a new one takes its slot",
+            id=msg.id, limit=self.timeout, abandoned=self.abandoned.count,
+        )  # fmt: skip
+        self.dispatcher.complete(msg, None)  # the slot is free: the message is settled
+        return True
 
     def finish_sync(
         self, msg: Message, ctx: contextvars.Context, token: Any,
@@ -370,7 +392,12 @@ class TaskRunner:
                 timer.cancel()
         if self.expired and msg in self.expired:  # retried at its limit: its thread is done
             self.expired.discard(msg)
-            self.dispatcher.complete(msg, None)
+            if msg in self.left_running:  # abandoned: its slot was freed then
+                self.left_running.discard(msg)
+                self.abandoned.release()
+                self.log.info("an abandoned sync handler returned", id=msg.id)
+            else:
+                self.dispatcher.complete(msg, None)
             return
         if error is None and result is not None and self.publishes(result):
             publishing = self._publish_sync_result(msg, result, duration, token)
@@ -407,15 +434,9 @@ class TaskRunner:
         self.counts[bisect_left(self.bounds, duration)] += 1
         self.dur_sum += duration
         outcome = outcome_of_error(msg, exc)
-        if (
-            self.timeout_dead_letter
-            and isinstance(exc, TaskTimeout)
-            and msg.attempts >= self.timeout_dead_letter
-        ):
-            outcome = Reject(
-                f"{exc} on attempt {msg.attempts} (timeout_dead_letter_attempts "
-                f"{self.timeout_dead_letter}: not retried)"
-            )
+        rejected = timeout_reject(exc, msg.attempts, self.timeout_action, self.timeout_dead_letter)
+        if rejected is not None:
+            outcome = rejected
         elif (
             isinstance(outcome, Retry)
             and outcome.backoff

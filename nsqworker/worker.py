@@ -39,6 +39,7 @@ from nsqworker.stats import (
 )
 from nsqworker.task import Registry
 from nsqworker.task_runner import TaskRunner, dead_letter_envelope
+from nsqworker.time_limits import AbandonedThreads
 from nsqworker.transport import Transport, create_transport
 from nsqworker.watchdog import LoopWatchdog
 
@@ -143,9 +144,10 @@ class Worker:
         if settings.max_tasks_per_child > 0:  # else the hot path is left as it is
             self._budget = settings.max_tasks_per_child
             wrap = self._counted
+        abandoned = AbandonedThreads(settings.max_abandoned_threads)  # shared by the tasks
         for spec in self.registry:
             runner = TaskRunner(
-                spec, settings, transport, hooks=hooks,
+                spec, settings, transport, hooks=hooks, abandoned=abandoned,
                 request_recycle=self.request_recycle, wrap_callback=wrap,
             )  # fmt: skip
             self._runners.append(runner)

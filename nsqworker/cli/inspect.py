@@ -86,8 +86,7 @@ def tasks(
         kind = row["kind"] if row["body"] is None else f"{row['kind']}, {row['body']}"
         publishes = cell(f"→ {row['publish_to']}" if row["publish_to"] else "-")
         cells = [cell(row["topic"]), cell(row["channel"]), *resolved, _dead_letter_text(row)]
-        timeout = "-" if row["timeout"] is None else f"{row['timeout']:g}s"
-        limit = Text(timeout, style="dim" if "timeout" in defaults else "")
+        limit = _limit_text(row, defaults)
         table.add_row(cell(name), *cells, publishes, limit, cell(kind))
     console = table_console()
     console.print(table)
@@ -113,6 +112,8 @@ def task_row(spec: TaskSpec, settings: Settings) -> dict[str, Any]:
     defaults = [name for name in _DEFAULTED if getattr(spec, name) is None]
     if spec.timeout is None:
         defaults.append("timeout")
+    if spec.timeout_action is None:
+        defaults.append("timeout_action")
     hook = spec.on_dead_letter
     return {
         "name": spec.name,
@@ -127,11 +128,25 @@ def task_row(spec: TaskSpec, settings: Settings) -> dict[str, Any]:
         "kind": "async" if spec.is_async else "sync",
         "body": None if spec.body is None else spec.body.name,
         "timeout": spec.timeout if spec.timeout is not None else settings.task_timeout,
+        "timeout_action": spec.timeout_action or settings.timeout_action,
         "transport": settings.transport,
         "publish_to": spec.publish_to,
         "defaults": defaults,
         **({} if spec.schedule is None else {"schedule": schedule_info(spec)}),
     }
+
+
+def _limit_text(row: dict[str, Any], defaults: set[str]) -> Text:
+    """The timeout cell: ``30s, abandon`` (``-`` without a limit), each part dimmed
+    when it is the settings' default."""
+    from rich.text import Text
+
+    if row["timeout"] is None:
+        return Text("-", style="dim" if "timeout" in defaults else "")
+    text = Text(f"{row['timeout']:g}s", style="dim" if "timeout" in defaults else "")
+    text.append(", ")
+    text.append(row["timeout_action"], style="dim" if "timeout_action" in defaults else "")
+    return text
 
 
 def pipeline_edges(rows: list[dict[str, Any]]) -> list[str]:

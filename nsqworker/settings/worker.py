@@ -113,6 +113,20 @@ class WorkerSettings(SettingsBase):
         description="Largest body (bytes) validated into a handler's typed parameter; a larger"
         " one is dead-lettered, its reason naming this setting; 0 = no cap. [0..2147483648]",
     )
+    timeout_action: Literal["retry", "dead_letter", "abandon"] = Field(
+        "retry",
+        description="What a handler past its time limit does (a task's timeout_action="
+        " overrides it): retry (an attempt counted; a sync handler's process is replaced),"
+        " dead_letter (at the first time limit), abandon (as retry, but a sync handler's"
+        " thread is left running and the process kept); docs/tasks.md, Time limits.",
+    )
+    max_abandoned_threads: int = bounded(
+        10,
+        0,
+        10_000,
+        "Sync handlers' threads a worker process may leave running past their time limit"
+        " (timeout_action abandon); past it, the process is replaced as with retry.",
+    )
     timeout_dead_letter_attempts: int = Field(
         0,
         ge=0,

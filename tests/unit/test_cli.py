@@ -94,8 +94,39 @@ def test_tasks_table_shows_resolved_values(runner: CliRunner, module: str) -> No
     timed = runner.invoke(
         app, ["tasks", f"{module}:registry"], env={"NSQWORKER_TASK_TIMEOUT": "30"}
     )
-    assert row(timed.stdout, f"{module}.archive")[-2] == "30s"  # the setting, dimmed
+    assert row(timed.stdout, f"{module}.archive")[-2] == "30s, retry"  # the settings, dimmed
     assert row(result.stdout, "→ reports.dead")
+
+
+def test_tasks_table_shows_the_timeout_action(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "timed_tasks.py").write_text(
+        textwrap.dedent("""
+        from nsqworker.task import Registry
+        registry = Registry()
+
+        @registry.task("a", channel="c", timeout=2, timeout_action="abandon")
+        def own(msg):
+            pass
+
+        @registry.task("b", channel="c", timeout=3)
+        def inherited(msg):
+            pass
+    """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = {"NSQWORKER_TIMEOUT_ACTION": "dead_letter"}
+    result = runner.invoke(app, ["tasks", "timed_tasks:registry"], env=env)
+    assert result.exit_code == 0, result.output
+    assert row(result.stdout, "timed_tasks.own")[-2] == "2s, abandon"
+    assert row(result.stdout, "timed_tasks.inherited")[-2] == "3s, dead_letter"
+    as_json = runner.invoke(app, ["tasks", "timed_tasks:registry", "--json"], env=env)
+    own, inherited = json.loads(as_json.stdout)
+    assert (own["timeout_action"], "timeout_action" in own["defaults"]) == ("abandon", False)
+    assert (inherited["timeout_action"], "timeout_action" in inherited["defaults"]) == (
+        "dead_letter", True,
+    )  # fmt: skip
 
 
 def test_tasks_json(runner: CliRunner, module: str) -> None:
@@ -114,12 +145,13 @@ def test_tasks_json(runner: CliRunner, module: str) -> None:
         "kind": "async",
         "body": None,
         "timeout": None,
+        "timeout_action": "retry",
         "transport": "nsq",
         "publish_to": None,
-        "defaults": ["max_attempts", "retry_delay", "timeout"],
+        "defaults": ["max_attempts", "retry_delay", "timeout", "timeout_action"],
     }
     assert report["on_dead_letter"] == f"{module}.alert"
-    assert report["defaults"] == ["max_in_flight", "timeout"]
+    assert report["defaults"] == ["max_in_flight", "timeout", "timeout_action"]
 
 
 TYPED = """
