@@ -1,34 +1,34 @@
 """``nsqworker dev broker``: a local broker for developing a project, in one step.
 
-Starts, on 127.0.0.1, what a transport needs: nsqd and nsqlookupd for ``nsq``, a
-nats-server with JetStream for ``nats``, RabbitMQ with the stream plugin for
-``rabbitmq-stream``, from the binaries the machine has (found like the test fixtures
-find them: :mod:`nsqworker.testing.locations`); prints the addresses and the
+Starts, on 127.0.0.1, what a transport needs: nsqd and nsqlookupd for ``nsq`` (installed
+binaries, else podman or docker, else the official release downloaded and checked:
+:mod:`nsqworker.cli.dev_nsq`), a nats-server with JetStream for ``nats``, RabbitMQ with
+the stream plugin for ``rabbitmq-stream``, from the binaries the machine has (found like
+the test fixtures find them: :mod:`nsqworker.testing.locations`); prints the addresses and the
 ``export`` line for ``nsqworker run``; stops the broker on Ctrl-C, SIGTERM or SIGHUP.
 When a binary is missing it says how to install it and exits 1.
 """
 
 from __future__ import annotations
 
-import shlex
 import signal
 import sys
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from nsqworker.cli.common import EXIT_USAGE, Command, Group
+from nsqworker.cli.dev_nsq import STANDARD_PORTS as NSQ_PORTS
+from nsqworker.cli.local_broker import BrokerError, LocalBroker
 
-__all__ = ["LocalBroker", "app", "broker", "start_broker"]
+__all__ = ["BrokerError", "LocalBroker", "app", "broker", "start_broker"]
 
 TRANSPORTS = ("nsq", "nats", "rabbitmq-stream")
 #: The ports each broker listens on by default, as its documentation gives them.
 STANDARD_PORTS = {
-    "nsq": {"nsqd TCP": 4150, "nsqd HTTP": 4151, "nsqlookupd TCP": 4160, "nsqlookupd HTTP": 4161},
+    "nsq": NSQ_PORTS,
     "nats": {"client": 4222, "monitoring": 8222},
     "rabbitmq-stream": {"stream": 5552, "AMQP": 5672},
 }
@@ -39,27 +39,6 @@ app = typer.Typer(
     help="Development helpers for your own project: a local broker in one step.",
     no_args_is_help=True,
 )
-
-
-@dataclass
-class LocalBroker:
-    """A running local broker: what to print, and how to watch and stop it."""
-
-    transport: str
-    addresses: dict[str, str]
-    env: dict[str, str]
-    logs: list[Path]
-    alive: Callable[[], bool]
-    stop: Callable[[], None]
-    notes: list[str] = field(default_factory=list)
-
-    def export_line(self) -> str:
-        """``export NSQWORKER_TRANSPORT=... NSQWORKER_...=...`` for a shell."""
-        return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-
-
-class BrokerError(RuntimeError):
-    """Raised when a local broker cannot start; the message says what to do."""
 
 
 def _check_ports(transport: str) -> None:
@@ -74,50 +53,9 @@ def _check_ports(transport: str) -> None:
 
 
 def _start_nsq(standard: bool, data_dir: Path | None, bin_dir: Path | None) -> LocalBroker:
-    from nsqworker.testing.processes import NsqdProcess, NsqlookupdProcess, find_binary
+    from nsqworker.cli.dev_nsq import start_nsq
 
-    ports = STANDARD_PORTS["nsq"]
-    nsqd_bin, lookupd_bin = (find_binary(n, bin_dir) for n in ("nsqd", "nsqlookupd"))
-    lookupd = NsqlookupdProcess(
-        binary=lookupd_bin,
-        data_path=data_dir / "nsqlookupd" if data_dir else None,
-        tcp_port=ports["nsqlookupd TCP"] if standard else None,
-        http_port=ports["nsqlookupd HTTP"] if standard else None,
-    ).start()
-    try:
-        nsqd = NsqdProcess(
-            [lookupd],
-            binary=nsqd_bin,
-            data_path=data_dir / "nsqd" if data_dir else None,
-            tcp_port=ports["nsqd TCP"] if standard else None,
-            http_port=ports["nsqd HTTP"] if standard else None,
-        ).start()
-    except BaseException:
-        lookupd.close()
-        raise
-
-    def stop() -> None:
-        try:
-            nsqd.close()
-        finally:
-            lookupd.close()
-
-    return LocalBroker(
-        transport="nsq",
-        addresses={
-            "nsqd TCP (publish, consume)": nsqd.tcp_address,
-            "nsqd HTTP": nsqd.http_address,
-            "nsqlookupd HTTP (consumers find nsqd here)": lookupd.http_address,
-        },
-        env={
-            "NSQWORKER_TRANSPORT": "nsq",
-            "NSQWORKER_LOOKUPD_HTTP_ADDRESSES": lookupd.http_address,
-            "NSQWORKER_NSQD_TCP_ADDRESSES": nsqd.tcp_address,
-        },
-        logs=[nsqd.log_path, lookupd.log_path],
-        alive=lambda: nsqd.running and lookupd.running,
-        stop=stop,
-    )
+    return start_nsq(standard, data_dir, bin_dir)
 
 
 def _start_nats(standard: bool, data_dir: Path | None, bin_dir: Path | None) -> LocalBroker:

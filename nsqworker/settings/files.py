@@ -27,11 +27,14 @@ ENV_PREFIX = "NSQWORKER_"
 #: and ``NSQWORKER_RABBITMQ_ROOTFS`` tell the test fixtures and ``nsqworker dev broker``
 #: where the brokers are (docs/testing.md); ``NSQWORKER_IMAGE`` is the base image a
 #: service's Dockerfile builds on (docs/kubernetes.md); ``NSQWORKER_TEST_SLACK`` widens
-#: the tests' time windows (docs/testing.md).
+#: the tests' time windows (docs/testing.md); ``NSQWORKER_DEV_CONTAINER``,
+#: ``NSQWORKER_DEV_NSQ_MIRROR`` and ``NSQWORKER_DEV_NSQ_SHA256`` steer where
+#: ``nsqworker dev broker`` gets NSQ from (docs/getting-started.md).
 RESERVED_ENV_VARS = frozenset(
     {
         "NSQWORKER_CONFIG", "NSQWORKER_TOOLS_BIN", "NSQWORKER_RABBITMQ_ROOTFS",
-        "NSQWORKER_IMAGE", "NSQWORKER_TEST_SLACK",
+        "NSQWORKER_IMAGE", "NSQWORKER_TEST_SLACK", "NSQWORKER_DEV_CONTAINER",
+        "NSQWORKER_DEV_NSQ_MIRROR", "NSQWORKER_DEV_NSQ_SHA256",
     }
 )  # fmt: skip
 

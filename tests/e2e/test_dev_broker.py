@@ -117,6 +117,8 @@ def test_what_cannot_start_says_why(tmp_path: Path, env: dict[str, str]) -> None
     kept = run("-t", "rabbitmq-stream", "--data-dir", str(tmp_path))
     assert kept.returncode == 1 and "--data-dir is for nsq and nats" in kept.stderr
     env.pop("NSQWORKER_TOOLS_BIN")
+    # Neither podman/docker nor a download either (tests/e2e/test_dev_broker_sources.py).
+    env.update(NSQWORKER_DEV_CONTAINER="none", NSQWORKER_DEV_NSQ_MIRROR="none")
     nothing = run("-t", "nsq", "--free-ports")
     assert nothing.returncode == 1
     assert "go install github.com/nsqio/nsq/apps/nsqd@v1.3.0" in nothing.stderr
