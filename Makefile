@@ -9,7 +9,7 @@ UV_VERSION := 0.13.9
 UV := .tools/uv/bin/uv
 UV_STAMP := .tools/uv/.uv-$(UV_VERSION)
 VENV_STAMP := .venv/.synced
-EXTRAS := --extra dev --extra snappy --extra uvloop --extra spark --extra kubernetes --extra reload --extra nats --extra rabbitmq --extra console
+EXTRAS := --extra dev --extra snappy --extra uvloop --extra spark --extra kubernetes --extra reload --extra nats --extra rabbitmq --extra postgres --extra console
 PYTEST_ARGS ?=
 # Processes running the tests (pytest-xdist), one test file each at a time: most tests
 # wait on servers, so three keep two cores busy. 0 runs them in this process (-s, --pdb).

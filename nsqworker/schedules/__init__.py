@@ -5,7 +5,8 @@ to the task's topic; every ``nsqworker run`` supervisor is a candidate. The piec
 
 * :mod:`.cron`: cron expressions and fire times, pure (no I/O, no clock);
 * :mod:`.lease`: leader election on a record with compare-and-set, any backend;
-* :mod:`.kube` (a Kubernetes Lease), :mod:`.nats_kv` (a JetStream KV entry), and
+* :mod:`.kube` (a Kubernetes Lease), :mod:`.nats_kv` (a JetStream KV entry),
+  :mod:`.postgres` (a PostgreSQL row with a fencing token), and
   :class:`~.lease.LocalStore` (``none``): the backends;
 * :mod:`.firing`: publish each due tick, then record it with the lease;
 * :mod:`.runner`: the supervisor's candidate, on a thread of its own;

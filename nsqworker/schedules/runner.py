@@ -58,7 +58,7 @@ def lease_name(target: str, settings: Settings) -> str:
 NO_LEADER = (
     "schedules: no leader (schedule_leader none): every process running these tasks"
     " fires each tick, so two replicas fire it twice; set NSQWORKER_SCHEDULE_LEADER"
-    " (kubernetes or nats) when more than one runs"
+    " (kubernetes, nats or postgres) when more than one runs"
 )
 """Said at WARNING when schedules start with no leader, and by ``nsqworker tasks``."""
 
@@ -94,6 +94,10 @@ def make_store(leader: str, settings: Settings, name: str) -> LeaseStore:
         nats_settings = settings.model_copy(update={"transport": "nats"})
         producer: Any = other_producer(nats_settings, 5.0)
         return NatsLeaseStore(producer.connection, settings.schedule_kv_bucket, name, settings)
+    if leader == "postgres":
+        from nsqworker.schedules.postgres import PostgresLeaseStore
+
+        return PostgresLeaseStore.from_settings(settings, name)
     return LocalStore()
 
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 
 from nsqworker.settings.base import SettingsBase
 
-__all__ = ["LEADERS", "ScheduleSettings", "timing_problems"]
+__all__ = ["LEADERS", "ScheduleSettings", "postgres_dsn", "timing_problems"]
 
-LEADERS = ("kubernetes", "nats", "none")
+LEADERS = ("kubernetes", "nats", "postgres", "none")
 _DNS_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 _NAMESPACE = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _BUCKET = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -25,10 +26,11 @@ _BUCKET = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 class ScheduleSettings(SettingsBase):
     """Periodic tasks: who fires them and how a new leader catches up; docs/schedules.md."""
 
-    schedule_leader: Literal["kubernetes", "nats", "none"] | None = Field(
+    schedule_leader: Literal["kubernetes", "nats", "postgres", "none"] | None = Field(
         None,
-        description="Who fires schedules: kubernetes (a Lease), nats (a JetStream KV bucket)"
-        " or none (this process); unset: kubernetes in a pod with a service account, else none.",
+        description="Who fires schedules: kubernetes (a Lease), nats (a JetStream KV bucket),"
+        " postgres (a row in schedule_postgres_dsn's database) or none (this process); unset:"
+        " kubernetes in a pod with a service account, else none.",
     )
     schedule_lease_name: str | None = Field(
         None,
@@ -72,6 +74,11 @@ class ScheduleSettings(SettingsBase):
         "nsqworker_schedules",
         description="JetStream key-value bucket of the nats leader (created if missing).",
     )
+    schedule_postgres_dsn: SecretStr | None = Field(
+        None,
+        description="PostgreSQL of the postgres leader: postgresql://user:password@host:5432/db"
+        " or key=value pairs (libpq's); never printed.",
+    )
 
     if TYPE_CHECKING:  # every field has a default; type checkers see each base's fields
 
@@ -109,12 +116,46 @@ class ScheduleSettings(SettingsBase):
             )
         return value
 
+    @field_validator("schedule_postgres_dsn", mode="before")
+    @classmethod
+    def _postgres_dsn_empty_is_unset(cls, value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        return value.strip() or None if isinstance(value, str) else value
+
+    @field_validator("schedule_postgres_dsn")
+    @classmethod
+    def _check_postgres_dsn(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            postgres_dsn(value.get_secret_value())  # the message never shows the value
+        return value
+
     @field_validator("schedule_kv_bucket")
     @classmethod
     def _check_bucket(cls, value: str) -> str:
         if not _BUCKET.match(value):
             raise ValueError("must be 1-64 letters, digits, - or _ (a JetStream bucket name)")
         return value
+
+
+def postgres_dsn(text: str) -> str:
+    """Check a libpq connection string, ``postgresql://user:password@host:5432/db`` or
+    ``host=... dbname=...``; the problem names the rule, never the value (a password)."""
+    if "://" in text:
+        url = urlsplit(text)
+        if url.scheme not in ("postgresql", "postgres"):
+            raise ValueError("a URL must start with postgresql:// (or postgres://)")
+        try:
+            url.port  # noqa: B018 - raises on a bad port
+        except ValueError:
+            raise ValueError("the port must be a number from 1 to 65535") from None
+        return text
+    if not re.match(r"^\s*[A-Za-z_]+\s*=", text):
+        raise ValueError(
+            "must be postgresql://user:password@host:5432/dbname or key=value pairs"
+            " (host=db.example dbname=app user=app)"
+        )
+    return text
 
 
 def timing_problems(settings: Any) -> list[str]:

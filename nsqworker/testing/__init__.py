@@ -28,6 +28,8 @@ the test fails):
     (session scope) the stream URI of a RabbitMQ 4.0 with streams:
     :class:`~nsqworker.testing.rabbitmq.RabbitMQProcess` from a root filesystem (see
     :func:`~nsqworker.testing.rabbitmq.find_rootfs`), or ``RABBITMQ_STREAM_TEST_URI``.
+``postgres``
+    one running :class:`~nsqworker.testing.postgres.PostgresProcess` (``postgres.dsn``).
 
 docs/testing.md lists every fixture with what you use of it (``nats_server.url``...).
 
@@ -72,8 +74,12 @@ from nsqworker.testing.processes import (
 from nsqworker.testing.server import ServerProcess, ServerProcessError
 
 # pytest loads these plugins' fixtures too: kube_control_plane (etcd + kube-apiserver),
-# kube_cluster (a real one-node cluster: nsqworker.testing.kube_cluster_plugin)
-pytest_plugins = ["nsqworker.testing.kube", "nsqworker.testing.kube_cluster_plugin"]
+# kube_cluster (a real one-node cluster: nsqworker.testing.kube_cluster_plugin), postgres
+pytest_plugins = [
+    "nsqworker.testing.kube",
+    "nsqworker.testing.kube_cluster_plugin",
+    "nsqworker.testing.postgres",
+]
 
 try:
     import pytest
