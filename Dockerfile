@@ -38,11 +38,11 @@ WORKDIR /src
 COPY pyproject.toml uv.lock README.md ./
 RUN --mount=type=secret,id=ca \
     if [ -f /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi \
-    && uv sync --frozen --no-dev --no-install-project --no-editable --extra uvloop --extra kubernetes --extra console
+    && uv sync --frozen --no-dev --no-install-project --no-editable --extra uvloop --extra kubernetes --extra console --extra nats --extra rabbitmq
 COPY nsqworker ./nsqworker
 RUN --mount=type=secret,id=ca \
     if [ -f /run/secrets/ca ]; then export SSL_CERT_FILE=/run/secrets/ca; fi \
-    && uv sync --frozen --no-dev --no-editable --extra uvloop --extra kubernetes --extra console
+    && uv sync --frozen --no-dev --no-editable --extra uvloop --extra kubernetes --extra console --extra nats --extra rabbitmq
 
 # ---------------------------------------------------------------- runtime
 FROM ${PYTHON_IMAGE}

@@ -1,19 +1,20 @@
-"""A real one-node Kubernetes cluster for tests, inside a network namespace (root, Linux).
+"""A real Kubernetes cluster of one or more nodes for tests, in a network namespace (root).
 
 etcd, kube-apiserver (both from :class:`~nsqworker.testing.kube.KubeControlPlane`),
-kube-controller-manager, kube-scheduler, containerd and the kubelet run inside a network
-namespace :class:`KubeCluster` makes (:class:`~nsqworker.testing.netns.NetNamespace`)
-that holds ``lo`` and nothing else: 127.0.0.1 and the node address ``10.254.0.1/32``.
-No bridge, no veth: the CNI network is loopback only, so **every pod must use
-``hostNetwork: true``** (the chart's ``hostNetwork`` value) and runs in that namespace,
-its address the node's. Ports are the node's too: one pod of a Deployment per node (a
-second one's health port collides), so a rollout must stop the old pod first (strategy
-maxSurge 0, maxUnavailable 1). Several replicas at once need several nodes or a pod
-network, which this cluster has not. :meth:`KubeCluster.start` and :meth:`KubeCluster.stop`
-check that ``lo`` is the namespace's only link (``ip -n NAME -o link``). A process on the
-node (nsqd, KEDA) listens on 0.0.0.0 and pods reach it at ``NODE_IP`` (or 127.0.0.1). ::
+kube-controller-manager, kube-scheduler and, for each node, a containerd and a kubelet run
+inside a network namespace :class:`KubeCluster` makes
+(:class:`~nsqworker.testing.netns.NetNamespace`) that holds ``lo`` and nothing else:
+127.0.0.1 and node k's address ``10.254.0.k/32``. No bridge, no veth: the CNI network is
+loopback only, so **every pod must use ``hostNetwork: true``** (the chart's
+``hostNetwork`` value) and runs in that namespace, its address its node's. Ports are the
+node's too: one pod of a Deployment per node (the scheduler places no second pod whose
+port is taken), so ``nodes=3`` runs three replicas, and a rolling update with surge
+starts the new pod on another node. :meth:`KubeCluster.start` and
+:meth:`KubeCluster.stop` check that ``lo`` is the namespace's only link
+(``ip -n NAME -o link``). A process on a node (nsqd, KEDA) listens on 0.0.0.0 and pods
+reach it at ``NODE_IP`` (or 127.0.0.1): all nodes share the namespace. ::
 
-    with KubeCluster(podman=["scripts/podman"]) as cluster:
+    with KubeCluster(work_dir, nodes=3, podman=["scripts/podman"]) as cluster:
         cluster.load_image("localhost/myservice:1.0")          # from podman's store
         nsqd = cluster.start_process("nsqd", [nsqd_bin, "--tcp-address=0.0.0.0:4150"])
         stats_port = cluster.forward(4151)                     # host 127.0.0.1 -> inside
@@ -40,8 +41,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from nsqworker.testing.kube import Daemon, KubeControlPlane, find_kube_binaries
 from nsqworker.testing.kube_cluster_setup import (
@@ -52,8 +54,13 @@ from nsqworker.testing.kube_cluster_setup import (
     NODE_NAME,
     SANDBOX_IMAGE,
     ClusterBinaries,
+    Node,
+    controller_argvs,
     find_cluster_binaries,
+    kill_containers,
+    kubelet_argv,
     kubepods_cgroups,
+    make_cgroup_root,
     mounts_under,
     remove_cgroups,
     unmount_under,
@@ -71,6 +78,7 @@ __all__ = [
     "ClusterBinaries",
     "KubeCluster",
     "KubeClusterError",
+    "Node",
     "find_cluster_binaries",
 ]
 
@@ -87,11 +95,14 @@ def _stderr_progress(line: str) -> None:
 
 
 class KubeCluster:
-    """A one-node cluster in a network namespace of its own.
+    """A cluster of ``nodes`` nodes in a network namespace of its own.
 
     Args:
         work_dir: data, configuration, logs and the kubeconfig; must exist and be
             empty-ish (a temporary directory of the test session). Kept after stop.
+        nodes: how many nodes (each a kubelet and a containerd, at ``10.254.0.k``).
+        apiserver_args: more kube-apiserver flags (e.g. KEDA's
+            :func:`~nsqworker.testing.keda.aggregation_apiserver_args`).
         binaries: see :func:`find_cluster_binaries` (found if None).
         podman: the podman command whose image store :meth:`load_image` reads (the
             sandbox image ``localhost/podman-pause`` comes from it too).
@@ -103,15 +114,22 @@ class KubeCluster:
         self,
         work_dir: str | os.PathLike[str],
         *,
+        nodes: int = 1,
+        apiserver_args: Sequence[str] = (),
         binaries: ClusterBinaries | None = None,
         podman: Sequence[str] = ("podman",),
         netns: str = "nsqworker-kube",
         progress: Callable[[str], None] = _stderr_progress,
     ) -> None:
+        if not 1 <= nodes <= 9:
+            raise ValueError(f"nodes must be 1 to 9, not {nodes}")
         self.work_dir = Path(work_dir)
+        self.nodes = [Node(k, self.work_dir) for k in range(1, nodes + 1)]
+        """The nodes, in order: ``nodes[0]`` is at ``NODE_IP``."""
+        self.apiserver_args = list(apiserver_args)
         self.binaries = binaries
         self.podman = list(podman)
-        self.netns = NetNamespace(netns, NODE_IP)
+        self.netns = NetNamespace(netns, NODE_IP, [n.ip for n in self.nodes[1:]])
         self.progress = progress
         self.timings: dict[str, float] = {}
         """Seconds each step of :meth:`start` took (``schedulable`` is the total)."""
@@ -166,32 +184,51 @@ class KubeCluster:
         return daemon
 
     def load_image(self, image: str) -> float:
-        """Copy ``image`` from podman's store into containerd's (``k8s.io`` namespace).
+        """Copy ``image`` from podman's store into every node's containerd (``k8s.io``).
 
-        Pods then run it with ``imagePullPolicy: Never`` (or IfNotPresent). Returns the
-        seconds it took (about 15 s for a 420 MB image here).
+        Pods then run it with ``imagePullPolicy: Never`` (or IfNotPresent). The nodes
+        import it at once. Returns the seconds it took (about 15 s for a 420 MB image
+        on one node here).
 
         Raises:
             KubeClusterError: podman or ``ctr`` failed; the message carries its output.
         """
         start = time.monotonic()
-        self.progress(f"loading {image} into containerd")
+        self.progress(f"loading {image} into containerd ({len(self.nodes)} nodes)")
         archive = self.work_dir / "images" / (image.replace("/", "_").replace(":", "_") + ".tar")
         archive.parent.mkdir(parents=True, exist_ok=True)
         archive.unlink(missing_ok=True)
         self._check([*self.podman, "save", "--format", "docker-archive", "-o", str(archive), image])
         try:
-            self._check([*self.ctr(), "images", "import", "--digests", str(archive)], timeout=300)
+            with ThreadPoolExecutor(len(self.nodes)) as pool:
+                for done in [
+                    pool.submit(
+                        self._check,
+                        [*self.ctr(node), "images", "import", "--digests", str(archive)],
+                        timeout=300,
+                    )
+                    for node in self.nodes
+                ]:
+                    done.result()
         finally:
             archive.unlink(missing_ok=True)
         seconds = time.monotonic() - start
         self.progress(f"{image} loaded ({seconds:.1f}s)")
         return seconds
 
-    def ctr(self) -> list[str]:
-        """The ``ctr`` command for the pods' containerd namespace (``k8s.io``)."""
+    def ctr(self, node: Node | None = None) -> list[str]:
+        """The ``ctr`` command for a node's pods' containerd namespace (``k8s.io``);
+        the first node's when ``node`` is None."""
         assert self.binaries is not None
-        return [self.binaries.ctr, "--address", str(self._sock), "-n", "k8s.io"]
+        sock = (node or self.nodes[0]).sock
+        return [self.binaries.ctr, "--address", str(sock), "-n", "k8s.io"]
+
+    def node_of_ip(self, ip: str) -> Node:
+        """The node at ``ip`` (a hostNetwork pod's ``status.podIP``)."""
+        for node in self.nodes:
+            if node.ip == ip:
+                return node
+        raise KubeClusterError(f"no node at {ip}")
 
     def kubectl(self, *args: str, timeout: float = 60, check: bool = True) -> str:
         """Run ``kubectl args`` as the administrator; return stdout.
@@ -245,14 +282,22 @@ class KubeCluster:
         (self.work_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.netns.create()
         self.netns.check_lo_only()
-        self._step(f"network namespace {self.netns.name} made (lo only: 127.0.0.1, {NODE_IP})")
-        write_configs(self.work_dir, self.binaries)
-        containerd = self._start_daemon(
-            "containerd",
-            [self.binaries.containerd, "--config", str(self.work_dir / "containerd.toml")],
-        )
-        self._wait(containerd, lambda: self._ok([*self.ctr(), "version"]), "containerd answers")
-        self._step("containerd started")
+        ips = ", ".join(n.ip for n in self.nodes)
+        self._step(f"network namespace {self.netns.name} made (lo only: 127.0.0.1, {ips})")
+        for node in self.nodes:
+            write_configs(node, self.binaries)
+            make_cgroup_root(node)
+            self._start_daemon(
+                f"containerd-{node.index}",
+                [self.binaries.containerd, "--config", str(node.dir / "containerd.toml")],
+            )
+        for node in self.nodes:
+            self._wait(
+                self._by_name(f"containerd-{node.index}"),
+                lambda node=node: self._ok([*self.ctr(node), "version"]),  # type: ignore[misc]
+                f"containerd of {node.name} answers",
+            )
+        self._step(f"containerd started on {len(self.nodes)} node(s)")
         self._ensure_sandbox_image()
         self.load_image(SANDBOX_IMAGE)
         self._step("sandbox image loaded")
@@ -267,6 +312,7 @@ class KubeCluster:
                 f"--advertise-address={NODE_IP}",
                 "--allow-privileged=true",
                 "--kubelet-preferred-address-types=InternalIP",  # no DNS for the node's name
+                *self.apiserver_args,
             ],
             forward=lambda port: self.netns.forward(port, port),
         )
@@ -278,70 +324,49 @@ class KubeCluster:
 
     def _start_controllers(self) -> None:
         assert self.binaries is not None and self.plane is not None
-        kc = str(self.plane.kubeconfig)
         cp = self.plane.work_dir
         assert cp is not None
-        common = [f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}"]
-        common += [f"--authorization-kubeconfig={kc}", "--bind-address=127.0.0.1"]
-        common += ["--leader-elect=false", "--profiling=false"]
-        self._start_daemon(
-            "kube-controller-manager",
-            [
-                self.binaries.kube_controller_manager,
-                *common,
-                "--secure-port=10257",
-                f"--cert-dir={self.work_dir / 'kcm-certs'}",
-                f"--service-account-private-key-file={cp / 'sa.key'}",
-                f"--root-ca-file={self.plane.ca_file}",
-                # else the node keeps its not-ready taint: the controllers' own accounts
-                "--use-service-account-credentials=true",
-                "--controllers=*",
-            ],
-        )
-        self._start_daemon(
-            "kube-scheduler",
-            [
-                self.binaries.kube_scheduler,
-                *common,
-                "--secure-port=10259",
-                f"--cert-dir={self.work_dir / 'scheduler-certs'}",
-            ],
-        )
-        self._start_daemon(
-            "kubelet",
-            [
-                self.binaries.kubelet,
-                f"--config={self.work_dir / 'kubelet.yaml'}",
-                f"--kubeconfig={kc}",
-                f"--hostname-override={NODE_NAME}",
-                f"--node-ip={NODE_IP}",
-                f"--root-dir={self.work_dir / 'kubelet'}",
-                f"--cert-dir={self.work_dir / 'kubelet' / 'pki'}",
-            ],
-        )
+        kubeconfig = self.plane.kubeconfig
+        argvs = controller_argvs(self.binaries, kubeconfig, cp, self.plane.ca_file, self.work_dir)
+        for name, argv in argvs.items():
+            self._start_daemon(name, argv)
+        for node in self.nodes:
+            self._start_daemon(
+                f"kubelet-{node.index}", kubelet_argv(self.binaries, node, kubeconfig)
+            )
 
     def _wait_schedulable(self) -> None:
         from kubernetes import client
 
         core = client.CoreV1Api(self.api_client())
+        names = {n.name for n in self.nodes}
 
-        def node_ready() -> bool:
+        def listed() -> list[Any]:
             with contextlib.suppress(client.ApiException):
-                node = core.read_node(NODE_NAME)
-                conditions = (node.status and node.status.conditions) or []
-                return any(c.type == "Ready" and c.status == "True" for c in conditions)
-            return False
+                return [
+                    n for n in core.list_node().items if n.metadata and n.metadata.name in names
+                ]
+            return []
 
-        self._wait(None, node_ready, f"node {NODE_NAME} Ready")
-        self._step(f"node {NODE_NAME} Ready")
+        def nodes_ready() -> bool:
+            ready = 0
+            for node in listed():
+                conditions = (node.status and node.status.conditions) or []
+                ready += any(c.type == "Ready" and c.status == "True" for c in conditions)
+            return ready == len(names)
+
+        self._wait(None, nodes_ready, f"nodes {', '.join(sorted(names))} Ready")
+        self._step(f"{len(names)} node(s) Ready")
 
         def schedulable() -> bool:
             # the node lifecycle controller removed the not-ready taint, and the
             # service-account controller made the default ServiceAccount
             with contextlib.suppress(client.ApiException):
-                node = core.read_node(NODE_NAME)
                 core.read_namespaced_service_account("default", "default")
-                return node.spec is not None and not node.spec.taints
+                nodes = listed()
+                return len(nodes) == len(names) and not any(
+                    n.spec is None or n.spec.taints for n in nodes
+                )
             return False
 
         self._wait(None, schedulable, "node untainted and the default ServiceAccount made")
@@ -365,14 +390,16 @@ class KubeCluster:
             daemon.stop()
         self._extra.clear()
         by_name = {d.name: d for d in self._daemons}
-        for name in ("kubelet", "kube-scheduler", "kube-controller-manager"):
+        kubelets = [f"kubelet-{n.index}" for n in self.nodes]
+        for name in (*kubelets, "kube-scheduler", "kube-controller-manager"):
             if name in by_name:
                 by_name[name].stop(timeout=5)
         if self.plane is not None:
             self.plane.stop()
-        if "containerd" in by_name:
-            self._kill_pods()
-            by_name["containerd"].stop(timeout=5)
+        for node in self.nodes:
+            if (containerd := by_name.get(f"containerd-{node.index}")) is not None:
+                kill_containers(self.ctr(node))
+                containerd.stop(timeout=5)
         self._daemons.clear()
         self._kill_namespace()
         unmount_under(self.work_dir)
@@ -381,8 +408,8 @@ class KubeCluster:
         remove_cgroups()
         if self._host is not None:
             self._host.restore()
-        (self.work_dir / "run").mkdir(exist_ok=True)
-        self._sock.unlink(missing_ok=True)
+        for node in self.nodes:
+            node.sock.unlink(missing_ok=True)
         self.progress("stopped")
         if check and (left := self.leftovers()):
             raise KubeClusterError("left behind after stop: " + "; ".join(left))
@@ -419,9 +446,8 @@ class KubeCluster:
             raise KubeClusterError("the cluster was not started; call start()")
         return self.plane
 
-    @property
-    def _sock(self) -> Path:
-        return self.work_dir / "run" / "containerd.sock"
+    def _by_name(self, name: str) -> Daemon:
+        return next(d for d in self._daemons if d.name == name)
 
     def _step(self, what: str) -> None:
         elapsed = time.monotonic() - self._t0
@@ -472,19 +498,6 @@ class KubeCluster:
         self._check([*self.podman, "pod", "rm", "--force", name])
         if not self._ok([*self.podman, "image", "exists", SANDBOX_IMAGE]):
             raise KubeClusterError(f"podman made no {SANDBOX_IMAGE} (the pods' sandbox image)")
-
-    def _kill_pods(self) -> None:  # SIGKILL each task and delete it (the end: no drain)
-        ctr = self.ctr()
-        for _ in range(50):
-            tasks = self._check([*ctr, "tasks", "ls", "-q"], check=False).split()
-            if not tasks:
-                break
-            for task in tasks:
-                self._ok([*ctr, "tasks", "kill", "-s", "SIGKILL", task])
-                self._ok([*ctr, "tasks", "delete", "-f", task])
-            time.sleep(0.1)
-        for container in self._check([*ctr, "containers", "ls", "-q"], check=False).split():
-            self._ok([*ctr, "containers", "delete", container])
 
     def _kill_namespace(self) -> None:  # what still runs there: shims, pods' processes
         deadline = time.monotonic() + 10

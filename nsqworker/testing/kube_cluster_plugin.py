@@ -11,11 +11,11 @@ Rules for tests that use it (read before adding one):
   (or deletes the namespace) before it ends: the next test starts from an empty node.
 - **Every pod runs with ``hostNetwork: true``** (the chart's ``hostNetwork`` value): the
   cluster's namespace holds only ``lo`` (checked at start and at stop) and the CNI
-  network is loopback only, so a pod has no address of its own. Ports are the node's:
-  **one replica per Deployment** (a second pod's health port collides), rollouts that
-  stop the old pod first (strategy maxSurge 0, maxUnavailable 1). Multi-replica
-  rollouts and KEDA scaling to several replicas need several nodes or a pod network:
-  not covered by this fixture yet.
+  network is loopback only, so a pod has no address of its own. Ports are its node's:
+  **one replica of a Deployment per node**. The fixture ``kube_cluster_nodes`` (1)
+  sets how many nodes start (tests/cluster uses 3: three replicas, rollouts with surge,
+  KEDA scaling 1 to 3); ``kube_cluster_apiserver_args`` adds API server flags (KEDA's
+  API aggregation).
 - A process a test needs on the node (nsqd, KEDA's operator and adapter) is started with
   ``kube_cluster.start_process(name, argv)``: inside the namespace, stopped with the
   cluster; pods reach it at ``NODE_IP`` (it listens on 0.0.0.0), the test through
@@ -39,7 +39,12 @@ import pytest
 from nsqworker.testing.kube import require_kube_packages
 from nsqworker.testing.kube_cluster import KubeCluster, find_cluster_binaries
 
-__all__ = ["kube_cluster", "kube_cluster_podman"]
+__all__ = [
+    "kube_cluster",
+    "kube_cluster_apiserver_args",
+    "kube_cluster_nodes",
+    "kube_cluster_podman",
+]
 
 
 @pytest.fixture(scope="session")
@@ -49,10 +54,24 @@ def kube_cluster_podman() -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def kube_cluster_nodes() -> int:
+    """How many nodes ``kube_cluster`` starts (1; override it in a conftest.py)."""
+    return 1
+
+
+@pytest.fixture(scope="session")
+def kube_cluster_apiserver_args() -> list[str]:
+    """More kube-apiserver flags for ``kube_cluster`` (none; e.g. KEDA's aggregation)."""
+    return []
+
+
+@pytest.fixture(scope="session")
 def kube_cluster(
     pytestconfig: pytest.Config,
     tmp_path_factory: pytest.TempPathFactory,
     kube_cluster_podman: list[str],
+    kube_cluster_nodes: int,
+    kube_cluster_apiserver_args: list[str],
 ) -> Iterator[KubeCluster]:
     """A started :class:`KubeCluster`; skips (fails under CI) when a part is missing."""
     import os
@@ -69,7 +88,11 @@ def kube_cluster(
             pytest.fail(f"CI=true and the cluster cannot start: {exc}", pytrace=False)
         _skip_missing(str(exc))
     cluster = KubeCluster(
-        tmp_path_factory.mktemp("kube-cluster"), binaries=binaries, podman=kube_cluster_podman
+        tmp_path_factory.mktemp("kube-cluster"),
+        nodes=kube_cluster_nodes,
+        apiserver_args=kube_cluster_apiserver_args,
+        binaries=binaries,
+        podman=kube_cluster_podman,
     )
     cluster.start()
     try:

@@ -6,10 +6,14 @@ The kubelet, kube-controller-manager, kube-scheduler and kubectl come from ``mak
 plugins from the system (Debian: ``apt-get install containerd runc
 containernetworking-plugins``).
 
-The CNI network is loopback only (:data:`CNI_CONFIG`): the node's namespace holds ``lo``
+The CNI network is loopback only (:data:`CNI_CONFIG`): the nodes' namespace holds ``lo``
 and nothing else, so every pod runs with ``hostNetwork: true`` (the chart's
-``hostNetwork`` value) and shares the node's ports: one pod per Deployment per port.
-The helpers at the end find and remove what the kubelet leaves on the host.
+``hostNetwork`` value) and shares its node's address and ports: one pod per Deployment
+per node. Node k (:class:`Node`) is at ``10.254.0.k`` on that ``lo``, with a kubelet and
+a containerd of its own, and keeps its pods' cgroups under a cgroup root of its own
+(``/nsqworker-node-k``): a kubelet removes every pod cgroup it does not know under its
+root, so nodes sharing one would kill each other's pods. The helpers at the end find and
+remove what the kubelets leave on the host.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import json
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +40,13 @@ __all__ = [
     "NODE_NAME",
     "SANDBOX_IMAGE",
     "ClusterBinaries",
+    "Node",
+    "controller_argvs",
     "find_cluster_binaries",
+    "kill_containers",
+    "kubelet_argv",
     "kubepods_cgroups",
+    "make_cgroup_root",
     "mounts_under",
     "remove_cgroups",
     "unmount_under",
@@ -43,8 +54,11 @@ __all__ = [
 ]
 
 NODE_IP = "10.254.0.1"
-"""The node's address, on ``lo`` inside the namespace (the kubelet refuses 127.0.0.1)."""
-NODE_NAME = "nsqworker-node"
+"""The first node's address, on ``lo`` inside the namespace (the kubelet refuses
+127.0.0.1); node k is at ``10.254.0.k``."""
+NODE_NAME = "nsqworker-node-1"
+"""The first node's name; node k is ``nsqworker-node-k``."""
+CGROUP_BASE = Path("/sys/fs/cgroup")
 CNI_CONFIG = {
     "cniVersion": "0.4.0",
     "name": "loopback-only",
@@ -70,6 +84,39 @@ CLUSTER_INSTALL_HINT = (
     " kube-scheduler, kubectl v1.34.4 into .tools/bin; apt-get install containerd runc"
     " containernetworking-plugins, as root)"
 )
+
+
+@dataclass(frozen=True)
+class Node:
+    """Node ``index`` (1, 2, ...) of a cluster: its name, address and directory."""
+
+    index: int
+    work_dir: Path
+
+    @property
+    def name(self) -> str:
+        """``nsqworker-node-<index>``."""
+        return f"nsqworker-node-{self.index}"
+
+    @property
+    def ip(self) -> str:
+        """``10.254.0.<index>``, on the namespace's ``lo``."""
+        return f"10.254.0.{self.index}"
+
+    @property
+    def dir(self) -> Path:
+        """Its containerd's and kubelet's files: ``work_dir/<name>``."""
+        return self.work_dir / self.name
+
+    @property
+    def sock(self) -> Path:
+        """Its containerd's socket."""
+        return self.dir / "run" / "containerd.sock"
+
+    @property
+    def cgroup_root(self) -> str:
+        """The kubelet's ``cgroupRoot`` (its pods' cgroups are under ``ROOT/kubepods``)."""
+        return f"/nsqworker-node-{self.index}"
 
 
 @dataclass(frozen=True)
@@ -115,8 +162,9 @@ def find_cluster_binaries(bin_dir: str | os.PathLike[str] | None = None) -> Clus
     return ClusterBinaries(**found)
 
 
-def write_configs(work_dir: Path, binaries: ClusterBinaries) -> None:
-    """containerd's config, the CNI network and the kubelet's config, under ``work_dir``."""
+def write_configs(node: Node, binaries: ClusterBinaries) -> None:
+    """The node's containerd config, CNI network and kubelet config, under ``node.dir``."""
+    work_dir = node.dir
     for sub in ("run", "cni/net.d", "kubelet", "pod-logs", "containerd"):
         (work_dir / sub).mkdir(parents=True, exist_ok=True)
     run = work_dir / "run"
@@ -164,10 +212,11 @@ state = "{work_dir}/containerd/state"
         "failSwapOn": False,
         "failCgroupV1": False,
         "containerRuntimeEndpoint": f"unix://{run}/containerd.sock",
-        "address": NODE_IP,
+        "address": node.ip,
         "port": 10250,
         "readOnlyPort": 0,
-        "healthzBindAddress": "127.0.0.1",
+        "healthzBindAddress": node.ip,
+        "cgroupRoot": node.cgroup_root,
         "healthzPort": 10248,
         "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
         "authorization": {"mode": "AlwaysAllow"},
@@ -213,21 +262,106 @@ def unmount_under(root: Path) -> None:
                 subprocess.run(["umount", "-l", point], capture_output=True, check=False)
 
 
-def kubepods_cgroups() -> list[Path]:
-    """The kubelet's ``kubepods`` cgroups (one per v1 hierarchy, or the v2 one)."""
-    base = Path("/sys/fs/cgroup")
-    if not base.is_dir():
+def _hierarchies() -> list[Path]:
+    """The cgroup hierarchies: each v1 controller's directory, or the v2 root itself."""
+    if not CGROUP_BASE.is_dir():
         return []
-    found = [d / "kubepods" for d in base.iterdir() if (d / "kubepods").is_dir()]
-    if (base / "kubepods").is_dir() or (base / "kubepods.slice").is_dir():
-        found.append(base / "kubepods")
+    if (CGROUP_BASE / "cgroup.controllers").exists():
+        return [CGROUP_BASE]
+    return [d for d in CGROUP_BASE.iterdir() if d.is_dir() and not d.is_symlink()]
+
+
+def make_cgroup_root(node: Node) -> None:
+    """Make the node's cgroup root in every hierarchy (the kubelet refuses a missing one).
+
+    A new v1 cpuset cgroup has no CPUs or memory nodes: they are copied from the parent,
+    else no process could join the pods' cgroups below it.
+    """
+    for hierarchy in _hierarchies():
+        path = hierarchy / node.cgroup_root.lstrip("/")
+        path.mkdir(exist_ok=True)
+        for key in ("cpuset.cpus", "cpuset.mems"):
+            if (path / key).exists() and not (path / key).read_text().strip():
+                (path / key).write_text((hierarchy / key).read_text())
+
+
+def kubepods_cgroups() -> list[Path]:
+    """The kubelets' cgroups: each node's root (``/nsqworker-node-k``) and any
+    ``kubepods`` at the top, in each v1 hierarchy or the v2 one."""
+    found = []
+    for hierarchy in _hierarchies():
+        found += sorted(p for p in hierarchy.glob("nsqworker-node-*") if p.is_dir())
+        found += [p for p in (hierarchy / "kubepods", hierarchy / "kubepods.slice") if p.is_dir()]
     return found
 
 
 def remove_cgroups() -> None:
-    """Remove the (empty once their processes ended) ``kubepods`` cgroups, leaves first."""
+    """Remove the (empty once their processes ended) nodes' cgroups, leaves first."""
     for top in kubepods_cgroups():
         dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts))
         for path in [*reversed(dirs), top]:
             with contextlib.suppress(OSError):
                 path.rmdir()
+
+
+def controller_argvs(
+    binaries: ClusterBinaries, kubeconfig: Path, control_plane: Path, ca_file: Path, work_dir: Path
+) -> dict[str, list[str]]:
+    """Command lines of kube-controller-manager and kube-scheduler, by name."""
+    kc = str(kubeconfig)
+    common = [f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}"]
+    common += [f"--authorization-kubeconfig={kc}", "--bind-address=127.0.0.1"]
+    common += ["--leader-elect=false", "--profiling=false"]
+    return {
+        "kube-controller-manager": [
+            binaries.kube_controller_manager,
+            *common,
+            "--secure-port=10257",
+            f"--cert-dir={work_dir / 'kcm-certs'}",
+            f"--service-account-private-key-file={control_plane / 'sa.key'}",
+            f"--root-ca-file={ca_file}",
+            # else the node keeps its not-ready taint: the controllers' own accounts
+            "--use-service-account-credentials=true",
+            "--controllers=*",
+        ],
+        "kube-scheduler": [
+            binaries.kube_scheduler,
+            *common,
+            "--secure-port=10259",
+            f"--cert-dir={work_dir / 'scheduler-certs'}",
+        ],
+    }
+
+
+def kubelet_argv(binaries: ClusterBinaries, node: Node, kubeconfig: Path) -> list[str]:
+    """The node's kubelet command line (its config from :func:`write_configs`)."""
+    return [
+        binaries.kubelet,
+        f"--config={node.dir / 'kubelet.yaml'}",
+        f"--kubeconfig={kubeconfig}",
+        f"--hostname-override={node.name}",
+        f"--node-ip={node.ip}",
+        f"--root-dir={node.dir / 'kubelet'}",
+        f"--cert-dir={node.dir / 'kubelet' / 'pki'}",
+    ]
+
+
+def kill_containers(ctr: Sequence[str]) -> None:
+    """SIGKILL and delete every task and container of a containerd (``ctr`` argv with
+    its address and namespace): the end of a cluster, no drain."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*ctr, *args], capture_output=True, text=True, timeout=30, check=False
+        )
+
+    for _ in range(50):
+        tasks = run("tasks", "ls", "-q").stdout.split()
+        if not tasks:
+            break
+        for task in tasks:
+            run("tasks", "kill", "-s", "SIGKILL", task)
+            run("tasks", "delete", "-f", task)
+        time.sleep(0.1)
+    for container in run("containers", "ls", "-q").stdout.split():
+        run("containers", "delete", container)

@@ -74,11 +74,13 @@ class NetNamespace:
         name: the name under /run/netns; one that exists already is refused (another
             session's, or a leftover: ``ip netns del NAME``).
         address: a second address on ``lo`` (``/32``), inside the namespace only.
+        more: further ``/32`` addresses on ``lo`` (one per node of a cluster).
     """
 
-    def __init__(self, name: str, address: str) -> None:
+    def __init__(self, name: str, address: str, more: Iterable[str] = ()) -> None:
         self.name = name
         self.address = address
+        self.more = list(more)
         self.path = NETNS_DIR / name
         self._forwards: list[socket.socket] = []
         self._closing = threading.Event()
@@ -92,7 +94,8 @@ class NetNamespace:
             )
         _ip("netns", "add", self.name)
         _ip("-n", self.name, "link", "set", "lo", "up")
-        _ip("-n", self.name, "addr", "add", f"{self.address}/32", "dev", "lo")
+        for address in (self.address, *self.more):
+            _ip("-n", self.name, "addr", "add", f"{address}/32", "dev", "lo")
 
     def links(self) -> list[str]:
         """Names of the namespace's links (``ip -n NAME -o link``); ``["lo"]`` by design."""

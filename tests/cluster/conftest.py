@@ -1,16 +1,21 @@
-"""The chart on a real one-node cluster: the ``kube_cluster`` fixture of nsqworker.testing.
+"""The chart on a real three-node cluster: the ``kube_cluster`` fixture of nsqworker.testing.
 
 The project's image is built as tests/image builds it (``scripts/build-image`` on the
 local base, with ``scripts/podman``), then ``tests/cluster/app`` on top of it (one task
 that echoes each message to nsqd's topic ``handled``, so what the handlers saw outlives
-the pods), and copied into the cluster's containerd. nsqd runs on the node, inside the
-cluster's network namespace (which holds ``lo`` alone), listening on every address
-there: pods, all on the host network (``hostNetwork: true``, one replica each), reach it
-at ``NODE_IP``, the test through a relayed port of the host's loopback.
+the pods), and copied into every node's containerd. nsqlookupd, nsqd and (for the NATS
+tests) nats-server run on the nodes' network namespace (which holds ``lo`` alone),
+listening on every address there: pods, all on the host network (``hostNetwork: true``,
+one replica of a release per node), reach them at ``NODE_IP``, the test through a
+relayed port of the host's loopback. The API server runs with API aggregation, and the
+real KEDA (``keda`` fixture: operator and metrics adapter as processes on the node)
+scales the chart's Deployment.
 
 ``CLUSTER_TEST_BREAK`` breaks what the tests rely on, to see them fail: ``health-port``
 has the service listen on another port than the one the kubelet probes (no pod gets
-Ready), ``no-pdb`` renders no PodDisruptionBudget. ``CLUSTER_TEST_FIGURES=PATH`` writes
+Ready), ``no-pdb`` renders no PodDisruptionBudget, ``keda-trigger`` names a channel no
+one consumes in the ScaledObject (it never scales), ``keda-behavior`` drops the chart's
+HPA behavior (scale-down waits Kubernetes' 300 s). ``CLUSTER_TEST_FIGURES=PATH`` writes
 the measured figures there as JSON too (an xdist worker's summary is not printed).
 
 Without podman, its base image or the cluster's parts the tests are skipped with one
@@ -37,7 +42,9 @@ import yaml
 
 from nsqworker.testing import find_binary, wait_for
 from nsqworker.testing.ci import in_ci
+from nsqworker.testing.keda import KedaRunner, aggregation_apiserver_args, find_keda
 from nsqworker.testing.kube_cluster import NODE_IP, KubeCluster
+from nsqworker.testing.nats import find_nats_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "nsqworker"
@@ -48,11 +55,13 @@ TAG = "test-" + hashlib.sha1(str(ROOT).encode()).hexdigest()[:8]  # as tests/ima
 IMAGE = f"localhost/nsqworker:{TAG}"
 APP_REPOSITORY = "localhost/nsqworker-cluster"
 INSTALL = "`scripts/install-tools image` (apt-get install podman runc debootstrap, as root)"
+NODES = 3
+"""Nodes of the cluster: three replicas at once (one per node on the host network)."""
 NSQD_TCP, NSQD_HTTP = 4150, 4151
+LOOKUPD_TCP, LOOKUPD_HTTP = 4160, 4161
+NATS_PORT, NATS_MONITOR = 4222, 8222
 TOPIC, CHANNEL, HANDLED = "orders", "cluster", "handled"
 BREAK = os.environ.get("CLUSTER_TEST_BREAK", "")
-ONE_AT_A_TIME = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
-"""The rollout on one node with hostNetwork: the old pod stops before the new one starts."""
 FIGURES: dict[str, str] = {}
 """Measured figures, printed at the end of the run (docs/kubernetes.md quotes them)."""
 
@@ -72,6 +81,38 @@ def _run(argv: list[str], timeout: float = 900) -> str:
 def kube_cluster_podman() -> list[str]:
     """Images come from the project's podman store (scripts/podman)."""
     return [str(PODMAN)]
+
+
+@pytest.fixture(scope="session")
+def kube_cluster_nodes() -> int:
+    """Three nodes: three replicas, rollouts with surge, KEDA from 1 to 3."""
+    return NODES
+
+
+@pytest.fixture(scope="session")
+def kube_cluster_apiserver_args(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """API aggregation (front-proxy certificates), for KEDA's metrics adapter."""
+    return aggregation_apiserver_args(tmp_path_factory.mktemp("front-proxy"))
+
+
+@pytest.fixture(scope="session")
+def keda(
+    kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KedaRunner]:
+    """The real KEDA's operator and metrics adapter on the node, registered as the
+    external metrics API (KEDA's CRDs and RBAC as released)."""
+    try:
+        binaries = find_keda()
+    except FileNotFoundError as exc:
+        if _in_ci():
+            pytest.fail(f"CI=true and KEDA is missing: {exc}", pytrace=False)
+        pytest.skip(str(exc))
+    start = time.monotonic()
+    with KedaRunner(kube_cluster, tmp_path_factory.mktemp("keda"), binaries=binaries) as runner:
+        FIGURES["KEDA start (CRDs, RBAC, operator, adapter, APIService)"] = (
+            f"{time.monotonic() - start:.1f} s"
+        )
+        yield runner
 
 
 @dataclass(frozen=True)
@@ -110,7 +151,10 @@ def app_image(kube_cluster: KubeCluster) -> AppImage:
     FIGURES["image build (cached layers)"] = f"{time.monotonic() - start:.1f} s"
     FIGURES["image load into containerd"] = f"{kube_cluster.load_image(app):.1f} s"
     retag = f"{TAG}-v2"
-    _run([*kube_cluster.ctr(), "images", "tag", "--force", app, f"{APP_REPOSITORY}:{retag}"])
+    for node in kube_cluster.nodes:
+        _run(
+            [*kube_cluster.ctr(node), "images", "tag", "--force", app, f"{APP_REPOSITORY}:{retag}"]
+        )
     return AppImage(APP_REPOSITORY, TAG, retag)
 
 
@@ -132,6 +176,12 @@ class NodeNsqd:
     def publish(self, body: str, topic: str = TOPIC) -> None:
         """One message to ``topic``."""
         self.http.post("/pub", params={"topic": topic}, content=body).raise_for_status()
+
+    def mpublish(self, bodies: list[str], topic: str = TOPIC) -> None:
+        """Many messages to ``topic`` (``/mpub``, a thousand a request)."""
+        for i in range(0, len(bodies), 1000):
+            content = "\n".join(bodies[i : i + 1000])
+            self.http.post("/mpub", params={"topic": topic}, content=content).raise_for_status()
 
     def channel(self, topic: str = TOPIC, channel: str = CHANNEL) -> dict[str, Any]:
         """The channel's entry of ``/stats`` (empty when it does not exist)."""
@@ -196,10 +246,19 @@ class NodeNsqd:
 def node_nsqd_session(
     kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[NodeNsqd]:
-    """One nsqd inside the cluster's namespace for the session."""
+    """One nsqlookupd and one nsqd (registered with it) inside the cluster's namespace."""
     nsqd = find_binary("nsqd")
     nsq_tail = find_binary("nsq_tail")
     data = tmp_path_factory.mktemp("node-nsqd")
+    kube_cluster.start_process(
+        "nsqlookupd",
+        [
+            find_binary("nsqlookupd"),
+            f"--tcp-address=0.0.0.0:{LOOKUPD_TCP}",
+            f"--http-address=0.0.0.0:{LOOKUPD_HTTP}",
+            f"--broadcast-address={NODE_IP}",
+        ],
+    )
     kube_cluster.start_process(
         "nsqd",
         [
@@ -207,6 +266,7 @@ def node_nsqd_session(
             f"--tcp-address=0.0.0.0:{NSQD_TCP}",
             f"--http-address=0.0.0.0:{NSQD_HTTP}",
             f"--broadcast-address={NODE_IP}",
+            f"--lookupd-tcp-address=127.0.0.1:{LOOKUPD_TCP}",
             f"--data-path={data}",
         ],
     )
@@ -227,6 +287,69 @@ def node_nsqd(node_nsqd_session: NodeNsqd) -> NodeNsqd:
     """The node's nsqd with empty ``orders`` and ``handled`` topics."""
     node_nsqd_session.reset()
     return node_nsqd_session
+
+
+@dataclass
+class NodeNats:
+    """nats-server with JetStream on the node; ``url`` from the host (relayed port)."""
+
+    url: str
+    cli: str
+    cluster: KubeCluster
+
+    def nats(self, *args: str) -> str:
+        """The ``nats`` CLI inside the namespace, against the node's server."""
+        argv = [self.cli, f"--server=nats://127.0.0.1:{NATS_PORT}", *args]
+        result = subprocess.run(
+            self.cluster.command(argv), capture_output=True, text=True, timeout=60, check=False
+        )
+        if result.returncode != 0:
+            raise AssertionError(
+                f"nats {' '.join(args)} exited {result.returncode}:\n{result.stderr}"
+            )
+        return result.stdout
+
+    def consumer(self, stream: str, name: str) -> dict[str, Any]:
+        """``nats consumer info --json``: the broker's own pending and ack-pending."""
+        info: dict[str, Any] = json.loads(self.nats("consumer", "info", stream, name, "--json"))
+        return info
+
+
+@pytest.fixture(scope="session")
+def node_nats(kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> NodeNats:
+    """nats-server on the node (JetStream, monitoring port for KEDA's trigger)."""
+    try:
+        server, cli = find_nats_server(), find_binary("nats")
+    except FileNotFoundError as exc:
+        if _in_ci():
+            pytest.fail(f"CI=true and NATS is missing: {exc}", pytrace=False)
+        pytest.skip(f"{exc}: `scripts/install-tools nats` builds nats-server and the nats CLI")
+    store = tmp_path_factory.mktemp("node-nats")
+    kube_cluster.start_process(
+        "nats-server",
+        [
+            server,
+            "-js",
+            "-a",
+            "0.0.0.0",
+            "-p",
+            str(NATS_PORT),
+            "-m",
+            str(NATS_MONITOR),
+            "-sd",
+            str(store),
+        ],
+    )
+    port = kube_cluster.forward(NATS_PORT)
+    node = NodeNats(f"nats://127.0.0.1:{port}", cli, kube_cluster)
+
+    def up() -> bool:
+        with contextlib.suppress(AssertionError):
+            return "JetStream" in node.nats("account", "info")
+        return False
+
+    wait_for(up, timeout=30, message="nats-server on the node answers with JetStream")
+    return node
 
 
 @dataclass
@@ -320,8 +443,8 @@ def release(
 
 def base_values(image: AppImage, tag: str | None = None, **more: Any) -> dict[str, Any]:
     """Values for the test service on this cluster: image from containerd, nsqd on the
-    node, one replica on the host network (the namespace has only ``lo``), rolled out one
-    at a time (the old pod stops before the new one binds the same health port)."""
+    node, one replica on the host network (the namespace has only ``lo``), the chart's
+    own rollout strategy (the new pod starts on another node before the old one stops)."""
     env = [{"name": "HANDLED_NSQD_HTTP", "value": f"{NODE_IP}:{NSQD_HTTP}"}]
     if BREAK == "health-port":  # the kubelet probes 8080, the service listens on 8090
         env.append({"name": "NSQWORKER_HEALTH_PORT", "value": "8090"})
@@ -333,7 +456,6 @@ def base_values(image: AppImage, tag: str | None = None, **more: Any) -> dict[st
         "extraEnv": env,
         "replicaCount": 1,
         "hostNetwork": True,
-        "strategy": ONE_AT_A_TIME,
     }
     values.update(more)
     if BREAK == "no-pdb":

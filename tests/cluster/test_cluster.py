@@ -1,131 +1,61 @@
-"""The chart as users run it, on a real kubelet: install, upgrade under load, evict, SIGKILL.
+"""The chart as users run it, on real kubelets: install, upgrade under load, evict, SIGKILL,
+KEDA scaling on NSQ and NATS, the schedules' Lease across a deleted pod.
 
 Every test that uses the ``kube_cluster`` fixture lives in this file (one xdist process,
-one cluster: see nsqworker.testing.kube_cluster_plugin). The cluster's namespace holds
-only ``lo``: every pod runs with ``hostNetwork: true``, one replica per release (a second
-pod of the Deployment would collide on the health port), and rollouts stop the old pod
-before starting the new one. nsqd on the node keeps the truth: each wait asks its
-``/stats`` (or the API server) for the value it checks, and the handlers' echoes on the
-topic ``handled`` say what the pods saw.
+one cluster: see nsqworker.testing.kube_cluster_plugin). The cluster has three nodes in a
+namespace that holds only ``lo``: every pod runs with ``hostNetwork: true``, at most one
+pod of a release per node. The brokers on the node keep the truth: each wait asks nsqd's
+``/stats``, the NATS consumer's info or the API server for the value it checks, and the
+handlers' echoes on the topic ``handled`` say what the pods saw.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
-import threading
 import time
 from typing import Any
 
 import pytest
 
 from nsqworker.testing import wait_for
+from nsqworker.testing.keda import KedaRunner
 from nsqworker.testing.kube_cluster import NODE_IP, KubeCluster
-from tests.cluster.conftest import FIGURES, AppImage, NodeNsqd, Release, base_values
+from tests.cluster.conftest import (
+    CHANNEL,
+    FIGURES,
+    LOOKUPD_HTTP,
+    NATS_MONITOR,
+    NATS_PORT,
+    TOPIC,
+    AppImage,
+    NodeNats,
+    NodeNsqd,
+    Release,
+    base_values,
+)
+from tests.cluster.leases import check_console_lists, leader_pod, ticks
+from tests.cluster.pods import (
+    Publisher,
+    check_nothing_lost,
+    core,
+    echoes_of,
+    pods_summary,
+    ready_pods,
+    replica_sets,
+    rolled_out,
+    wait_ready,
+)
+from tests.cluster.scaling import (
+    BACKLOG,
+    HANDLE_SECONDS,
+    keda_values,
+    publish_nats,
+    scale_up_and_back,
+)
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def core(cluster: KubeCluster) -> Any:
-    from kubernetes import client
-
-    return client.CoreV1Api(cluster.api_client())
-
-
-def ready_pods(cluster: KubeCluster, namespace: str) -> list[Any]:
-    """Pods of the namespace that are Ready and not being deleted."""
-    pods = core(cluster).list_namespaced_pod(namespace).items
-    return [
-        p
-        for p in pods
-        if p.metadata.deletion_timestamp is None
-        and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))
-    ]
-
-
-def pods_summary(cluster: KubeCluster, namespace: str) -> str:
-    return cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False)
-
-
-def wait_ready(
-    cluster: KubeCluster, namespace: str, timeout: float = 90, other_than: str = ""
-) -> Any:
-    """Wait until the namespace's one pod is Ready (kubelet probes), none is leaving, and
-    its name is not ``other_than``; return it. It must be on the host network."""
-
-    def ready() -> Any:
-        pods = core(cluster).list_namespaced_pod(namespace).items
-        good = ready_pods(cluster, namespace)
-        if len(good) == 1 == len(pods) and good[0].metadata.name != other_than:
-            return good[0]
-        return None
-
-    pod = wait_for(
-        ready,
-        timeout=timeout,
-        interval=0.2,
-        message=lambda: f"one Ready pod:\n{pods_summary(cluster, namespace)}",
-    )
-    assert pod.spec.host_network and pod.status.pod_ip == NODE_IP, pod.status
-    return pod
-
-
-def rolled_out(cluster: KubeCluster, namespace: str) -> bool:
-    """The Deployment's newest template runs its one Ready pod, and nothing else."""
-    from kubernetes import client
-
-    (d,) = client.AppsV1Api(cluster.api_client()).list_namespaced_deployment(namespace).items
-    s = d.status
-    return bool(
-        s.observed_generation == d.metadata.generation
-        and s.updated_replicas == 1
-        and s.ready_replicas == 1
-        and s.replicas == 1
-        and len(core(cluster).list_namespaced_pod(namespace).items) == 1
-    )
-
-
-def replica_sets(cluster: KubeCluster, namespace: str) -> int:
-    return cluster.kubectl("get", "rs", "-n", namespace, "-o", "name").count("\n")
-
-
-class Publisher(threading.Thread):
-    """Publish ``rate`` numbered messages a second to nsqd's ``orders`` until stopped."""
-
-    def __init__(self, nsqd: NodeNsqd, rate: float, prefix: str) -> None:
-        super().__init__(daemon=True)
-        self.nsqd, self.rate, self.prefix = nsqd, rate, prefix
-        self.sent: list[str] = []
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        start = time.monotonic()
-        while not self.halt.is_set():
-            body = f"{self.prefix}-{len(self.sent):06d}"
-            self.nsqd.publish(body)
-            self.sent.append(body)
-            pause = start + len(self.sent) / self.rate - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-
-
-def check_nothing_lost(nsqd: NodeNsqd, sent: list[str], timeout: float = 90) -> tuple[int, int]:
-    """Wait until nsqd's channel delivered and had answered all of ``sent`` and the
-    handlers' echoes hold each of them; return (duplicates, echoes)."""
-    wait_for(
-        lambda: nsqd.drained(len(sent)),
-        timeout=timeout,
-        interval=0.2,
-        message=lambda: f"channel drained: {nsqd.channel()}",
-    )
-    bodies = wait_for(
-        lambda: (b := nsqd.handled_bodies()) and set(sent) <= set(b) and b,
-        timeout=30,
-        interval=0.5,
-        message=lambda: (
-            f"missing from the echoes: {sorted(set(sent) - set(nsqd.handled_bodies()))[:10]}"
-        ),
-    )
-    return len(bodies) - len(set(bodies)), len(bodies)
 
 
 def test_install_ready_and_consumes(
@@ -159,14 +89,15 @@ def test_install_ready_and_consumes(
 def test_upgrade_under_load_loses_nothing(
     kube_cluster: KubeCluster, app_image: AppImage, node_nsqd: NodeNsqd, release: Release
 ) -> None:
-    """helm upgrade (new config, then new image tag) of the one pod while 200 msgs/s flow;
-    each rollout stops the old pod (drained) before the new one starts."""
+    """helm upgrade (new config, then new image tag) of the one pod while 200 msgs/s flow,
+    with the chart's own strategy (maxSurge 1, maxUnavailable 0): the new pod starts on
+    another node, and the old one drains once it is Ready."""
     max_in_flight = 20  # tests/cluster/app's task
     values = base_values(app_image)
     release.install(values)
     pod = wait_ready(kube_cluster, release.namespace)
     deployment = kube_cluster.kubectl("get", "deploy", "-n", release.namespace, "-o", "yaml")
-    assert "maxSurge: 0" in deployment and "maxUnavailable: 1" in deployment
+    assert "maxSurge: 1" in deployment and "maxUnavailable: 0" in deployment
     publisher = Publisher(node_nsqd, rate=200, prefix="upgrade")
     publisher.start()
     in_flight: list[int] = []
@@ -206,6 +137,7 @@ def test_upgrade_under_load_loses_nothing(
             FIGURES[f"helm upgrade ({what}), 1 pod rolled under load"] = (
                 f"{time.monotonic() - start:.1f} s"
             )
+            assert new.spec.node_name != pod.spec.node_name  # surge: both ran at once
             pod = new
         assert pod.spec.containers[0].image == f"{app_image.repository}:{app_image.retag}"
     finally:
@@ -313,7 +245,10 @@ def test_sigkill_of_the_container_loses_nothing(
     container_id = pod.status.container_statuses[0].container_id.removeprefix("containerd://")
     in_flight = node_nsqd.channel()["in_flight_count"]
     subprocess.run(
-        [*kube_cluster.ctr(), "tasks", "kill", "--signal", "SIGKILL", container_id],
+        [
+            *kube_cluster.ctr(kube_cluster.node_of_ip(pod.status.pod_ip)),
+            *("tasks", "kill", "--signal", "SIGKILL", container_id),
+        ],
         check=True,
         timeout=30,
     )
@@ -339,3 +274,136 @@ def test_sigkill_of_the_container_loses_nothing(
     )
     assert channel["timeout_count"] + channel["requeue_count"] >= 1, channel
     assert duplicates <= in_flight
+
+
+def test_keda_scales_on_nsq_depth_and_back(
+    kube_cluster: KubeCluster,
+    app_image: AppImage,
+    node_nsqd: NodeNsqd,
+    keda: KedaRunner,
+    release: Release,
+) -> None:
+    """The chart's ScaledObject on the real KEDA, nsq trigger through nsqlookupd: a backlog
+    takes the Deployment from 1 to 3 replicas and back; each message handled once."""
+    values = keda_values(app_image, "nsq", HANDLE_SECONDS)
+    values["nsq"] = {"lookupdHttpAddresses": [f"{NODE_IP}:{LOOKUPD_HTTP}"], "nsqdTcpAddresses": []}
+    sent = [f"keda-nsq-{i:05d}" for i in range(BACKLOG)]
+    scale_up_and_back(
+        kube_cluster,
+        keda,
+        release,
+        values,
+        publish=lambda: node_nsqd.mpublish(sent),
+        drained=lambda: node_nsqd.drained(len(sent)),
+        label="nsq",
+    )
+    duplicates, _ = check_nothing_lost(node_nsqd, sent)
+    channel = node_nsqd.channel()
+    assert duplicates == 0 and channel["timeout_count"] == 0, channel
+
+
+def test_keda_scales_on_nats_pending_and_back(
+    kube_cluster: KubeCluster,
+    app_image: AppImage,
+    node_nsqd: NodeNsqd,
+    node_nats: NodeNats,
+    keda: KedaRunner,
+    release: Release,
+) -> None:
+    """The same on NATS JetStream: the stream made beforehand by an operator (the nats
+    CLI), KEDA's nats-jetstream trigger reading the server's monitoring port; the
+    consumer's ack floor reaches the last message, each handled once."""
+    stream = "orders"
+    node_nats.nats("stream", "add", stream, "--subjects", TOPIC, "--defaults")
+    values = keda_values(app_image, "nats", HANDLE_SECONDS)
+    values["nats"] = {
+        "servers": [f"nats://{NODE_IP}:{NATS_PORT}"],
+        "monitoringEndpoint": f"{NODE_IP}:{NATS_MONITOR}",
+    }
+    sent = [f"keda-nats-{i:05d}" for i in range(BACKLOG)]
+
+    def publish() -> None:
+        asyncio.run(publish_nats(node_nats.url, TOPIC, sent))
+        info = json.loads(node_nats.nats("stream", "info", stream, "--json"))
+        assert info["state"]["messages"] == len(sent), info["state"]
+
+    def drained() -> bool:
+        c = node_nats.consumer(stream, CHANNEL)
+        return bool(
+            c["num_pending"] == 0
+            and c["num_ack_pending"] == 0
+            and c["ack_floor"]["stream_seq"] == len(sent)
+        )
+
+    scale_up_and_back(kube_cluster, keda, release, values, publish, drained, label="nats")
+    duplicates, _ = echoes_of(node_nsqd, sent)
+    assert duplicates == 0, f"{duplicates} handled twice"
+    assert node_nats.consumer(stream, CHANNEL)["num_redelivered"] == 0
+
+
+def test_schedule_fires_each_second_once_across_a_deleted_leader_and_the_console_finds_the_pods(
+    kube_cluster: KubeCluster, app_image: AppImage, node_nsqd: NodeNsqd, release: Release
+) -> None:
+    """Two replicas with a schedule every second elect a leader on the chart's Lease
+    (its Role, the pods' service-account token); the leader pod is deleted (drained) and
+    its replacement starts on the third node: each second from the first tick to the
+    last fires once. ``nsqworker console --kubernetes-selector`` lists exactly the
+    release's Ready pods, read through the API server as the chart's console does."""
+    port = kube_cluster.server.rpartition(":")[2]
+    values = base_values(
+        app_image,
+        tasks="clustertasks.scheduled",
+        replicaCount=2,
+        schedules={"enabled": True},
+    )
+    # no kube-proxy here: the pods reach the API server where it listens on the node
+    values["extraEnv"] = [
+        *values["extraEnv"],
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": port},
+    ]
+    for topic in ("ticks",):
+        node_nsqd.post("/topic/create", topic=topic)
+        node_nsqd.post("/channel/create", topic=topic, channel=CHANNEL)
+    release.install(values)
+    pods = wait_for(
+        lambda: len(r := ready_pods(kube_cluster, release.namespace)) == 2 and r,
+        timeout=90,
+        message=lambda: pods_summary(kube_cluster, release.namespace),
+    )
+    lease_name = f"{release.name}-nsqworker-schedules"
+    leader = wait_for(
+        lambda: leader_pod(kube_cluster, release.namespace, lease_name),
+        timeout=60,
+        message="a pod holds the schedules' Lease",
+    )
+    assert leader in {p.metadata.name for p in pods}
+    check_console_lists(kube_cluster, release, {p.metadata.name for p in pods})
+    wait_for(lambda: len(ticks(node_nsqd)) >= 5, timeout=30, message="five ticks handled")
+    start = time.monotonic()
+    kube_cluster.kubectl("delete", "pod", leader, "-n", release.namespace, "--wait=false")
+    successor = wait_for(
+        lambda: (p := leader_pod(kube_cluster, release.namespace, lease_name)) != leader and p,
+        timeout=60,
+        message="another pod takes the Lease",
+    )
+    FIGURES["schedule leader pod deleted, Lease taken by another"] = (
+        f"{time.monotonic() - start:.1f} s"
+    )
+    wait_for(
+        lambda: len(ready_pods(kube_cluster, release.namespace)) == 2,
+        timeout=90,
+        message=lambda: pods_summary(kube_cluster, release.namespace),
+    )
+    after = len(ticks(node_nsqd))
+    wait_for(lambda: len(ticks(node_nsqd)) >= after + 10, timeout=40, message="ten more ticks")
+    seen = ticks(node_nsqd)
+    first, last = min(seen), max(seen)
+    every = [first + i for i in range(last - first + 1)]
+    missing = sorted(set(every) - set(seen))
+    doubled = sorted(t for t in set(seen) if seen.count(t) > 1)
+    FIGURES["schedule across a deleted leader pod"] = (
+        f"{len(every)} seconds, {len(seen)} ticks handled, missing {missing}, doubled"
+        f" {doubled}; leader {leader} then {successor}"
+    )
+    assert not missing and not doubled, FIGURES["schedule across a deleted leader pod"]

@@ -100,6 +100,18 @@ def test_probes_point_at_the_health_port_and_paths(helm: Any, values: Path | Non
     )
 
 
+def test_on_the_host_network_the_health_server_binds_the_nodes_address(helm: Any) -> None:
+    assert not [e for e in helm.template().container()["env"] if e["name"].endswith("HEALTH_HOST")]
+    env = helm.template(values={"hostNetwork": True}).container()["env"]
+    bound = [e for e in env if e["name"] == "NSQWORKER_HEALTH_HOST"]
+    assert bound == [
+        {"name": "NSQWORKER_HEALTH_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    ]
+    chosen = helm.template(values={"hostNetwork": True, "healthHost": "127.0.0.1"})
+    assert not [e for e in chosen.container()["env"] if e["name"] == "NSQWORKER_HEALTH_HOST"]
+    assert chosen.configmap_env()["NSQWORKER_HEALTH_HOST"] == "127.0.0.1"
+
+
 @pytest.mark.parametrize("values", [None, *CI_VALUES], ids=["default", *CI_IDS])
 def test_grace_period_outlasts_the_drain(helm: Any, values: Path | None) -> None:
     manifests = helm.template(*([values] if values else []))

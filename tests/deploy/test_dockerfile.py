@@ -111,15 +111,16 @@ def test_the_build_stage_installs_from_the_lock_into_a_fresh_venv(
     probe = (
         "import importlib.util as u, nsqworker, sys; "
         "print(nsqworker.__file__); "
-        "print(*[m for m in ('uvloop', 'kubernetes', 'starlette', 'pytest', 'ruff', 'pyspark', 'playwright') if u.find_spec(m)])"
+        "print(*[m for m in ('uvloop', 'kubernetes', 'starlette', 'nats', 'rstream', 'pytest', 'ruff', 'pyspark', 'playwright') if u.find_spec(m)])"
     )
     where, present = subprocess.run(
         [str(python), "-c", probe], capture_output=True, text=True, check=True, cwd=tmp_path
     ).stdout.splitlines()
     # installed as a wheel into the venv, not an editable pointer back into /src
     assert Path(where).is_relative_to(venv), where
-    # the extras (the console's for the chart's console.enabled), no dev tools, no pyspark
-    assert present.split() == ["uvloop", "kubernetes", "starlette"]
+    # the extras (the console's for the chart's console.enabled, every transport the
+    # chart offers), no dev tools, no pyspark
+    assert present.split() == ["uvloop", "kubernetes", "starlette", "nats", "rstream"]
     entry = venv / "bin" / "nsqworker"
     result = subprocess.run([str(entry), "--help"], capture_output=True, text=True, check=False)
     assert result.returncode == 0 and "run" in result.stdout

@@ -11,9 +11,13 @@ import pytest
 
 import nsqworker.testing
 import nsqworker.testing.kube
+import nsqworker.testing.kube_cluster_plugin
+import nsqworker.testing.postgres
 from nsqworker.testing import NsqBinaries, NsqCluster, NsqdProcess, NsqlookupdProcess
 from nsqworker.testing.kube import KubeControlPlane
+from nsqworker.testing.kube_cluster import KubeCluster
 from nsqworker.testing.nats import NatsCluster, NatsServerProcess
+from nsqworker.testing.postgres import PostgresProcess
 from nsqworker.testing.rabbitmq import RabbitMQProcess
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "testing.md"
@@ -27,12 +31,19 @@ GIVES: dict[str, type] = {
     "nats_cluster": NatsCluster,
     "rabbitmq_server": RabbitMQProcess,
     "kube_control_plane": KubeControlPlane,
+    "kube_cluster": KubeCluster,
+    "postgres": PostgresProcess,
 }
 
 
 def plugin_fixtures() -> set[str]:
     names = set()
-    for module in (nsqworker.testing, nsqworker.testing.kube):
+    for module in (
+        nsqworker.testing,
+        nsqworker.testing.kube,
+        nsqworker.testing.kube_cluster_plugin,
+        nsqworker.testing.postgres,
+    ):
         for value in vars(module).values():
             if type(value).__name__ == "FixtureFunctionDefinition":
                 names.add(value.name)
@@ -59,11 +70,11 @@ def test_every_attribute_the_table_names_exists(fixture: str) -> None:
     cls = GIVES[fixture]
     fields = getattr(cls, "__dataclass_fields__", {})
     missing = [a for a in named if not hasattr(cls, a) and a not in fields]
-    if cls is NatsServerProcess or cls is RabbitMQProcess or cls is NatsCluster:
+    if cls in (NatsServerProcess, RabbitMQProcess, NatsCluster, KubeCluster):
         instance = cls.__new__(cls)  # attributes set in __init__: construct one for real
-        if cls is RabbitMQProcess:
+        if cls is RabbitMQProcess or cls is KubeCluster:
             instance.__init__(Path("/nonexistent"))  # type: ignore[misc]
         else:
             instance.__init__()  # type: ignore[misc]
-        missing = [a for a in named if not hasattr(instance, a)]
+        missing = [a for a in missing if not hasattr(instance, a)]
     assert not missing, f"docs/testing.md names {fixture}.{missing}, which does not exist"
