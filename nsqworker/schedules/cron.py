@@ -30,6 +30,10 @@ __all__ = ["Due", "Schedule", "ScheduleError", "due", "format_tick", "parse_tick
 #: Fire times computed per call of :func:`due` at most, per schedule (a guard: the
 #: catch-up window bounds the count, 3600 for a per-second schedule and an hour).
 MAX_TICKS = 100_000
+#: Seconds late a tick may be found and still count as on time, not caught up: the
+#: firing loop wakes a little after each tick, so with ``schedule_catchup`` 0 (no
+#: catch-up) a tick found a few milliseconds late still fires.
+ON_TIME = 1.0
 
 
 class ScheduleError(ValueError):
@@ -162,13 +166,13 @@ def due(schedule: Schedule, last: datetime, now: datetime, catchup: float) -> Du
     """The ticks of ``schedule`` to fire at ``now`` when ``last`` was the last one fired.
 
     Ticks after ``last`` and at or before ``now`` are due; those more than ``catchup``
-    seconds before ``now`` are counted as skipped instead. A clock stepped back (``now``
-    before ``last``) makes nothing due until it passes ``last`` again: a tick is never
-    fired twice by the same record.
+    seconds before ``now`` (and more than :data:`ON_TIME`) are counted as skipped
+    instead. A clock stepped back (``now`` before ``last``) makes nothing due until it
+    passes ``last`` again: a tick is never fired twice by the same record.
     """
     if now <= last:
         return Due([])
-    oldest = now - timedelta(seconds=catchup)
+    oldest = now - timedelta(seconds=max(catchup, ON_TIME))
     ticks: list[datetime] = []
     skipped, first_skipped, last_skipped = 0, None, None
     if last < oldest - timedelta(seconds=1):

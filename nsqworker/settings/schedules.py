@@ -68,7 +68,8 @@ class ScheduleSettings(SettingsBase):
         ge=0,
         le=7 * 86400,
         description="Seconds back a new leader fires the ticks nobody fired; older ones"
-        " are skipped and logged. [0..604800]",
+        " are skipped and logged (0: none; a tick found under 1 s late is on time)."
+        " [0..604800]",
     )
     schedule_kv_bucket: str = Field(
         "nsqworker_schedules",

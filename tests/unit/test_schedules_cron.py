@@ -129,6 +129,15 @@ def test_due_fires_what_was_missed_within_the_catchup_and_skips_older() -> None:
     )  # fmt: skip
 
 
+def test_no_catchup_still_fires_a_tick_found_a_little_late() -> None:
+    every_second = Schedule.of("* * * * * *")
+    last = at(2026, 1, 1, 0, 0, 0)
+    found = due(every_second, last, at(2026, 1, 1, 0, 0, 1, 3000), 0)
+    assert found.ticks == [at(2026, 1, 1, 0, 0, 1)] and not found.skipped
+    found = due(every_second, last, at(2026, 1, 1, 0, 0, 9, 3000), 0)
+    assert found.ticks == [at(2026, 1, 1, 0, 0, 9)] and found.skipped == 8
+
+
 def test_due_after_a_clock_step_back_fires_nothing_twice() -> None:
     every_second = Schedule.of("* * * * * *")
     last = at(2026, 1, 1, 0, 0, 30)
