@@ -77,8 +77,10 @@ class Holds:
         return wait
 
     async def hold(self, item: Item, wait: float) -> None:
-        """Keep ``item`` (its offset delivered, unsettled) for ``wait`` seconds; past
-        :data:`HOLD_LIMIT` held, wait here first."""
+        """Keep ``item`` (its offset delivered, unsettled) until ``wait`` seconds from
+        now; past :data:`HOLD_LIMIT` held, wait here for room first. The time spent
+        waiting for room counts: the retry is due when it was, not ``wait`` after."""
+        due = time.monotonic() + wait
         while self.count >= HOLD_LIMIT:
             self._room.clear()
             await self._room.wait()
@@ -86,7 +88,7 @@ class Holds:
         mark.delivered(offset)
         loop = asyncio.get_running_loop()
         self._timers.setdefault(id(reader), {})[offset] = loop.call_later(
-            wait, self._make_due, item
+            max(0.0, due - time.monotonic()), self._make_due, item
         )
         self.count += 1
 
