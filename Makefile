@@ -54,9 +54,16 @@ tools-nsq:
 # The image of the root Dockerfile, built with podman (scripts/build-image) on the local
 # Debian python base `scripts/install-tools image` makes: docs/kubernetes.md, The image.
 IMAGE ?= nsqworker:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# The Spark job image (deploy/spark/Dockerfile: a JRE and pyspark at uv.lock's versions)
+# for the driver and executor pods of Spark on Kubernetes: docs/spark.md, The job image.
+SPARK_IMAGE ?= nsqworker-spark:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+lock_version = $(shell sed -n '/^name = "$(1)"$$/{n;s/^version = "\(.*\)"/\1/p;}' uv.lock)
 image:
 	@scripts/install-tools image
 	scripts/build-image $(IMAGE)
+	scripts/build-image $(SPARK_IMAGE) -f deploy/spark/Dockerfile \
+		--build-arg PYSPARK_VERSION=$(call lock_version,pyspark) \
+		--build-arg PY4J_VERSION=$(call lock_version,py4j) deploy/spark
 
 test: venv tools
 	.venv/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
@@ -65,7 +72,7 @@ lint: venv
 	.venv/bin/ruff check $(LINT_DIRS)
 	.venv/bin/ruff format --check $(LINT_DIRS)
 	.venv/bin/mypy nsqworker bench
-	.venv/bin/hadolint Dockerfile examples/docker/Dockerfile
+	.venv/bin/hadolint Dockerfile examples/docker/Dockerfile deploy/spark/Dockerfile
 
 # The sections of docs/benchmarks.md (NATS among them: nats-server is installed too), then
 # RPC (bench/rpc.py), schedules (bench/schedules.py), the console (bench/console.py) and
