@@ -20,8 +20,10 @@ class SparkSettings(SettingsBase):
     """Spark jobs and sessions."""
 
     # -- Spark jobs (nsqworker.spark, docs/spark.md)
-    spark_runner: Literal["local", "kubernetes"] = Field(
-        "local", description="Where @spark_task jobs run: local (spark-submit) or kubernetes."
+    spark_runner: Literal["local", "kubernetes", "kubernetes-native"] = Field(
+        "local",
+        description="Where @spark_task jobs run: local (spark-submit), kubernetes (a"
+        " SparkApplication for the Spark operator) or kubernetes-native (a driver pod).",
     )
     spark_app_roots: list[str] = Field(
         default_factory=list, description="Directories local Spark apps must be in; default: ."
@@ -46,6 +48,16 @@ class SparkSettings(SettingsBase):
     )
     spark_service_account: str = Field(
         "spark", min_length=1, description="Service account of the Spark driver (kubernetes)."
+    )
+    spark_driver_template: str | None = Field(
+        None,
+        min_length=1,
+        description="Pod template (YAML file) of driver pods (kubernetes-native runner).",
+    )
+    spark_executor_template: str | None = Field(
+        None,
+        min_length=1,
+        description="Pod template (YAML file) of executor pods (kubernetes-native runner).",
     )
     spark_ttl: Seconds = bounded(
         3600.0, 0, 30 * 86400, "Seconds a finished SparkApplication is kept before removal."

@@ -18,10 +18,7 @@ not 10,000 threads. When a watch breaks the thread lists the namespace's applica
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib
-import os
-import re
 import socket
 import threading
 import time
@@ -32,7 +29,15 @@ from typing import TYPE_CHECKING, Any
 
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import get_logger
-from nsqworker.spark.job import JobContext, JobResult, JobState, RunnerKind, SecretRef, SparkJob
+from nsqworker.spark.job import JobContext, JobResult, JobState, RunnerKind, SparkJob
+from nsqworker.spark.kube_job import (
+    LABEL_PREFIX,
+    application_name,
+    job_annotations,
+    job_env,
+    job_labels,
+    kube_api_client,
+)
 from nsqworker.spark.policy import DEFAULT_APP_URIS
 
 if TYPE_CHECKING:
@@ -46,6 +51,10 @@ __all__ = [
     "SparkApplicationRef",
     "application_body",
     "application_name",
+    "job_annotations",
+    "job_env",
+    "job_labels",
+    "kube_api_client",
     "state_of",
 ]
 
@@ -58,46 +67,11 @@ GROUP, VERSION, PLURAL, KIND = (
     "SparkApplication",
 )
 MANAGED_BY = "app.kubernetes.io/managed-by=nsqworker"
-LABEL_PREFIX = "nsqworker.io/"
-NAME_MAX = 63
 SUCCESS_STATES = frozenset({"COMPLETED"})
 FAILURE_STATES = frozenset({"FAILED", "SUBMISSION_FAILED"})
-_NOT_DNS = re.compile(r"[^a-z0-9-]+")
-_LABEL_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
-_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 # --- pure parts: the name, the body, the state -------------------------------------------
-
-
-def application_name(topic: str, channel: str, message_id: str) -> str:
-    """The SparkApplication's name for one message: a DNS-1123 label of at most 63
-    characters, starting with a letter; the same inputs always give the same name.
-
-    ``<topic>-<channel>-<id>`` when that is already such a label; otherwise a cleaned,
-    shortened prefix and a hash of the three exact values, so names that clean to the
-    same text (``a_b`` and ``a.b``) stay apart.
-    """
-    plain = f"{topic}-{channel}-{message_id}"
-    if len(plain) <= NAME_MAX and _DNS_LABEL.match(plain):
-        return plain
-    digest = hashlib.sha256(f"{topic}\0{channel}\0{message_id}".encode()).hexdigest()[:12]
-    prefix = _NOT_DNS.sub("-", plain.lower()).strip("-")
-    prefix = re.sub("-{2,}", "-", prefix)[: NAME_MAX - len(digest) - 1].rstrip("-")
-    if not prefix or not prefix[0].isalpha():
-        prefix = ("j-" + prefix)[: NAME_MAX - len(digest) - 1].rstrip("-")
-    return f"{prefix}-{digest}"
-
-
-def _label_value(text: str) -> str:
-    """``text`` as a label value (<= 63 of ``[A-Za-z0-9_.-]``, alphanumeric ends)."""
-    return _LABEL_BAD.sub("_", text)[:63].strip("_.-")
-
-
-def _env_var(name: str, value: str | SecretRef) -> dict[str, Any]:
-    if isinstance(value, SecretRef):  # the value stays in the Secret, out of the body
-        return {"name": name, "valueFrom": {"secretKeyRef": {"name": value.name, "key": value.key}}}
-    return {"name": name, "value": value}
 
 
 def application_body(
@@ -109,19 +83,9 @@ def application_body(
     Labels carry the topic and channel (cleaned to label values), annotations their
     exact values and the message id; the job's ``env`` goes to driver and executors.
     """
-    labels = {
-        "app.kubernetes.io/managed-by": "nsqworker",
-        LABEL_PREFIX + "topic": _label_value(ctx.topic),
-        LABEL_PREFIX + "channel": _label_value(ctx.channel),
-    }
-    annotations = {
-        LABEL_PREFIX + "topic": ctx.topic,
-        LABEL_PREFIX + "channel": ctx.channel,
-        LABEL_PREFIX + "message-id": ctx.message_id,
-        LABEL_PREFIX + "task": ctx.task,
-    }
-    env = [_env_var(key, value) for key, value in sorted(job.env.items())]
-    pod = {"labels": dict(labels), "env": env}
+    labels = job_labels(ctx)
+    annotations = job_annotations(ctx)
+    pod = {"labels": dict(labels), "env": job_env(job)}
     spec: dict[str, Any] = {
         "type": "Java" if job.app.endswith(".jar") else "Python",
         "mode": "cluster",
@@ -216,21 +180,8 @@ class KubernetesRunner:
                 "spark_runner is kubernetes but spark_image is not set: set "
                 "NSQWORKER_SPARK_IMAGE to the image holding Spark and your job"
             )
-        try:
-            client: Any = importlib.import_module("kubernetes.client")
-            config: Any = importlib.import_module("kubernetes.config")
-        except ImportError as exc:
-            raise ConfigurationError(
-                "the kubernetes Spark runner needs the kubernetes client: "
-                "pip install 'nsq-worker[kubernetes]'"
-            ) from exc
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            # KUBECONFIG read now, not when the kubernetes package was imported.
-            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
         return cls(
-            client.ApiClient(), namespace=settings.spark_namespace, image=settings.spark_image,
+            kube_api_client("kubernetes"), namespace=settings.spark_namespace, image=settings.spark_image,
             service_account=settings.spark_service_account, ttl=settings.spark_ttl,
             app_uris=settings.spark_app_uris,
         )  # fmt: skip

@@ -46,10 +46,11 @@ def runner_for(settings: Settings) -> Runner:
     One runner per distinct configuration and process: the Kubernetes runner's watch
     threads and client are shared by every task that uses it.
     """
-    if settings.spark_runner == "kubernetes":
+    if settings.spark_runner in ("kubernetes", "kubernetes-native"):
         key: tuple[Any, ...] = (
-            "kubernetes", settings.spark_namespace, settings.spark_image,
+            settings.spark_runner, settings.spark_namespace, settings.spark_image,
             settings.spark_service_account, settings.spark_ttl, tuple(settings.spark_app_uris),
+            settings.spark_driver_template, settings.spark_executor_template,
         )  # fmt: skip
     else:
         key = ("local", settings.spark_master, tuple(settings.spark_app_roots))
@@ -61,6 +62,10 @@ def runner_for(settings: Settings) -> Runner:
 
 
 def _build(settings: Settings) -> Runner:
+    if settings.spark_runner == "kubernetes-native":
+        from nsqworker.spark.native import NativeKubernetesRunner
+
+        return NativeKubernetesRunner.from_settings(settings)
     if settings.spark_runner == "kubernetes":
         from nsqworker.spark.kubernetes import KubernetesRunner
 

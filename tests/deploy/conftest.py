@@ -168,7 +168,9 @@ class Manifests(list[dict[str, Any]]):
         return dict(containers[0])
 
     def configmap_env(self) -> dict[str, str]:
-        return dict(self.find("ConfigMap")["data"])
+        """The worker's settings: the ConfigMap the Deployment reads its env from."""
+        (source,) = self.container()["envFrom"]
+        return dict(self.find("ConfigMap", name=source["configMapRef"]["name"])["data"])
 
 
 # ---------------------------------------------------------------------------- Dockerfile

@@ -14,6 +14,8 @@ import pytest
 from nsqworker.settings import ENV_PREFIX, RESERVED_ENV_VARS, Settings, SettingsError
 from nsqworker.supervisor import DRAIN_MARGIN
 
+from .conftest import RELEASE
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "nsqworker"
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
@@ -563,3 +565,24 @@ def test_bad_values_are_refused(helm: Any, values: dict[str, Any], message: str)
     with pytest.raises(AssertionError) as refused:  # Helm.run raises HelmError
         helm.template(values=values)
     assert message in str(refused.value)
+
+
+def test_the_native_spark_runner_gets_pods_rbac_and_its_templates(helm: Any) -> None:
+    spark = {"enabled": True, "image": "spark:1", "runner": "native"}
+    spark["driverTemplate"] = {"spec": {"hostNetwork": True}}
+    manifests = helm.template(values={"spark": {"kubernetes": spark}})
+    env = manifests.configmap_env()
+    assert env["NSQWORKER_SPARK_RUNNER"] == "kubernetes-native"
+    assert env["NSQWORKER_SPARK_DRIVER_TEMPLATE"] == "/etc/nsqworker/spark/driver.yaml"
+    assert "NSQWORKER_SPARK_EXECUTOR_TEMPLATE" not in env
+    rules = manifests.find("Role", name=f"{RELEASE}-nsqworker-spark")["rules"]
+    assert {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]} in rules
+    assert not [r for r in rules if "sparkoperator.k8s.io" in r["apiGroups"]]
+    configmap = manifests.find("ConfigMap", name=f"{RELEASE}-nsqworker-spark-templates")
+    assert "hostNetwork: true" in configmap["data"]["driver.yaml"]
+    mount = {"name": "spark-templates", "mountPath": "/etc/nsqworker/spark", "readOnly": True}
+    assert mount in manifests.container()["volumeMounts"]
+    # the default stays the SparkApplication runner, with no templates mounted
+    default = helm.template(values={"spark": {"kubernetes": {"enabled": True, "image": "i"}}})
+    assert default.configmap_env()["NSQWORKER_SPARK_RUNNER"] == "kubernetes"
+    assert "spark-templates" not in str(default.container()["volumeMounts"])

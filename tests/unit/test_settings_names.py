@@ -45,7 +45,15 @@ transport typed_body_max_bytes uvloop watchdog_timeout workers
 """.split()  # noqa: SIM905
 )
 # Settings added since then (issue 54 and later): new names, nothing renamed.
-ADDED_SINCE = frozenset({"timeout_action", "max_abandoned_threads", "schedule_postgres_dsn"})
+ADDED_SINCE = frozenset(
+    {
+        "timeout_action",
+        "max_abandoned_threads",
+        "schedule_postgres_dsn",
+        "spark_driver_template",
+        "spark_executor_template",
+    }
+)
 RENAMED = {
     "requeue_delay": "retry_delay",
     "requeue_multiplier": "retry_multiplier",
@@ -88,6 +96,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "output_buffer_size": ("-1", -1),
     "task_timeout": ("5", 5.0),
     "spark_image": ("img", "img"),
+    "spark_driver_template": ("/etc/driver.yaml", "/etc/driver.yaml"),
+    "spark_executor_template": ("/etc/executor.yaml", "/etc/executor.yaml"),
     "spark_remote": ("sc://h:15002", "sc://h:15002"),
 }
 

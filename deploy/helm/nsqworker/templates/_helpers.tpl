@@ -176,7 +176,15 @@ NSQWORKER_TLS_SERVER_NAME: {{ . | quote }}
 {{- end }}
 {{- end }}
 {{- if .Values.spark.kubernetes.enabled }}
-NSQWORKER_SPARK_RUNNER: "kubernetes"
+NSQWORKER_SPARK_RUNNER: {{ eq .Values.spark.kubernetes.runner "native" | ternary "kubernetes-native" "kubernetes" | quote }}
+{{- if eq .Values.spark.kubernetes.runner "native" }}
+{{- if .Values.spark.kubernetes.driverTemplate }}
+NSQWORKER_SPARK_DRIVER_TEMPLATE: "/etc/nsqworker/spark/driver.yaml"
+{{- end }}
+{{- if .Values.spark.kubernetes.executorTemplate }}
+NSQWORKER_SPARK_EXECUTOR_TEMPLATE: "/etc/nsqworker/spark/executor.yaml"
+{{- end }}
+{{- end }}
 NSQWORKER_SPARK_NAMESPACE: {{ include "nsqworker.sparkNamespace" . | quote }}
 NSQWORKER_SPARK_IMAGE: {{ .Values.spark.kubernetes.image | quote }}
 NSQWORKER_SPARK_SERVICE_ACCOUNT: {{ .Values.spark.kubernetes.serviceAccount | quote }}
@@ -197,4 +205,12 @@ OTEL_EXPORTER_OTLP_ENDPOINT: {{ . | quote }}
 {{- range $name, $value := .Values.otel.env }}
 {{ $name }}: {{ include "nsqworker.envValue" $value | quote }}
 {{- end }}
+{{- end }}
+
+{{/*
+"true" when the native Spark runner has pod templates to mount, else empty.
+*/}}
+{{- define "nsqworker.sparkTemplates" -}}
+{{- $k := .Values.spark.kubernetes }}
+{{- if and $k.enabled (eq $k.runner "native") (or $k.driverTemplate $k.executorTemplate) }}true{{ end }}
 {{- end }}
