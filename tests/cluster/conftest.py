@@ -463,6 +463,23 @@ def base_values(image: AppImage, tag: str | None = None, **more: Any) -> dict[st
     return values
 
 
+@pytest.fixture(scope="session")
+def spark(kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The Spark job image (deploy/spark/Dockerfile + tests/cluster/spark-app) in every
+    node, the jobs' namespace with the driver's service account, the pod templates
+    (a :class:`tests.cluster.spark.SparkSetup`)."""
+    from tests.cluster.spark import setup_spark
+    from tests.spark_image import SPARK_IMAGE, build_spark_image
+
+    start = time.monotonic()
+    build_spark_image(SPARK_IMAGE)
+    setup = setup_spark(kube_cluster, SPARK_IMAGE, tmp_path_factory.mktemp("spark"))
+    FIGURES["Spark job images built and loaded into the nodes"] = (
+        f"{time.monotonic() - start:.1f} s"
+    )
+    return setup
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Write the figures to ``CLUSTER_TEST_FIGURES`` when set (from the xdist worker)."""
     if FIGURES and (path := os.environ.get("CLUSTER_TEST_FIGURES")):

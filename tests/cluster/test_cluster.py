@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import time
+from datetime import date
 from typing import Any
 
 import pytest
 
+from examples.spark_pipeline.generate import generate, write
 from nsqworker.testing import wait_for
 from nsqworker.testing.keda import KedaRunner
 from nsqworker.testing.kube_cluster import NODE_IP, KubeCluster
@@ -54,6 +58,7 @@ from tests.cluster.scaling import (
     publish_nats,
     scale_up_and_back,
 )
+from tests.cluster.spark import JOB_NAMESPACE, PodLog, SparkSetup, dead_letters
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -407,3 +412,138 @@ def test_schedule_fires_each_second_once_across_a_deleted_leader_and_the_console
         f" {doubled}; leader {leader} then {successor}"
     )
     assert not missing and not doubled, FIGURES["schedule across a deleted leader pod"]
+
+
+DAY = "2026-11-23"
+
+
+def test_a_message_runs_the_pipeline_job_as_driver_and_executor_pods(
+    kube_cluster: KubeCluster, node_nsqd: NodeNsqd, spark: SparkSetup
+) -> None:
+    """The Spark pipeline example's task with the kubernetes-native runner: a message
+    starts a driver pod, which starts two executor pods; the reports land in the
+    directory every pod mounts, the report is announced and the message FINed; the
+    driver and executor pods are gone after."""
+    write(spark.data / "clicks.jsonl", generate(date.fromisoformat(DAY)))
+    reports = spark.data / "reports"
+    for topic, channel in (("clicks_batches", "sessionize"), ("reports_ready", "verify")):
+        node_nsqd.post("/topic/create", topic=topic)
+        node_nsqd.post("/channel/create", topic=topic, channel=channel)
+    worker = spark.start_worker(
+        "spark-worker",
+        "examples.spark_pipeline.tasks",
+        {
+            "SPARK_PIPELINE_APP": "local:///opt/pipeline/jobs/sessionize.py",
+            "SPARK_PIPELINE_OUTPUT": str(reports),
+        },
+    )
+    pods = PodLog(kube_cluster)
+    pods.start()
+    try:
+        start = time.monotonic()
+        body = json.dumps({"day": DAY, "input": str(spark.data / "clicks.jsonl")})
+        node_nsqd.publish(body, topic="clicks_batches")
+        wait_for(
+            lambda: node_nsqd.finished("clicks_batches", "sessionize") == 1,
+            timeout=240,
+            interval=0.5,
+            message=lambda: f"the job's FIN; pods {pods.seen}; worker: {worker.log_tail()}",
+        )
+        FIGURES["Spark pipeline job on pods: message to FIN"] = f"{time.monotonic() - start:.1f} s"
+        FIGURES["cluster RAM after the Spark job"] = (
+            f"{kube_cluster.memory_bytes() / 2**20:.0f} MiB"
+        )
+        wait_for(lambda: not spark.driver_pods(), timeout=60, message="the driver pod deleted")
+        wait_for(
+            lambda: not core(kube_cluster).list_namespaced_pod(JOB_NAMESPACE).items,
+            timeout=90,
+            message="the executor pods gone with their driver",
+        )
+    finally:
+        pods.stop()
+        worker.stop()
+    assert pods.roles().count("driver") == 1 and pods.roles().count("executor") == 2, pods.seen
+    counts = json.loads((reports / "_counts" / f"day={DAY}.json").read_text())
+    assert counts["sessions"] > 0 and counts["daily"] == 1, counts
+    assert node_nsqd.channel("reports_ready", "verify")["depth"] == 1
+    channel = node_nsqd.channel("clicks_batches", "sessionize")
+    assert channel["requeue_count"] == 0 and channel["timeout_count"] == 0, channel
+
+
+def test_a_failing_driver_is_retried_then_dead_lettered_with_its_error(
+    kube_cluster: KubeCluster, node_nsqd: NodeNsqd, spark: SparkSetup
+) -> None:
+    """A job whose driver exits 3 at once: the message is retried once (max_attempts 2),
+    then dead-lettered; each failure's reason, in the worker's log, carries the driver's
+    own last log line and exit code."""
+    for topic, channel in (("doomed", "spark"), ("doomed.dead", "verify")):
+        node_nsqd.post("/topic/create", topic=topic)
+        node_nsqd.post("/channel/create", topic=topic, channel=channel)
+    worker = spark.start_worker("spark-doomed", "clustertasks.sparktasks", {})
+    try:
+        node_nsqd.publish("go", topic="doomed")
+        wait_for(
+            lambda: node_nsqd.channel("doomed.dead", "verify").get("depth") == 1,
+            timeout=180,
+            interval=0.5,
+            message=lambda: f"one dead letter; worker: {worker.log_tail()}",
+        )
+        wait_for(lambda: node_nsqd.finished("doomed", "spark") == 1, timeout=30)
+        log = worker.log_tail(400)
+    finally:
+        worker.stop()
+    (letter,) = dead_letters(kube_cluster, node_nsqd.nsq_tail, "doomed.dead", 1)
+    envelope = json.loads(letter)
+    assert envelope["attempts"] == 2 and envelope["reason"] == "max attempts exceeded", letter
+    # both failures (the first retried, the second dead-lettered) name the driver's error
+    assert log.count("the input is missing, giving up") >= 2 and "exit code 3" in log, log
+    assert node_nsqd.channel("doomed", "spark")["requeue_count"] == 1
+    wait_for(lambda: not spark.driver_pods(), timeout=60, message="no driver pod left")
+
+
+def test_a_killed_worker_is_replaced_and_the_new_one_adopts_the_running_job(
+    kube_cluster: KubeCluster, node_nsqd: NodeNsqd, spark: SparkSetup
+) -> None:
+    """SIGKILL the worker while its job's driver runs; nsqd redelivers the message to
+    a new worker, which adopts the same driver pod (no second job) and FINs it."""
+    (spark.data / "reports-kill").mkdir(exist_ok=True)
+    write(spark.data / "clicks.jsonl", generate(date.fromisoformat(DAY)))
+    node_nsqd.post("/topic/create", topic="clicks_batches")
+    node_nsqd.post("/channel/create", topic="clicks_batches", channel="sessionize")
+    env = {
+        "SPARK_PIPELINE_APP": "local:///opt/pipeline/jobs/sessionize.py",
+        "SPARK_PIPELINE_OUTPUT": str(spark.data / "reports-kill"),
+        "NSQWORKER_MSG_TIMEOUT": "10",
+    }
+    first = spark.start_worker("spark-first", "examples.spark_pipeline.tasks", env)
+    node_nsqd.publish(
+        json.dumps({"day": DAY, "input": str(spark.data / "clicks.jsonl")}), topic="clicks_batches"
+    )
+    pods = PodLog(kube_cluster)
+    pods.start()
+    second = None
+    try:
+        driver = wait_for(
+            lambda: [p for p in spark.driver_pods() if p.status.phase == "Running"],
+            timeout=120,
+            interval=0.3,
+            message=lambda: f"a running driver pod; worker: {first.log_tail()}",
+        )[0]
+        os.killpg(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(10)
+        second = spark.start_worker("spark-second", "examples.spark_pipeline.tasks", env)
+        wait_for(
+            lambda: node_nsqd.finished("clicks_batches", "sessionize") == 1,
+            timeout=240,
+            interval=0.5,
+            message=lambda: f"the adopted job's FIN; pods {pods.seen}",
+        )
+        wait_for(lambda: not spark.driver_pods(), timeout=60, message="the driver pod deleted")
+    finally:
+        pods.stop()
+        first.stop()
+        if second is not None:
+            second.stop()
+    drivers = [name for name, role in pods.seen.items() if role == "driver"]
+    assert drivers == [driver.metadata.name], pods.seen  # one job: adopted, not restarted
+    assert "adopted driver pod" in second.log_tail(200)
