@@ -12,6 +12,9 @@ import hashlib
 import importlib
 import os
 import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from nsqworker.errors import ConfigurationError
@@ -19,7 +22,9 @@ from nsqworker.spark.job import JobContext, SecretRef, SparkJob
 
 __all__ = [
     "LABEL_PREFIX",
+    "JobRef",
     "application_name",
+    "check_owner",
     "job_annotations",
     "job_env",
     "job_labels",
@@ -104,3 +109,35 @@ def kube_api_client(runner: str) -> Any:
         # KUBECONFIG read now, not when the kubernetes package was imported.
         config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
     return client.ApiClient()
+
+
+@dataclass
+class JobRef:
+    """A submitted job's object (a SparkApplication or a driver pod): where it is, and
+    whether this delivery adopted it (an earlier delivery of the message created it)."""
+
+    namespace: str
+    name: str
+    adopted: bool
+    submitted: float = field(default_factory=time.monotonic)
+
+    @property
+    def job_id(self) -> str:
+        """The runner's id of the job: the object's name."""
+        return self.name
+
+
+def check_owner(what: str, found: Mapping[str, str] | None, want: Mapping[str, str]) -> None:
+    """Raise unless ``found`` (an existing object's annotations) names the same topic,
+    channel and message id as ``want``: a redelivery adopts only its own job.
+
+    Raises:
+        RuntimeError: naming ``what`` and the first annotation that differs.
+    """
+    notes = found or {}
+    for key in ("topic", "channel", "message-id"):
+        if notes.get(LABEL_PREFIX + key) != want[LABEL_PREFIX + key]:
+            raise RuntimeError(
+                f"{what} exists but belongs to another message "
+                f"({LABEL_PREFIX}{key}={notes.get(LABEL_PREFIX + key)!r}); not adopting it"
+            )

@@ -24,15 +24,15 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nsqworker.errors import ConfigurationError
 from nsqworker.logging import get_logger
 from nsqworker.spark.job import JobContext, JobResult, JobState, RunnerKind, SparkJob
 from nsqworker.spark.kube_job import (
-    LABEL_PREFIX,
+    JobRef,
     application_name,
+    check_owner,
     job_annotations,
     job_env,
     job_labels,
@@ -130,19 +130,8 @@ def state_of(obj: dict[str, Any]) -> tuple[JobState, str]:
 # --- the runner --------------------------------------------------------------------------
 
 
-@dataclass
-class SparkApplicationRef:
-    """A submitted application: where it is, and whether this delivery adopted it."""
-
-    namespace: str
-    name: str
-    adopted: bool
-    submitted: float
-
-    @property
-    def job_id(self) -> str:
-        """The runner's id of the job: the application's name."""
-        return self.name
+SparkApplicationRef = JobRef
+"""A submitted SparkApplication (the runner's handle)."""
 
 
 class KubernetesRunner:
@@ -195,7 +184,7 @@ class KubernetesRunner:
         )  # fmt: skip
         loop = asyncio.get_running_loop()
         adopted = await loop.run_in_executor(self._pool, self._create, body, ctx)
-        ref = SparkApplicationRef(self.namespace, name, adopted, time.monotonic())
+        ref = SparkApplicationRef(self.namespace, name, adopted)
         what = "adopted SparkApplication" if adopted else "created SparkApplication"
         log.info(what, id=ctx.message_id, job_id=name, namespace=self.namespace)
         return ref
@@ -213,15 +202,11 @@ class KubernetesRunner:
         existing = self.api.get_namespaced_custom_object(
             GROUP, VERSION, self.namespace, PLURAL, name
         )
-        notes = (existing.get("metadata") or {}).get("annotations") or {}
-        want = body["metadata"]["annotations"]
-        for key in ("topic", "channel", "message-id"):
-            if notes.get(LABEL_PREFIX + key) != want[LABEL_PREFIX + key]:
-                raise RuntimeError(
-                    f"SparkApplication {self.namespace}/{name} exists but belongs to another "
-                    f"message ({LABEL_PREFIX}{key}={notes.get(LABEL_PREFIX + key)!r}); "
-                    "not adopting it"
-                )
+        check_owner(
+            f"SparkApplication {self.namespace}/{name}",
+            (existing.get("metadata") or {}).get("annotations"),
+            body["metadata"]["annotations"],
+        )
         return True
 
     async def wait(self, handle: SparkApplicationRef) -> JobResult:

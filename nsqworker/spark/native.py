@@ -36,8 +36,9 @@ from nsqworker.errors import ConfigurationError
 from nsqworker.logging import get_logger
 from nsqworker.spark.job import JobContext, JobResult, JobState, RunnerKind, SecretRef, SparkJob
 from nsqworker.spark.kube_job import (
-    LABEL_PREFIX,
+    JobRef,
     application_name,
+    check_owner,
     job_annotations,
     job_env,
     job_labels,
@@ -152,17 +153,8 @@ def driver_pod_body(
     }
 
 
-class DriverPodRef:
-    """A submitted job: its driver pod, and whether this delivery adopted it."""
-
-    def __init__(self, namespace: str, name: str, adopted: bool) -> None:
-        self.namespace, self.name, self.adopted = namespace, name, adopted
-        self.submitted = time.monotonic()
-
-    @property
-    def job_id(self) -> str:
-        """The runner's id of the job: the driver pod's name."""
-        return self.name
+DriverPodRef = JobRef
+"""A submitted job's driver pod (the runner's handle)."""
 
 
 class NativeKubernetesRunner:
@@ -237,14 +229,11 @@ class NativeKubernetesRunner:
             pod = self._read(name)
             if pod is None:
                 continue  # deleted meanwhile: create it again
-            notes = pod.metadata.annotations or {}
-            want = body["metadata"]["annotations"]
-            for key in ("topic", "channel", "message-id"):
-                if notes.get(LABEL_PREFIX + key) != want[LABEL_PREFIX + key]:
-                    raise RuntimeError(
-                        f"pod {self.namespace}/{name} exists but belongs to another message "
-                        f"({LABEL_PREFIX}{key}={notes.get(LABEL_PREFIX + key)!r}); not adopting it"
-                    )
+            check_owner(
+                f"pod {self.namespace}/{name}",
+                pod.metadata.annotations,
+                body["metadata"]["annotations"],
+            )
             if pod.status.phase != "Failed" and pod.metadata.deletion_timestamp is None:
                 return True
             # a failed earlier attempt (its worker ended before deleting it): retry anew
