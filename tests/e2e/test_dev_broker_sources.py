@@ -92,7 +92,10 @@ def release_archive(into: Path) -> tuple[str, str]:
     its file name and sha256."""
     where = release_platform()
     if where is None or not (TOOLS / "nsqd").is_file():
-        pytest.skip("no NSQ release for this platform, or no .tools/bin/nsqd")
+        reason = "no NSQ release for this platform, or no .tools/bin/nsqd"
+        if in_ci():
+            pytest.fail(f"CI=true and {reason}: `scripts/install-tools nsq`")
+        pytest.skip(reason)
     top = archive_name(where)
     into.mkdir(parents=True, exist_ok=True)
     path = into / f"{top}.tar.gz"
