@@ -130,6 +130,21 @@ class SparkSetup:
         argv = ["env", *(f"{k}={v}" for k, v in settings.items()), nsqworker, "run", module]
         return self.cluster.start_process(name, argv)
 
+    def chart_values(self) -> dict[str, Any]:
+        """The chart's ``spark`` values for the same runner: the native runner, the job
+        image and namespace, the driver's account, these pod templates."""
+        return {
+            "kubernetes": {
+                "enabled": True,
+                "runner": "native",
+                "image": self.image,
+                "namespace": JOB_NAMESPACE,
+                "serviceAccount": DRIVER_SA,
+                "driverTemplate": yaml.safe_load(self.driver_template.read_text()),
+                "executorTemplate": yaml.safe_load(self.executor_template.read_text()),
+            }
+        }
+
     def driver_pods(self) -> list[Any]:
         """The driver pods in the jobs' namespace (label spark-role=driver)."""
         from kubernetes import client

@@ -471,27 +471,42 @@ def test_a_message_runs_the_pipeline_job_as_driver_and_executor_pods(
 
 
 def test_a_failing_driver_is_retried_then_dead_lettered_with_its_error(
-    kube_cluster: KubeCluster, node_nsqd: NodeNsqd, spark: SparkSetup
+    kube_cluster: KubeCluster,
+    app_image: AppImage,
+    node_nsqd: NodeNsqd,
+    spark: SparkSetup,
+    release: Release,
 ) -> None:
-    """A job whose driver exits 3 at once: the message is retried once (max_attempts 2),
-    then dead-lettered; each failure's reason, in the worker's log, carries the driver's
+    """The worker as the chart runs it (``spark.kubernetes.runner: native``: its Role in
+    the jobs' namespace, the pod templates mounted from its ConfigMap) with a job whose
+    driver exits 3 at once: the message is retried once (max_attempts 2), then
+    dead-lettered; each failure's reason, in the worker pod's log, carries the driver's
     own last log line and exit code."""
     for topic, channel in (("doomed", "spark"), ("doomed.dead", "verify")):
         node_nsqd.post("/topic/create", topic=topic)
         node_nsqd.post("/channel/create", topic=topic, channel=channel)
-    worker = spark.start_worker("spark-doomed", "clustertasks.sparktasks", {})
-    try:
-        node_nsqd.publish("go", topic="doomed")
-        wait_for(
-            lambda: node_nsqd.channel("doomed.dead", "verify").get("depth") == 1,
-            timeout=180,
-            interval=0.5,
-            message=lambda: f"one dead letter; worker: {worker.log_tail()}",
-        )
-        wait_for(lambda: node_nsqd.finished("doomed", "spark") == 1, timeout=30)
-        log = worker.log_tail(400)
-    finally:
-        worker.stop()
+    values = base_values(app_image, tasks="clustertasks.sparktasks", spark=spark.chart_values())
+    # no kube-proxy here: the worker reaches the API server where it listens on the node
+    values["extraEnv"] = [
+        *values["extraEnv"],
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": kube_cluster.server.rpartition(":")[2]},
+    ]
+    release.install(values)
+    worker = wait_ready(kube_cluster, release.namespace).metadata.name
+
+    def worker_log() -> str:
+        return kube_cluster.kubectl("logs", worker, "-n", release.namespace, check=False)
+
+    node_nsqd.publish("go", topic="doomed")
+    wait_for(
+        lambda: node_nsqd.channel("doomed.dead", "verify").get("depth") == 1,
+        timeout=180,
+        interval=0.5,
+        message=lambda: f"one dead letter; worker: {worker_log()[-3000:]}",
+    )
+    wait_for(lambda: node_nsqd.finished("doomed", "spark") == 1, timeout=30)
+    log = worker_log()
     (letter,) = dead_letters(kube_cluster, node_nsqd.nsq_tail, "doomed.dead", 1)
     envelope = json.loads(letter)
     assert envelope["attempts"] == 2 and envelope["reason"] == "max attempts exceeded", letter
