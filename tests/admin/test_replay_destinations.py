@@ -155,7 +155,8 @@ async def test_a_replay_after_a_crash_or_two_at_once_deliver_each_once(
     closed), replayed again; then two replays at once. NATS and Streams de-duplicate
     by the dead letter's id; NSQ hands a message to one reader at a time, so two replays
     at once never both hold it (a crash there can duplicate: nsqd has no de-duplication,
-    docs/operations.md says so)."""
+    docs/operations.md says so). One of two replays at once may stop early (its report
+    says so); the other replays the rest."""
     settings = broker.settings()
     seen = await broker.watch(broker.target)
     bodies = [b"first", *(f"m{i}".encode() for i in range(20))]
@@ -173,7 +174,14 @@ async def test_a_replay_after_a_crash_or_two_at_once_deliver_each_once(
         replay_dead_letters(settings, broker.dead, to=broker.target),
         replay_dead_letters(settings, broker.dead, to=broker.target),
     )
-    assert all(r.left == [] and r.refused == {} for r in reports), reports
+    # Two at once race for each dead letter: on Streams one may find its removal already
+    # done by the other and stop there, leaving to the other what it had not reached.
+    # What holds: nothing refused, every dead letter replayed by one of them, what one
+    # left the other replayed, and (below) each body delivered once, nothing left over.
+    assert all(r.refused == {} for r in reports), reports
+    replayed = set(reports[0].replayed) | set(reports[1].replayed)
+    assert len(replayed) == len(bodies), reports
+    assert set(reports[0].left) | set(reports[1].left) <= replayed, reports
     await wait_until(lambda: set(seen()) == set(bodies), timeout=30, message="every body")
     await broker.publish(broker.target, [b"end"])
     await wait_until(lambda: b"end" in seen(), timeout=30, message="the end marker")
